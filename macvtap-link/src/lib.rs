@@ -1,0 +1,22 @@
+//! The contract shared by the macvtap device plugin and the macvtap CNI plugin.
+//!
+//! The device plugin creates a macvtap link for a device ID in the host
+//! network namespace; the CNI finds that same link by the same name and moves
+//! it into a pod. Everything both sides must agree on lives here exactly once:
+//! how a device ID maps to a link name ([`device`]), how network namespaces
+//! are held and entered ([`netns`]), the netlink link, address and route
+//! operations ([`netlink`], [`link`]) and how `/dev/tapN` is matched to its
+//! link ([`tapdev`]).
+
+pub mod device;
+pub mod error;
+pub mod link;
+pub mod netlink;
+pub mod netns;
+pub mod tapdev;
+
+pub use device::{RESOURCE_PREFIX, device_id, link_name_for_device};
+pub use error::{Error, Result};
+pub use link::{Link, LinkChange, MacvtapMode};
+pub use netlink::Handle;
+pub use netns::Netns;

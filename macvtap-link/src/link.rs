@@ -1,0 +1,510 @@
+//! Link, address and route operations, named after iproute2's verbs.
+
+use crate::error::{Error, Result};
+use crate::netlink::Handle;
+use crate::netns::Netns;
+use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL};
+use netlink_packet_route::address::{
+    AddressAttribute, AddressHeaderFlags, AddressMessage, AddressScope,
+};
+use netlink_packet_route::link::{
+    InfoData, InfoKind, InfoMacVtap, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, MacVtapMode,
+    State,
+};
+use netlink_packet_route::route::{
+    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
+};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+use nix::errno::Errno;
+use std::fmt;
+use std::net::IpAddr;
+use std::os::fd::{AsFd, AsRawFd};
+use std::str::FromStr;
+
+/// The macvtap modes the kernel offers, spelled as in the device plugin config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MacvtapMode {
+    /// Frames between macvtaps of one NIC are switched in the kernel.
+    #[default]
+    Bridge,
+    /// Frames go out to the switch even between siblings.
+    Vepa,
+    /// Siblings cannot talk to each other at all.
+    Private,
+    /// The macvtap takes over the whole NIC.
+    Passthru,
+}
+
+impl MacvtapMode {
+    fn to_netlink(self) -> MacVtapMode {
+        match self {
+            MacvtapMode::Bridge => MacVtapMode::Bridge,
+            MacvtapMode::Vepa => MacVtapMode::Vepa,
+            MacvtapMode::Private => MacVtapMode::Private,
+            MacvtapMode::Passthru => MacVtapMode::Passthrough,
+        }
+    }
+
+    fn from_netlink(mode: &MacVtapMode) -> Option<Self> {
+        match mode {
+            MacVtapMode::Bridge => Some(MacvtapMode::Bridge),
+            MacVtapMode::Vepa => Some(MacvtapMode::Vepa),
+            MacVtapMode::Private => Some(MacvtapMode::Private),
+            MacVtapMode::Passthrough => Some(MacvtapMode::Passthru),
+            _ => None,
+        }
+    }
+
+    /// The name used in configs: `bridge`, `vepa`, `private` or `passthru`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MacvtapMode::Bridge => "bridge",
+            MacvtapMode::Vepa => "vepa",
+            MacvtapMode::Private => "private",
+            MacvtapMode::Passthru => "passthru",
+        }
+    }
+}
+
+impl fmt::Display for MacvtapMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for MacvtapMode {
+    type Err = String;
+
+    /// Parses a config mode; the empty string means `bridge`, as in the Go project.
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s {
+            "" | "bridge" => Ok(MacvtapMode::Bridge),
+            "vepa" => Ok(MacvtapMode::Vepa),
+            "private" => Ok(MacvtapMode::Private),
+            "passthru" => Ok(MacvtapMode::Passthru),
+            other => Err(format!(
+                "unknown macvtap mode {other:?} (expected bridge, vepa, private or passthru)"
+            )),
+        }
+    }
+}
+
+/// What the kernel says about one link.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Link {
+    /// Interface index.
+    pub index: u32,
+    /// Interface name.
+    pub name: String,
+    /// `IFLA_INFO_KIND`, e.g. `macvtap`, `veth`; `None` for physical NICs.
+    pub kind: Option<String>,
+    /// Hardware address.
+    pub mac: Option<[u8; 6]>,
+    /// MTU.
+    pub mtu: u32,
+    /// Interface flags (`IFF_*`).
+    pub flags: u32,
+    /// Operational state as `ip` prints it: `up`, `down`, `unknown`, ...
+    pub oper_state: String,
+    /// Index of the lower device (`IFLA_LINK`), e.g. the NIC of a macvtap.
+    pub lower_index: Option<u32>,
+    /// Whether the lower device lives in another namespace (`IFLA_LINK_NETNSID`).
+    pub lower_in_other_netns: bool,
+    /// The macvtap mode, for macvtap links.
+    pub macvtap_mode: Option<MacvtapMode>,
+    /// Transmit queue length.
+    pub txqueuelen: u32,
+    /// Promiscuity counter.
+    pub promiscuity: u32,
+}
+
+impl Link {
+    /// Whether the link is administratively up.
+    pub fn is_up(&self) -> bool {
+        self.flags & LinkFlags::Up.bits() != 0
+    }
+
+    /// Whether `IFF_PROMISC` is set.
+    pub fn is_promisc(&self) -> bool {
+        self.flags & LinkFlags::Promisc.bits() != 0
+    }
+
+    /// Whether this is a macvtap link.
+    pub fn is_macvtap(&self) -> bool {
+        self.kind.as_deref() == Some("macvtap")
+    }
+
+    /// The MAC address as `aa:bb:cc:dd:ee:ff`, or an empty string.
+    pub fn mac_string(&self) -> String {
+        self.mac.map(|m| format_mac(&m)).unwrap_or_default()
+    }
+
+    fn from_message(msg: &LinkMessage) -> Self {
+        let mut link = Link {
+            index: msg.header.index,
+            flags: msg.header.flags.bits(),
+            ..Default::default()
+        };
+        for attr in &msg.attributes {
+            match attr {
+                LinkAttribute::IfName(n) => link.name = n.clone(),
+                LinkAttribute::Mtu(m) => link.mtu = *m,
+                LinkAttribute::Address(a) if a.len() == 6 => {
+                    let mut mac = [0u8; 6];
+                    mac.copy_from_slice(a);
+                    link.mac = Some(mac);
+                }
+                LinkAttribute::Link(l) => link.lower_index = Some(*l),
+                LinkAttribute::LinkNetNsId(_) => link.lower_in_other_netns = true,
+                LinkAttribute::TxQueueLen(q) => link.txqueuelen = *q,
+                LinkAttribute::Promiscuity(p) => link.promiscuity = *p,
+                LinkAttribute::OperState(s) => link.oper_state = state_name(s),
+                LinkAttribute::LinkInfo(infos) => {
+                    for info in infos {
+                        match info {
+                            LinkInfo::Kind(k) => link.kind = Some(k.to_string()),
+                            LinkInfo::Data(InfoData::MacVtap(data)) => {
+                                for d in data {
+                                    if let InfoMacVtap::Mode(m) = d {
+                                        link.macvtap_mode = MacvtapMode::from_netlink(m);
+                                    }
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        link
+    }
+}
+
+fn state_name(s: &State) -> String {
+    match s {
+        State::Up => "up".into(),
+        State::Down => "down".into(),
+        State::LowerLayerDown => "lowerlayerdown".into(),
+        State::Dormant => "dormant".into(),
+        State::NotPresent => "notpresent".into(),
+        State::Testing => "testing".into(),
+        _ => "unknown".into(),
+    }
+}
+
+/// Formats a MAC address as lower-case colon-separated hex.
+pub fn format_mac(mac: &[u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// Parses `aa:bb:cc:dd:ee:ff` (or with dashes) into bytes.
+pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let parts: Vec<&str> = s.split([':', '-']).collect();
+    if parts.len() != 6 {
+        return None;
+    }
+    let mut mac = [0u8; 6];
+    for (byte, part) in mac.iter_mut().zip(parts) {
+        if part.len() != 2 {
+            return None;
+        }
+        *byte = u8::from_str_radix(part, 16).ok()?;
+    }
+    Some(mac)
+}
+
+/// Changes to apply to a link in one request; `None` leaves a field alone.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LinkChange {
+    /// New MTU.
+    pub mtu: Option<u32>,
+    /// New MAC address.
+    pub mac: Option<[u8; 6]>,
+    /// Set or clear `IFF_UP`.
+    pub up: Option<bool>,
+    /// Set or clear `IFF_PROMISC`.
+    pub promisc: Option<bool>,
+    /// New name.
+    pub name: Option<String>,
+}
+
+impl Handle {
+    fn link_op(&self, what: &str, target: impl fmt::Display) -> String {
+        format!("{what} {target} in {}", self.netns().display())
+    }
+
+    /// Looks a link up by name; `Ok(None)` when there is no such link.
+    pub fn get_link(&self, name: &str) -> Result<Option<Link>> {
+        let mut msg = LinkMessage::default();
+        msg.attributes.push(LinkAttribute::IfName(name.to_string()));
+        self.get_link_msg(msg, || self.link_op("looking up link", name))
+    }
+
+    /// Looks a link up by index; `Ok(None)` when there is no such link.
+    pub fn get_link_by_index(&self, index: u32) -> Result<Option<Link>> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        self.get_link_msg(msg, || self.link_op("looking up link index", index))
+    }
+
+    fn get_link_msg(&self, msg: LinkMessage, op: impl Fn() -> String) -> Result<Option<Link>> {
+        match self.request(RouteNetlinkMessage::GetLink(msg), 0, op) {
+            Ok(replies) => Ok(replies.iter().find_map(|r| match r {
+                RouteNetlinkMessage::NewLink(l) => Some(Link::from_message(l)),
+                _ => None,
+            })),
+            Err(e) if e.errno() == Some(Errno::ENODEV) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Lists every link of the namespace.
+    pub fn list_links(&self) -> Result<Vec<Link>> {
+        let replies = self.dump(RouteNetlinkMessage::GetLink(LinkMessage::default()), || {
+            format!("listing links in {}", self.netns().display())
+        })?;
+        Ok(replies
+            .iter()
+            .filter_map(|r| match r {
+                RouteNetlinkMessage::NewLink(l) => Some(Link::from_message(l)),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// Creates a macvtap link `name` on the lower link `lower_index` with the
+    /// given mode and transmit queue length, and returns it as the kernel sees it.
+    pub fn add_macvtap(
+        &self,
+        name: &str,
+        lower_index: u32,
+        mode: MacvtapMode,
+        txqueuelen: Option<u32>,
+    ) -> Result<Link> {
+        let mut msg = LinkMessage::default();
+        msg.attributes.push(LinkAttribute::IfName(name.to_string()));
+        msg.attributes.push(LinkAttribute::Link(lower_index));
+        if let Some(q) = txqueuelen {
+            msg.attributes.push(LinkAttribute::TxQueueLen(q));
+        }
+        msg.attributes.push(LinkAttribute::LinkInfo(vec![
+            LinkInfo::Kind(InfoKind::MacVtap),
+            LinkInfo::Data(InfoData::MacVtap(vec![InfoMacVtap::Mode(
+                mode.to_netlink(),
+            )])),
+        ]));
+        let op = || self.link_op("creating macvtap", name);
+        self.request(
+            RouteNetlinkMessage::NewLink(msg),
+            NLM_F_CREATE | NLM_F_EXCL,
+            op,
+        )?;
+        self.get_link(name)?.ok_or_else(|| Error::Netlink {
+            op: op(),
+            source: Errno::ENODEV,
+        })
+    }
+
+    /// Deletes a link by index.
+    pub fn del_link(&self, index: u32, name: &str) -> Result<()> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        self.request(RouteNetlinkMessage::DelLink(msg), 0, || {
+            self.link_op("deleting link", name)
+        })?;
+        Ok(())
+    }
+
+    /// Moves link `index` into `target`, renaming it to `new_name` in the same
+    /// message and asking the kernel to keep its ifindex (`IFLA_NEW_IFINDEX`):
+    /// if that index is taken in the target the kernel refuses and nothing moves.
+    pub fn set_link_ns(
+        &self,
+        index: u32,
+        name: &str,
+        target: &Netns,
+        new_name: &str,
+    ) -> Result<()> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        msg.attributes
+            .push(LinkAttribute::NetNsFd(target.as_fd().as_raw_fd()));
+        msg.attributes
+            .push(LinkAttribute::IfName(new_name.to_string()));
+        msg.attributes.push(LinkAttribute::NewIfIndex(index as i32));
+        self.request(RouteNetlinkMessage::SetLink(msg), 0, || {
+            format!(
+                "moving link {name} (index {index}) from {} into {} as {new_name}",
+                self.netns().display(),
+                target.path().display()
+            )
+        })?;
+        Ok(())
+    }
+
+    /// Applies `change` to link `index` in one request.
+    pub fn set_link(&self, index: u32, name: &str, change: &LinkChange) -> Result<()> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        for (want, flag) in [
+            (change.up, LinkFlags::Up),
+            (change.promisc, LinkFlags::Promisc),
+        ] {
+            if let Some(on) = want {
+                msg.header.change_mask |= flag;
+                if on {
+                    msg.header.flags |= flag;
+                }
+            }
+        }
+        if let Some(mtu) = change.mtu {
+            msg.attributes.push(LinkAttribute::Mtu(mtu));
+        }
+        if let Some(mac) = change.mac {
+            msg.attributes.push(LinkAttribute::Address(mac.to_vec()));
+        }
+        if let Some(n) = &change.name {
+            msg.attributes.push(LinkAttribute::IfName(n.clone()));
+        }
+        self.request(RouteNetlinkMessage::SetLink(msg), 0, || {
+            self.link_op(&format!("changing link ({change:?})"), name)
+        })?;
+        Ok(())
+    }
+
+    /// Adds `addr/prefix_len` to link `index` (IPv6 without duplicate address
+    /// detection, so it is usable at once).
+    pub fn add_addr(&self, index: u32, addr: IpAddr, prefix_len: u8) -> Result<()> {
+        let mut msg = AddressMessage::default();
+        msg.header.index = index;
+        msg.header.prefix_len = prefix_len;
+        msg.header.scope = AddressScope::Universe;
+        match addr {
+            IpAddr::V4(_) => {
+                msg.header.family = AddressFamily::Inet;
+                msg.attributes.push(AddressAttribute::Local(addr));
+            }
+            IpAddr::V6(_) => {
+                msg.header.family = AddressFamily::Inet6;
+                msg.header.flags = AddressHeaderFlags::Nodad;
+            }
+        }
+        msg.attributes.push(AddressAttribute::Address(addr));
+        self.request(
+            RouteNetlinkMessage::NewAddress(msg),
+            NLM_F_CREATE | NLM_F_EXCL,
+            || {
+                self.link_op(
+                    &format!("adding address {addr}/{prefix_len} to link index"),
+                    index,
+                )
+            },
+        )?;
+        Ok(())
+    }
+
+    /// Lists the addresses (with prefix length) on link `index`.
+    pub fn list_addrs(&self, index: u32) -> Result<Vec<(IpAddr, u8)>> {
+        let replies = self.dump(
+            RouteNetlinkMessage::GetAddress(AddressMessage::default()),
+            || self.link_op("listing addresses of link index", index),
+        )?;
+        let mut out = Vec::new();
+        for r in &replies {
+            if let RouteNetlinkMessage::NewAddress(a) = r {
+                if a.header.index != index {
+                    continue;
+                }
+                if let Some(ip) = a.attributes.iter().find_map(|at| match at {
+                    AddressAttribute::Address(ip) => Some(*ip),
+                    _ => None,
+                }) {
+                    out.push((ip, a.header.prefix_len));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Adds a route to `dst/prefix_len` through link `index`, via `gateway`
+    /// when given (otherwise a link-scope route).
+    pub fn add_route(
+        &self,
+        index: u32,
+        dst: IpAddr,
+        prefix_len: u8,
+        gateway: Option<IpAddr>,
+    ) -> Result<()> {
+        let mut msg = RouteMessage::default();
+        msg.header = route_header(dst, prefix_len, gateway.is_some());
+        if prefix_len > 0 {
+            msg.attributes
+                .push(RouteAttribute::Destination(RouteAddress::from(dst)));
+        }
+        if let Some(gw) = gateway {
+            msg.attributes
+                .push(RouteAttribute::Gateway(RouteAddress::from(gw)));
+        }
+        msg.attributes.push(RouteAttribute::Oif(index));
+        self.request(
+            RouteNetlinkMessage::NewRoute(msg),
+            NLM_F_CREATE | NLM_F_EXCL,
+            || {
+                let via = gateway.map(|g| format!(" via {g}")).unwrap_or_default();
+                self.link_op(
+                    &format!("adding route {dst}/{prefix_len}{via} on link index"),
+                    index,
+                )
+            },
+        )?;
+        Ok(())
+    }
+}
+
+#[allow(clippy::field_reassign_with_default)] // RouteHeader is non_exhaustive
+fn route_header(dst: IpAddr, prefix_len: u8, has_gateway: bool) -> RouteHeader {
+    let mut h = RouteHeader::default();
+    h.address_family = match dst {
+        IpAddr::V4(_) => AddressFamily::Inet,
+        IpAddr::V6(_) => AddressFamily::Inet6,
+    };
+    h.destination_prefix_length = prefix_len;
+    h.table = RouteHeader::RT_TABLE_MAIN;
+    h.protocol = RouteProtocol::Boot;
+    h.scope = if has_gateway {
+        RouteScope::Universe
+    } else {
+        RouteScope::Link
+    };
+    h.kind = RouteType::Unicast;
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn macs_round_trip() {
+        let mac = parse_mac("02:AB:cd:00:11:ff").unwrap();
+        assert_eq!(format_mac(&mac), "02:ab:cd:00:11:ff");
+        assert_eq!(parse_mac("02-ab-cd-00-11-ff"), Some(mac));
+        assert_eq!(parse_mac("02:ab:cd:00:11"), None);
+        assert_eq!(parse_mac("02:ab:cd:00:11:fff"), None);
+        assert_eq!(parse_mac("zz:ab:cd:00:11:ff"), None);
+    }
+
+    #[test]
+    fn modes_parse_like_the_go_project() {
+        assert_eq!("".parse::<MacvtapMode>().unwrap(), MacvtapMode::Bridge);
+        assert_eq!(
+            "passthru".parse::<MacvtapMode>().unwrap(),
+            MacvtapMode::Passthru
+        );
+        assert!("source".parse::<MacvtapMode>().is_err());
+    }
+}

@@ -1,0 +1,134 @@
+//! A small synchronous rtnetlink client bound to one network namespace.
+//!
+//! Both binaries issue a handful of requests per operation and wait for each
+//! answer, so a blocking socket is all that is needed: no runtime, no
+//! background task, and the socket's namespace is fixed when it is opened.
+
+use crate::error::{Error, Result};
+use crate::netns::Netns;
+use netlink_packet_core::{
+    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+};
+use netlink_packet_route::RouteNetlinkMessage;
+use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
+use nix::errno::Errno;
+use std::cell::Cell;
+use std::path::{Path, PathBuf};
+
+/// A route netlink socket opened inside one network namespace.
+#[derive(Debug)]
+pub struct Handle {
+    socket: Socket,
+    seq: Cell<u32>,
+    netns: PathBuf,
+}
+
+impl Handle {
+    /// Opens a socket in the calling thread's network namespace.
+    pub fn current() -> Result<Self> {
+        Self::open(PathBuf::from("the current network namespace"))
+    }
+
+    /// Opens a socket inside `netns` (from a helper thread; the caller's
+    /// namespace is not changed).
+    pub fn in_netns(netns: &Netns) -> Result<Self> {
+        let path = netns.path().to_path_buf();
+        netns.run(|| Self::open(path))
+    }
+
+    fn open(netns: PathBuf) -> Result<Self> {
+        let mut socket = Socket::new(NETLINK_ROUTE).map_err(Error::Socket)?;
+        socket.bind_auto().map_err(Error::Socket)?;
+        socket
+            .connect(&SocketAddr::new(0, 0))
+            .map_err(Error::Socket)?;
+        // Ask for strict checking so dump filters are honoured where supported.
+        let _ = socket.set_netlink_get_strict_chk(true);
+        Ok(Self {
+            socket,
+            seq: Cell::new(1),
+            netns,
+        })
+    }
+
+    /// The namespace path this handle works in, for messages.
+    pub fn netns(&self) -> &Path {
+        &self.netns
+    }
+
+    /// Sends a request that changes something (or gets one object) and waits
+    /// for the kernel's acknowledgement. Returns any messages sent before it.
+    pub fn request(
+        &self,
+        msg: RouteNetlinkMessage,
+        flags: u16,
+        op: impl Fn() -> String,
+    ) -> Result<Vec<RouteNetlinkMessage>> {
+        self.exchange(msg, NLM_F_REQUEST | NLM_F_ACK | flags, op)
+    }
+
+    /// Sends a dump request and collects every message until the end marker.
+    pub fn dump(
+        &self,
+        msg: RouteNetlinkMessage,
+        op: impl Fn() -> String,
+    ) -> Result<Vec<RouteNetlinkMessage>> {
+        self.exchange(msg, NLM_F_REQUEST | NLM_F_DUMP, op)
+    }
+
+    fn exchange(
+        &self,
+        msg: RouteNetlinkMessage,
+        flags: u16,
+        op: impl Fn() -> String,
+    ) -> Result<Vec<RouteNetlinkMessage>> {
+        let seq = self.seq.get().wrapping_add(1);
+        self.seq.set(seq);
+        let mut header = NetlinkHeader::default();
+        header.flags = flags;
+        header.sequence_number = seq;
+        let mut packet = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(msg));
+        packet.finalize();
+        let mut buf = vec![0u8; packet.buffer_len()];
+        packet.serialize(&mut buf);
+        self.socket.send(&buf, 0).map_err(Error::Socket)?;
+
+        let mut out = Vec::new();
+        let mut rx = Vec::with_capacity(64 * 1024);
+        loop {
+            rx.clear();
+            self.socket.recv(&mut rx, 0).map_err(Error::Socket)?;
+            let mut offset = 0;
+            while offset < rx.len() {
+                let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&rx[offset..])
+                    .map_err(|e| Error::Decode {
+                        op: op(),
+                        msg: e.to_string(),
+                    })?;
+                let len = reply.header.length as usize;
+                if len == 0 {
+                    break;
+                }
+                offset += (len + 3) & !3;
+                if reply.header.sequence_number != seq {
+                    continue;
+                }
+                match reply.payload {
+                    NetlinkPayload::InnerMessage(inner) => out.push(inner),
+                    NetlinkPayload::Done(_) => return Ok(out),
+                    NetlinkPayload::Error(err) => {
+                        return match err.code {
+                            None => Ok(out),
+                            Some(code) => Err(Error::Netlink {
+                                op: op(),
+                                source: Errno::from_raw(-code.get()),
+                            }),
+                        };
+                    }
+                    NetlinkPayload::Noop | NetlinkPayload::Overrun(_) => {}
+                    _ => {}
+                }
+            }
+        }
+    }
+}

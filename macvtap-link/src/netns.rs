@@ -1,0 +1,104 @@
+//! Network namespaces held as file descriptors, and running code inside one.
+//!
+//! A process never switches its own threads between namespaces: work that
+//! must happen inside a namespace (opening a netlink socket, reading that
+//! namespace's sysfs) runs on a short-lived thread that enters it and exits.
+
+use crate::error::{Error, Result};
+use nix::mount::{MsFlags, mount};
+use nix::sched::{CloneFlags, setns, unshare};
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+/// An open network namespace, with the path it was opened from for messages.
+#[derive(Debug)]
+pub struct Netns {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+impl Netns {
+    /// Opens the network namespace at `path` (e.g. `/var/run/netns/pod-1` or
+    /// `/proc/1234/ns/net`).
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let file = File::open(&path).map_err(|source| Error::OpenNetns {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(Self {
+            fd: file.into(),
+            path,
+        })
+    }
+
+    /// Opens the network namespace of the calling thread.
+    pub fn current() -> Result<Self> {
+        Self::open("/proc/thread-self/ns/net")
+    }
+
+    /// The path this namespace was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `f` on a new thread that has entered this namespace, and returns
+    /// its result. The calling thread never changes namespace.
+    pub fn run<T: Send>(&self, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    self.enter_current_thread()?;
+                    f()
+                })
+                .join()
+                .map_err(|_| Error::ThreadPanicked {
+                    path: self.path.clone(),
+                })?
+        })
+    }
+
+    /// Like [`Netns::run`], but the thread also gets a private mount namespace
+    /// with a fresh sysfs on `/sys`, so `/sys/class/net` shows this network
+    /// namespace's links. The mounts vanish with the thread.
+    pub fn run_with_sysfs<T: Send>(&self, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+        self.run(|| {
+            let enter_err = |source| Error::EnterNetns {
+                path: self.path.clone(),
+                source,
+            };
+            unshare(CloneFlags::CLONE_NEWNS).map_err(enter_err)?;
+            mount(
+                None::<&str>,
+                "/",
+                None::<&str>,
+                MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+                None::<&str>,
+            )
+            .map_err(enter_err)?;
+            mount(
+                Some("sysfs"),
+                "/sys",
+                Some("sysfs"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                None::<&str>,
+            )
+            .map_err(enter_err)?;
+            f()
+        })
+    }
+
+    fn enter_current_thread(&self) -> Result<()> {
+        setns(&self.fd, CloneFlags::CLONE_NEWNET).map_err(|source| Error::EnterNetns {
+            path: self.path.clone(),
+            source,
+        })
+    }
+}
+
+impl AsFd for Netns {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
