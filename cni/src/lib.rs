@@ -1,1 +1,196 @@
-//! x
+//! The macvtap CNI plugin.
+//!
+//! Multus runs this plugin (`"type": "macvtap"`) during pod sandbox set-up
+//! with the device ID that the macvtap device plugin allocated to the pod. The
+//! plugin finds the macvtap link the device plugin created for that ID in the
+//! host namespace, moves it into the pod, configures it, gives `/dev/tapN` to
+//! the VM's user and optionally runs IPAM. See `ARCHITECTURE.md`.
+//!
+//! [`run`] is the whole plugin as a function of its environment and stdin;
+//! `main.rs` only wires it to the process.
+
+pub mod add;
+pub mod args;
+pub mod check;
+pub mod config;
+pub mod del;
+pub mod env;
+pub mod error;
+pub mod ipam;
+pub mod result;
+pub mod status;
+pub mod tap;
+pub mod version;
+
+use config::NetConf;
+use env::{CniEnv, Command};
+use error::{Error, Result};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use version::{LATEST, SUPPORTED_VERSIONS, Version};
+
+/// What the process prints and how it exits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// Text for stdout (a result, a version report or an error), if any.
+    pub stdout: Option<String>,
+    /// Exit status: 0 on success, 1 on error.
+    pub exit_code: i32,
+}
+
+/// Runs one plugin invocation with environment `vars` and `stdin`.
+pub fn run(vars: &HashMap<String, String>, stdin: &[u8]) -> Outcome {
+    match dispatch(vars, stdin) {
+        Ok(stdout) => Outcome {
+            stdout,
+            exit_code: 0,
+        },
+        Err(e) => {
+            tracing::error!(code = e.code(), "{e}");
+            Outcome {
+                stdout: Some(error_json(&e, stdin).to_string()),
+                exit_code: 1,
+            }
+        }
+    }
+}
+
+fn dispatch(vars: &HashMap<String, String>, stdin: &[u8]) -> Result<Option<String>> {
+    if vars.get("CNI_COMMAND").map(String::as_str) == Some("VERSION") {
+        return Ok(Some(version_report(stdin).to_string()));
+    }
+    let env = CniEnv::from_vars(vars)?;
+    let conf = NetConf::parse(stdin)?;
+    tracing::debug!(command = env.command.as_str(), container = %env.container_id, "invoked");
+    match env.command {
+        Command::Add => {
+            let result = add::add(&env, &conf, stdin)?;
+            Ok(Some(result.to_value(conf.version).to_string()))
+        }
+        Command::Del => del::del(&env, &conf, stdin).map(|()| None),
+        Command::Check => check::check(&env, &conf, stdin).map(|()| None),
+        Command::Status => status::status(&env, &conf, stdin).map(|()| None),
+        Command::Gc => status::gc(&env, &conf, stdin).map(|()| None),
+        Command::Version => Ok(Some(version_report(stdin).to_string())),
+    }
+}
+
+/// The VERSION answer, in the requested version when we speak it.
+fn version_report(stdin: &[u8]) -> Value {
+    let asked = requested_version(stdin).filter(|v| Version::parse(v).is_ok());
+    json!({
+        "cniVersion": asked.as_deref().unwrap_or(LATEST),
+        "supportedVersions": SUPPORTED_VERSIONS,
+    })
+}
+
+fn requested_version(stdin: &[u8]) -> Option<String> {
+    let v: Value = serde_json::from_slice(stdin).ok()?;
+    v.get("cniVersion")?.as_str().map(str::to_string)
+}
+
+/// The spec's error object for `e`.
+pub fn error_json(e: &Error, stdin: &[u8]) -> Value {
+    let version = requested_version(stdin).unwrap_or_else(|| LATEST.to_string());
+    let msg = match e {
+        Error::TryAgain(inner) => inner.to_string(),
+        other => other.to_string(),
+    };
+    let mut out = json!({ "cniVersion": version, "code": e.code(), "msg": msg });
+    if let Error::TryAgain(_) = e {
+        out["details"] = Value::from("everything was rolled back; a retry may succeed");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn version_lists_every_supported_version() {
+        let out = run(
+            &vars(&[("CNI_COMMAND", "VERSION")]),
+            br#"{"cniVersion":"0.4.0"}"#,
+        );
+        assert_eq!(out.exit_code, 0);
+        let v: Value = serde_json::from_str(&out.stdout.unwrap()).unwrap();
+        assert_eq!(v["cniVersion"], "0.4.0");
+        assert_eq!(v["supportedVersions"].as_array().unwrap().len(), 5);
+        let empty = run(&vars(&[("CNI_COMMAND", "VERSION")]), b"");
+        assert!(empty.stdout.unwrap().contains("\"1.1.0\""));
+    }
+
+    #[test]
+    fn errors_are_spec_json_with_exit_1() {
+        let out = run(
+            &vars(&[("CNI_COMMAND", "DEL")]),
+            br#"{"cniVersion":"0.3.1"}"#,
+        );
+        assert_eq!(out.exit_code, 1);
+        let v: Value = serde_json::from_str(&out.stdout.unwrap()).unwrap();
+        assert_eq!(v["code"], 4);
+        assert_eq!(v["cniVersion"], "0.3.1");
+        assert!(v["msg"].as_str().unwrap().contains("CNI_IFNAME"));
+    }
+
+    #[test]
+    fn status_and_gc_need_1_1_and_check_needs_0_4() {
+        let conf = |v: &str| format!(r#"{{"cniVersion":"{v}","name":"n","type":"macvtap"}}"#);
+        let code = |cmd: &str, v: &str| {
+            let out = run(
+                &vars(&[
+                    ("CNI_COMMAND", cmd),
+                    ("CNI_CONTAINERID", "c"),
+                    ("CNI_IFNAME", "net1"),
+                    ("CNI_NETNS", "/nonexistent"),
+                ]),
+                conf(v).as_bytes(),
+            );
+            out.stdout
+                .map(|s| {
+                    serde_json::from_str::<Value>(&s).unwrap()["code"]
+                        .as_u64()
+                        .unwrap()
+                })
+                .unwrap_or(0)
+        };
+        assert_eq!(code("STATUS", "1.0.0"), 1);
+        assert_eq!(code("GC", "0.4.0"), 1);
+        assert_eq!(code("CHECK", "0.3.1"), 1);
+        assert_eq!(code("STATUS", "1.1.0"), 0);
+    }
+
+    #[test]
+    fn gc_without_attachments_is_refused_when_ipam_would_run() {
+        let out = run(
+            &vars(&[("CNI_COMMAND", "GC"), ("CNI_PATH", "/usr/lib/cni")]),
+            br#"{"cniVersion":"1.1.0","name":"n","type":"macvtap","ipam":{"type":"host-local"}}"#,
+        );
+        let v: Value = serde_json::from_str(&out.stdout.unwrap()).unwrap();
+        assert_eq!(v["code"], 7, "{v}");
+    }
+
+    #[test]
+    fn add_without_device_id_says_why() {
+        let out = run(
+            &vars(&[
+                ("CNI_COMMAND", "ADD"),
+                ("CNI_CONTAINERID", "c"),
+                ("CNI_IFNAME", "net1"),
+                ("CNI_NETNS", "/nonexistent"),
+            ]),
+            br#"{"cniVersion":"1.0.0","name":"n","type":"macvtap"}"#,
+        );
+        let v: Value = serde_json::from_str(&out.stdout.unwrap()).unwrap();
+        assert_eq!(v["code"], 100);
+        assert!(v["msg"].as_str().unwrap().contains("resourceName"));
+    }
+}

@@ -11,6 +11,7 @@
 pub mod device;
 pub mod error;
 pub mod link;
+pub mod monitor;
 pub mod netlink;
 pub mod netns;
 pub mod tapdev;

@@ -1,0 +1,300 @@
+//! ADD: hand the device plugin's macvtap over to the pod.
+//!
+//! Everything that can be checked is checked before the first change. After
+//! the link has moved, any failure undoes every change: IPAM gets a DEL and
+//! the link goes back to the host namespace under its `mvt…` name, down and
+//! with its old MAC and MTU, so that a retry starts from the same state.
+
+use crate::config::NetConf;
+use crate::env::{CniEnv, Command};
+use crate::error::{Error, Result};
+use crate::ipam;
+use crate::result::{CniResult, Interface, parse_cidr};
+use crate::tap;
+use macvtap_link::{Handle, Link, LinkChange, Netns, link_name_for_device};
+use nix::errno::Errno;
+use std::net::IpAddr;
+use tracing::{info, warn};
+
+/// Runs ADD and returns the result to print.
+pub fn add(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<CniResult> {
+    if conf.device_id.is_empty() {
+        return Err(Error::NoDeviceId);
+    }
+    let mac = conf.resolve_mac(&env.args)?;
+    let prev = conf
+        .prev_result
+        .as_ref()
+        .map(|v| CniResult::from_value(v, "prevResult"))
+        .transpose()?;
+    let ipam_type = conf.ipam_type()?;
+    if let Some(t) = &ipam_type {
+        ipam::find_plugin(env, t)?;
+    }
+
+    let link_name = link_name_for_device(&conf.device_id);
+    let host_ns = Netns::current()?;
+    let host = Handle::current()?;
+    let link = host
+        .get_link(&link_name)?
+        .ok_or_else(|| Error::DeviceLinkMissing {
+            device_id: conf.device_id.clone(),
+            link: link_name.clone(),
+        })?;
+    if !link.is_macvtap() {
+        return Err(Error::NotMacvtap {
+            device_id: conf.device_id.clone(),
+            link: link_name,
+            kind: link
+                .kind
+                .clone()
+                .unwrap_or_else(|| "physical NIC".to_string()),
+        });
+    }
+    check_mtu(&host, &link, conf.mtu)?;
+    let pod_ns = Netns::open(&env.netns).map_err(|source| Error::ContainerUnknown {
+        netns: env.netns.clone(),
+        container_id: env.container_id.clone(),
+        source,
+    })?;
+    let pod = Handle::in_netns(&pod_ns)?;
+
+    host.set_link_ns(link.index, &link.name, &pod_ns, &env.ifname)
+        .map_err(|e| explain_move_error(e, &link, env))?;
+    info!(
+        device_id = %conf.device_id,
+        link = %link.name,
+        ifindex = link.index,
+        ifname = %env.ifname,
+        netns = %env.netns,
+        "moved macvtap into the pod"
+    );
+
+    let mut ipam_added = None;
+    let outcome = configure(
+        env,
+        conf,
+        stdin,
+        &pod_ns,
+        &pod,
+        &link,
+        mac,
+        ipam_type.as_deref(),
+        &mut ipam_added,
+    );
+    match outcome {
+        Ok(ours) => Ok(merge(prev, ours)),
+        Err(cause) => {
+            warn!(error = %cause, "ADD failed after moving the link; rolling back");
+            let problems = rollback(
+                env,
+                stdin,
+                &host_ns,
+                &host,
+                &pod,
+                &link,
+                ipam_added.as_deref(),
+            );
+            if !problems.is_empty() {
+                Err(Error::RollbackFailed {
+                    cause: Box::new(cause),
+                    rollback: problems.join("; "),
+                })
+            } else if cause.is_transient() {
+                Err(Error::TryAgain(Box::new(cause)))
+            } else {
+                Err(cause)
+            }
+        }
+    }
+}
+
+/// The interface, addresses and routes this plugin adds.
+struct Ours {
+    interface: Interface,
+    ipam: Option<CniResult>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn configure(
+    env: &CniEnv,
+    conf: &NetConf,
+    stdin: &[u8],
+    pod_ns: &Netns,
+    pod: &Handle,
+    link: &Link,
+    mac: Option<[u8; 6]>,
+    ipam_type: Option<&str>,
+    ipam_added: &mut Option<String>,
+) -> Result<Ours> {
+    let moved = pod.get_link(&env.ifname)?.ok_or_else(|| {
+        Error::IfindexChanged(format!(
+            "link {} vanished while moving into {} as {}",
+            link.name, env.netns, env.ifname
+        ))
+    })?;
+    if moved.index != link.index {
+        return Err(Error::IfindexChanged(format!(
+            "link {} had ifindex {} but has {} in {}; /dev/tap{} no longer names it",
+            link.name, link.index, moved.index, env.netns, link.index
+        )));
+    }
+    let change = LinkChange {
+        mtu: (conf.mtu > 0).then_some(conf.mtu),
+        mac,
+        up: Some(true),
+        promisc: Some(conf.promisc_mode),
+        name: None,
+    };
+    pod.set_link(moved.index, &env.ifname, &change)?;
+    let node = tap::hand_over(pod_ns, &env.ifname, moved.index, conf.owner(), conf.group())?;
+    info!(node = %node.display(), owner = conf.owner(), group = conf.group(), "gave tap device to the VM user");
+
+    let ipam = match ipam_type {
+        Some(plugin) => {
+            let raw = ipam::exec(env, plugin, Command::Add, stdin)?.ok_or_else(|| Error::Ipam {
+                plugin: plugin.to_string(),
+                code: ipam::CODE_IPAM_NO_ERROR_JSON,
+                msg: "ADD printed no result".into(),
+            })?;
+            *ipam_added = Some(plugin.to_string());
+            let result =
+                CniResult::from_value(&raw, &format!("the result of IPAM plugin {plugin}"))?;
+            apply_ipam(pod, moved.index, &result)?;
+            Some(result)
+        }
+        None => None,
+    };
+
+    let now = pod.get_link(&env.ifname)?.unwrap_or(moved);
+    Ok(Ours {
+        interface: Interface {
+            name: env.ifname.clone(),
+            mac: Some(now.mac_string()),
+            mtu: Some(now.mtu),
+            sandbox: Some(env.netns.clone()),
+            other: Default::default(),
+        },
+        ipam,
+    })
+}
+
+fn check_mtu(host: &Handle, link: &Link, mtu: u32) -> Result<()> {
+    if mtu == 0 || link.lower_in_other_netns {
+        return Ok(());
+    }
+    let Some(lower_index) = link.lower_index else {
+        return Ok(());
+    };
+    if let Some(lower) = host.get_link_by_index(lower_index)? {
+        if mtu > lower.mtu {
+            return Err(Error::MtuTooLarge {
+                mtu,
+                lower_mtu: lower.mtu,
+                lower: lower.name,
+                link: link.name.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn explain_move_error(e: macvtap_link::Error, link: &Link, env: &CniEnv) -> Error {
+    match e.errno() {
+        Some(Errno::EBUSY) => Error::IfindexChanged(format!(
+            "cannot move link {} into {}: its ifindex {} is already taken there, and a new \
+             ifindex would orphan /dev/tap{} that the kubelet gave the pod ({e})",
+            link.name, env.netns, link.index, link.index
+        )),
+        Some(Errno::EEXIST) => Error::InvalidConfig(format!(
+            "cannot move link {} into {}: an interface named {} already exists there ({e})",
+            link.name, env.netns, env.ifname
+        )),
+        _ => Error::Link(e),
+    }
+}
+
+/// Puts IPAM's addresses and routes on the link. A route without a gateway
+/// uses the gateway of the first address of its family that has one, as the
+/// reference plugins do.
+fn apply_ipam(pod: &Handle, index: u32, result: &CniResult) -> Result<()> {
+    for ip in &result.ips {
+        let (addr, prefix) = parse_cidr(&ip.address)
+            .ok_or_else(|| Error::InvalidConfig(format!("IPAM address {:?}", ip.address)))?;
+        pod.add_addr(index, addr, prefix)?;
+    }
+    let gateway_for = |v4: bool| -> Option<IpAddr> {
+        result
+            .ips
+            .iter()
+            .filter_map(|ip| ip.gateway)
+            .find(|g| g.is_ipv4() == v4)
+    };
+    for route in &result.routes {
+        let (dst, prefix) = parse_cidr(&route.dst)
+            .ok_or_else(|| Error::InvalidConfig(format!("IPAM route {:?}", route.dst)))?;
+        let gw = route.gw.or_else(|| gateway_for(dst.is_ipv4()));
+        pod.add_route(index, dst, prefix, gw)?;
+    }
+    Ok(())
+}
+
+/// Undoes everything after the move; returns what could not be undone.
+fn rollback(
+    env: &CniEnv,
+    stdin: &[u8],
+    host_ns: &Netns,
+    host: &Handle,
+    pod: &Handle,
+    orig: &Link,
+    ipam_added: Option<&str>,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    if let Some(plugin) = ipam_added {
+        if let Err(e) = ipam::exec(env, plugin, Command::Del, stdin) {
+            problems.push(format!("releasing IPAM: {e}"));
+        }
+    }
+    let down = LinkChange {
+        up: Some(false),
+        ..Default::default()
+    };
+    if let Err(e) = pod.set_link(orig.index, &env.ifname, &down) {
+        problems.push(e.to_string());
+    }
+    if let Err(e) = pod.set_link_ns(orig.index, &env.ifname, host_ns, &orig.name) {
+        problems.push(e.to_string());
+        return problems;
+    }
+    let restore = LinkChange {
+        mtu: Some(orig.mtu),
+        mac: orig.mac,
+        up: Some(orig.is_up()),
+        promisc: Some(orig.is_promisc()),
+        name: None,
+    };
+    if let Err(e) = host.set_link(orig.index, &orig.name, &restore) {
+        problems.push(e.to_string());
+    }
+    if problems.is_empty() {
+        info!(link = %orig.name, "rolled back: link is in the host namespace again");
+    }
+    problems
+}
+
+fn merge(prev: Option<CniResult>, ours: Ours) -> CniResult {
+    let mut result = prev.unwrap_or_default();
+    let index = result.interfaces.len();
+    result.interfaces.push(ours.interface);
+    if let Some(ipam) = ours.ipam {
+        for mut ip in ipam.ips {
+            ip.interface = Some(index);
+            result.ips.push(ip);
+        }
+        result.routes.extend(ipam.routes);
+        if ipam.dns.as_object().is_some_and(|o| !o.is_empty()) {
+            result.dns = ipam.dns;
+        }
+    }
+    result
+}

@@ -1,0 +1,160 @@
+//! The CNI plugin's error type and its mapping to the spec's error codes.
+
+use macvtap_link::Error as LinkError;
+use nix::errno::Errno;
+
+/// Result of the CNI plugin.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Every way a CNI command can fail. [`Error::code`] maps each to the CNI
+/// spec's error code, so the mapping lives in one place.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The config's `cniVersion` is not one we speak, or the command does not
+    /// exist in that version.
+    #[error("{msg}")]
+    IncompatibleVersion {
+        /// What is incompatible.
+        msg: String,
+    },
+    /// The pod's network namespace does not exist.
+    #[error("network namespace {netns} of container {container_id} does not exist: {source}")]
+    ContainerUnknown {
+        /// `CNI_NETNS`.
+        netns: String,
+        /// `CNI_CONTAINERID`.
+        container_id: String,
+        /// Why it could not be opened.
+        source: LinkError,
+    },
+    /// A required environment variable is missing or malformed.
+    #[error("invalid environment variable {var}: {msg}")]
+    InvalidEnv {
+        /// Variable name.
+        var: &'static str,
+        /// What is wrong.
+        msg: String,
+    },
+    /// Reading stdin, or starting a delegated plugin, failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// stdin is not valid JSON.
+    #[error("cannot decode the network configuration: {0}")]
+    Decode(String),
+    /// The network configuration is valid JSON but not a valid config.
+    #[error("invalid network configuration: {0}")]
+    InvalidConfig(String),
+    /// `deviceID` is empty: the pod was not given a macvtap device.
+    #[error(
+        "the network configuration has no deviceID: the pod probably does not request the \
+         resource named in the NetworkAttachmentDefinition's \
+         k8s.v1.cni.cncf.io/resourceName annotation (macvtap.network.kubevirt.io/<name>)"
+    )]
+    NoDeviceId,
+    /// No link exists for the device ID.
+    #[error(
+        "device {device_id}: link {link} does not exist in the host network namespace (was the \
+         device allocated by the macvtap device plugin on this node?)"
+    )]
+    DeviceLinkMissing {
+        /// The device ID.
+        device_id: String,
+        /// The link name it maps to.
+        link: String,
+    },
+    /// The link for the device ID is not a macvtap.
+    #[error("device {device_id}: link {link} is a {kind}, not a macvtap; refusing to touch it")]
+    NotMacvtap {
+        /// The device ID.
+        device_id: String,
+        /// The link name it maps to.
+        link: String,
+        /// What the link is.
+        kind: String,
+    },
+    /// The requested MTU is larger than the lower NIC's.
+    #[error("mtu {mtu} is larger than the MTU {lower_mtu} of {lower}, the NIC under {link}")]
+    MtuTooLarge {
+        /// Requested MTU.
+        mtu: u32,
+        /// The lower NIC's MTU.
+        lower_mtu: u32,
+        /// The lower NIC's name.
+        lower: String,
+        /// The macvtap's name.
+        link: String,
+    },
+    /// The link's ifindex changed, so `/dev/tapN` no longer names it.
+    #[error("{0}")]
+    IfindexChanged(String),
+    /// A netlink or namespace operation failed.
+    #[error(transparent)]
+    Link(#[from] LinkError),
+    /// CHECK found the link not as ADD left it.
+    #[error("check failed: {0}")]
+    CheckFailed(String),
+    /// A delegated IPAM plugin failed.
+    #[error("IPAM plugin {plugin}: {msg}")]
+    Ipam {
+        /// Plugin type.
+        plugin: String,
+        /// The plugin's code, passed on unchanged.
+        code: u32,
+        /// The plugin's message (and details).
+        msg: String,
+    },
+    /// An operation failed and undoing it failed too.
+    #[error("{cause}; rolling back also failed: {rollback}")]
+    RollbackFailed {
+        /// The original failure.
+        cause: Box<Error>,
+        /// What went wrong while undoing.
+        rollback: String,
+    },
+    /// A failure that left nothing behind and may go away on a retry.
+    #[error("{0} (everything was rolled back; a retry may succeed)")]
+    TryAgain(Box<Error>),
+}
+
+impl Error {
+    /// The CNI spec error code: 1-99 are the spec's own, 100 and up ours.
+    pub fn code(&self) -> u32 {
+        match self {
+            Error::IncompatibleVersion { .. } => 1,
+            Error::ContainerUnknown { .. } => 3,
+            Error::InvalidEnv { .. } => 4,
+            Error::Io { .. } => 5,
+            Error::Decode(_) => 6,
+            Error::InvalidConfig(_) => 7,
+            Error::TryAgain(_) => 11,
+            Error::NoDeviceId => 100,
+            Error::DeviceLinkMissing { .. } => 101,
+            Error::NotMacvtap { .. } => 102,
+            Error::MtuTooLarge { .. } => 103,
+            Error::Link(_) => 104,
+            Error::IfindexChanged(_) => 105,
+            Error::CheckFailed(_) => 106,
+            Error::Ipam { code, .. } => *code,
+            Error::RollbackFailed { .. } => 107,
+        }
+    }
+
+    /// Whether retrying the same command may succeed once the rollback is done.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Link(e) => {
+                matches!(
+                    e.errno(),
+                    Some(Errno::EAGAIN | Errno::EBUSY | Errno::ENOBUFS | Errno::EINTR)
+                ) && !matches!(e, LinkError::Netlink { op, .. } if op.starts_with("moving link"))
+            }
+            Error::Ipam { code, .. } => *code == 11,
+            _ => false,
+        }
+    }
+}

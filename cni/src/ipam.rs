@@ -1,0 +1,110 @@
+//! Delegation to an IPAM plugin, executed from `CNI_PATH` as the spec says:
+//! same environment (with the command set), the network config on stdin.
+
+use crate::env::{CniEnv, Command};
+use crate::error::{Error, Result};
+use serde_json::Value;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::process::Stdio;
+
+/// Code given to an IPAM failure that printed no error JSON.
+pub const CODE_IPAM_NO_ERROR_JSON: u32 = 108;
+
+/// Finds `plugin` in the `CNI_PATH` directories.
+pub fn find_plugin(env: &CniEnv, plugin: &str) -> Result<PathBuf> {
+    env.path
+        .iter()
+        .map(|dir| dir.join(plugin))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+        .ok_or_else(|| Error::Io {
+            what: format!(
+                "finding IPAM plugin {plugin:?} in CNI_PATH [{}]",
+                env.path
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(":")
+            ),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        })
+}
+
+/// Runs IPAM plugin `plugin` with `command` and `stdin`; returns its parsed
+/// stdout, if it printed anything. A failure keeps the plugin's own code.
+pub fn exec(env: &CniEnv, plugin: &str, command: Command, stdin: &[u8]) -> Result<Option<Value>> {
+    let path = find_plugin(env, plugin)?;
+    let io_err = |what: &str, source| Error::Io {
+        what: format!("{what} IPAM plugin {}", path.display()),
+        source,
+    };
+    let mut child = std::process::Command::new(&path)
+        .env("CNI_COMMAND", command.as_str())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| io_err("starting", e))?;
+    if let Some(mut input) = child.stdin.take() {
+        input
+            .write_all(stdin)
+            .map_err(|e| io_err("writing to", e))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| io_err("waiting for", e))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let parsed: Option<Value> = if text.trim().is_empty() {
+        None
+    } else {
+        serde_json::from_str(&text).ok()
+    };
+    if out.status.success() {
+        return match parsed {
+            Some(v) => Ok(Some(v)),
+            None if text.trim().is_empty() => Ok(None),
+            None => Err(Error::Ipam {
+                plugin: plugin.to_string(),
+                code: CODE_IPAM_NO_ERROR_JSON,
+                msg: format!(
+                    "{} printed output that is not JSON: {text:?}",
+                    command.as_str()
+                ),
+            }),
+        };
+    }
+    let (code, msg) = match &parsed {
+        Some(v) => {
+            let code = v
+                .get("code")
+                .and_then(Value::as_u64)
+                .and_then(|c| u32::try_from(c).ok())
+                .unwrap_or(CODE_IPAM_NO_ERROR_JSON);
+            let mut msg = v
+                .get("msg")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            if let Some(d) = v
+                .get("details")
+                .and_then(Value::as_str)
+                .filter(|d| !d.is_empty())
+            {
+                msg = format!("{msg}: {d}");
+            }
+            (code, msg)
+        }
+        None => (
+            CODE_IPAM_NO_ERROR_JSON,
+            format!("exited with {} and no error JSON: {text:?}", out.status),
+        ),
+    };
+    Err(Error::Ipam {
+        plugin: plugin.to_string(),
+        code,
+        msg: format!("{} failed: {msg}", command.as_str()),
+    })
+}

@@ -1,0 +1,43 @@
+//! STATUS and GC (cniVersion 1.1.0): both are delegated to IPAM when there
+//! is one. The macvtap links themselves need no collecting: a pod's link dies
+//! with its namespace, and links never moved are the device plugin's to reclaim.
+
+use crate::config::NetConf;
+use crate::env::{CniEnv, Command};
+use crate::error::{Error, Result};
+use crate::ipam;
+use crate::version::Version;
+use serde_json::Value;
+
+/// Runs STATUS: ready unless the IPAM plugin says otherwise.
+pub fn status(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
+    conf.version.require(Version::V1_1_0, "STATUS")?;
+    if let Some(plugin) = conf.ipam_type()? {
+        ipam::exec(env, &plugin, Command::Status, stdin)?;
+    }
+    Ok(())
+}
+
+/// Runs GC, handing IPAM the valid attachments under the spec's current key
+/// `cni.dev/valid-attachments` even when they came as `cni.dev/attachments`.
+pub fn gc(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
+    conf.version.require(Version::V1_1_0, "GC")?;
+    let Some(plugin) = conf.ipam_type()? else {
+        return Ok(());
+    };
+    let mut raw: Value = serde_json::from_slice(stdin).map_err(|e| Error::Decode(e.to_string()))?;
+    if let Some(obj) = raw.as_object_mut() {
+        if !obj.contains_key("cni.dev/valid-attachments") {
+            // Without any list, IPAM would free every address: refuse instead.
+            let list = obj.get("cni.dev/attachments").cloned().ok_or_else(|| {
+                Error::InvalidConfig(
+                    "GC needs cni.dev/valid-attachments (or cni.dev/attachments)".into(),
+                )
+            })?;
+            obj.insert("cni.dev/valid-attachments".into(), list);
+        }
+    }
+    let body = serde_json::to_vec(&raw).map_err(|e| Error::Decode(e.to_string()))?;
+    ipam::exec(env, &plugin, Command::Gc, &body)?;
+    Ok(())
+}

@@ -1,0 +1,107 @@
+//! CNI spec versions this plugin speaks.
+
+use crate::error::{Error, Result};
+
+/// Every spec version we accept, oldest first.
+pub const SUPPORTED_VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+
+/// The version used when none is given (for VERSION and early errors).
+pub const LATEST: &str = "1.1.0";
+
+/// A supported spec version, ordered by age.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Version {
+    /// 0.3.0
+    V0_3_0,
+    /// 0.3.1
+    V0_3_1,
+    /// 0.4.0: adds CHECK.
+    V0_4_0,
+    /// 1.0.0: drops `ips[].version`.
+    V1_0_0,
+    /// 1.1.0: adds STATUS and GC.
+    V1_1_0,
+}
+
+impl Version {
+    /// Parses a `cniVersion`, refusing the versions we do not speak (code 1).
+    pub fn parse(s: &str) -> Result<Self> {
+        Ok(match s {
+            "0.3.0" => Version::V0_3_0,
+            "0.3.1" => Version::V0_3_1,
+            "0.4.0" => Version::V0_4_0,
+            "1.0.0" => Version::V1_0_0,
+            "1.1.0" => Version::V1_1_0,
+            other => {
+                return Err(Error::IncompatibleVersion {
+                    msg: format!(
+                        "cniVersion {other:?} is not supported (supported: {})",
+                        SUPPORTED_VERSIONS.join(", ")
+                    ),
+                });
+            }
+        })
+    }
+
+    /// The version as written in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Version::V0_3_0 => "0.3.0",
+            Version::V0_3_1 => "0.3.1",
+            Version::V0_4_0 => "0.4.0",
+            Version::V1_0_0 => "1.0.0",
+            Version::V1_1_0 => "1.1.0",
+        }
+    }
+
+    /// Whether results of this version carry `ips[].version` (before 1.0.0).
+    pub fn has_ip_version(self) -> bool {
+        self < Version::V1_0_0
+    }
+
+    /// Refuses `command` when it is newer than this version.
+    pub fn require(self, min: Version, command: &str) -> Result<()> {
+        if self < min {
+            return Err(Error::IncompatibleVersion {
+                msg: format!(
+                    "{command} is not supported in cniVersion {} (needs {} or later)",
+                    self.as_str(),
+                    min.as_str()
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_supported_version_round_trips() {
+        for v in SUPPORTED_VERSIONS {
+            assert_eq!(Version::parse(v).unwrap().as_str(), v);
+        }
+    }
+
+    #[test]
+    fn unknown_versions_get_code_1() {
+        for v in ["0.2.0", "0.1.0", "2.0.0", ""] {
+            assert_eq!(Version::parse(v).unwrap_err().code(), 1, "{v}");
+        }
+    }
+
+    #[test]
+    fn check_needs_0_4_and_status_needs_1_1() {
+        assert_eq!(
+            Version::V0_3_1
+                .require(Version::V0_4_0, "CHECK")
+                .unwrap_err()
+                .code(),
+            1
+        );
+        assert!(Version::V0_4_0.require(Version::V0_4_0, "CHECK").is_ok());
+        assert!(Version::V1_0_0.require(Version::V1_1_0, "GC").is_err());
+    }
+}
