@@ -59,8 +59,28 @@ pub fn add(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<CniResult> {
     })?;
     let pod = Handle::in_netns(&pod_ns)?;
 
-    host.set_link_ns(link.index, &link.name, &pod_ns, &env.ifname)
-        .map_err(|e| explain_move_error(e, &link, env))?;
+    let undo = Undo {
+        env,
+        stdin,
+        host_ns: &host_ns,
+        host: &host,
+        pod: &pod,
+        orig: &link,
+    };
+    if let Err(e) = host.set_link_ns(link.index, &link.name, &pod_ns, &env.ifname) {
+        let cause = explain_move_error(e, &link, env);
+        // The kernel moves first and renames second: a failed rename (the
+        // name is taken in the pod) leaves the link in the pod under its old
+        // name. Bring it back.
+        let stranded = pod
+            .get_link_by_index(link.index)?
+            .is_some_and(|l| l.name == link.name && l.is_macvtap());
+        if !stranded {
+            return Err(cause);
+        }
+        warn!(error = %cause, link = %link.name, "move half done; moving the link back");
+        return Err(undo.run(cause, &link.name, None));
+    }
     info!(
         device_id = %conf.device_id,
         link = %link.name,
@@ -86,25 +106,7 @@ pub fn add(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<CniResult> {
         Ok(ours) => Ok(merge(prev, ours)),
         Err(cause) => {
             warn!(error = %cause, "ADD failed after moving the link; rolling back");
-            let problems = rollback(
-                env,
-                stdin,
-                &host_ns,
-                &host,
-                &pod,
-                &link,
-                ipam_added.as_deref(),
-            );
-            if !problems.is_empty() {
-                Err(Error::RollbackFailed {
-                    cause: Box::new(cause),
-                    rollback: problems.join("; "),
-                })
-            } else if cause.is_transient() {
-                Err(Error::TryAgain(Box::new(cause)))
-            } else {
-                Err(cause)
-            }
+            Err(undo.run(cause, &env.ifname, ipam_added.as_deref()))
         }
     }
 }
@@ -239,47 +241,71 @@ fn apply_ipam(pod: &Handle, index: u32, result: &CniResult) -> Result<()> {
     Ok(())
 }
 
-/// Undoes everything after the move; returns what could not be undone.
-fn rollback(
-    env: &CniEnv,
-    stdin: &[u8],
-    host_ns: &Netns,
-    host: &Handle,
-    pod: &Handle,
-    orig: &Link,
-    ipam_added: Option<&str>,
-) -> Vec<String> {
-    let mut problems = Vec::new();
-    if let Some(plugin) = ipam_added {
-        if let Err(e) = ipam::exec(env, plugin, Command::Del, stdin) {
-            problems.push(format!("releasing IPAM: {e}"));
+/// What is needed to undo an ADD whose link has moved into the pod.
+struct Undo<'a> {
+    env: &'a CniEnv,
+    stdin: &'a [u8],
+    host_ns: &'a Netns,
+    host: &'a Handle,
+    pod: &'a Handle,
+    /// The link as it was on the host before the move.
+    orig: &'a Link,
+}
+
+impl Undo<'_> {
+    /// Releases IPAM (when `ipam_added`), brings the link (now `current` in
+    /// the pod) back to the host as it was, and returns the error to report.
+    fn run(&self, cause: Error, current: &str, ipam_added: Option<&str>) -> Error {
+        let problems = self.undo(current, ipam_added);
+        if !problems.is_empty() {
+            Error::RollbackFailed {
+                cause: Box::new(cause),
+                rollback: problems.join("; "),
+            }
+        } else if cause.is_transient() {
+            Error::TryAgain(Box::new(cause))
+        } else {
+            cause
         }
     }
-    let down = LinkChange {
-        up: Some(false),
-        ..Default::default()
-    };
-    if let Err(e) = pod.set_link(orig.index, &env.ifname, &down) {
-        problems.push(e.to_string());
+
+    fn undo(&self, current: &str, ipam_added: Option<&str>) -> Vec<String> {
+        let orig = self.orig;
+        let mut problems = Vec::new();
+        if let Some(plugin) = ipam_added {
+            if let Err(e) = ipam::exec(self.env, plugin, Command::Del, self.stdin) {
+                problems.push(format!("releasing IPAM: {e}"));
+            }
+        }
+        let down = LinkChange {
+            up: Some(false),
+            ..Default::default()
+        };
+        if let Err(e) = self.pod.set_link(orig.index, current, &down) {
+            problems.push(e.to_string());
+        }
+        if let Err(e) = self
+            .pod
+            .set_link_ns(orig.index, current, self.host_ns, &orig.name)
+        {
+            problems.push(e.to_string());
+            return problems;
+        }
+        let restore = LinkChange {
+            mtu: Some(orig.mtu),
+            mac: orig.mac,
+            up: Some(orig.is_up()),
+            promisc: Some(orig.is_promisc()),
+            name: None,
+        };
+        if let Err(e) = self.host.set_link(orig.index, &orig.name, &restore) {
+            problems.push(e.to_string());
+        }
+        if problems.is_empty() {
+            info!(link = %orig.name, "rolled back: the link is in the host namespace again");
+        }
+        problems
     }
-    if let Err(e) = pod.set_link_ns(orig.index, &env.ifname, host_ns, &orig.name) {
-        problems.push(e.to_string());
-        return problems;
-    }
-    let restore = LinkChange {
-        mtu: Some(orig.mtu),
-        mac: orig.mac,
-        up: Some(orig.is_up()),
-        promisc: Some(orig.is_promisc()),
-        name: None,
-    };
-    if let Err(e) = host.set_link(orig.index, &orig.name, &restore) {
-        problems.push(e.to_string());
-    }
-    if problems.is_empty() {
-        info!(link = %orig.name, "rolled back: link is in the host namespace again");
-    }
-    problems
 }
 
 fn merge(prev: Option<CniResult>, ours: Ours) -> CniResult {

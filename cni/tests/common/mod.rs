@@ -1,0 +1,261 @@
+//! Test fixtures: throwaway network namespaces that play a node (with a veth
+//! as its NIC) and a pod, and a runner that executes the real `macvtap`
+//! binary the way a container runtime does.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use serde_json::Value;
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// Fails the test loudly when not root: these tests need netlink and netns.
+pub fn require_root() {
+    if !nix::unistd::Uid::effective().is_root() {
+        panic!(
+            "NOT RUN: this test needs root (network namespaces, macvtap links); \
+             run the suite as root as .ci/run does"
+        );
+    }
+}
+
+/// Runs a command and panics with its output when it fails.
+pub fn sh(args: &[&str]) -> String {
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A named network namespace that is deleted on drop.
+pub struct TestNs {
+    pub name: String,
+}
+
+impl TestNs {
+    pub fn new(tag: &str) -> Self {
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let name = format!("mvt-{}-{n}-{tag}", std::process::id());
+        sh(&["ip", "netns", "add", &name]);
+        sh(&["ip", "-n", &name, "link", "set", "lo", "up"]);
+        TestNs { name }
+    }
+
+    pub fn path(&self) -> String {
+        format!("/run/netns/{}", self.name)
+    }
+}
+
+impl Drop for TestNs {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+/// An ifindex that no other test will pick, so `/dev/tapN` never collides.
+pub fn unique_ifindex() -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    let seed = t
+        ^ std::process::id().wrapping_mul(2_654_435_761)
+        ^ COUNTER.fetch_add(1, Ordering::SeqCst).wrapping_mul(40503);
+    100_000 + seed % 900_000_000
+}
+
+/// A sandbox node: `node` holds the NIC `lower0` (a veth whose peer `peer0`
+/// is in `peer`), `pod` is an empty pod namespace.
+pub struct Sandbox {
+    pub pod: TestNs,
+    pub peer: TestNs,
+    pub node: TestNs,
+}
+
+impl Sandbox {
+    pub fn new() -> Self {
+        require_root();
+        let node = TestNs::new("node");
+        let peer = TestNs::new("peer");
+        let pod = TestNs::new("pod");
+        sh(&[
+            "ip", "-n", &node.name, "link", "add", "lower0", "type", "veth", "peer", "name",
+            "peer0", "netns", &peer.name,
+        ]);
+        sh(&["ip", "-n", &node.name, "link", "set", "lower0", "up"]);
+        sh(&["ip", "-n", &peer.name, "link", "set", "peer0", "up"]);
+        Sandbox { pod, peer, node }
+    }
+
+    /// Does what the device plugin's Allocate does: a macvtap named for
+    /// `device_id` on `lower0` in the node namespace. Returns its ifindex.
+    pub fn allocate(&self, device_id: &str) -> u32 {
+        let name = macvtap_link::link_name_for_device(device_id);
+        let index = unique_ifindex();
+        sh(&[
+            "ip",
+            "-n",
+            &self.node.name,
+            "link",
+            "add",
+            &name,
+            "index",
+            &index.to_string(),
+            "link",
+            "lower0",
+            "type",
+            "macvtap",
+            "mode",
+            "bridge",
+        ]);
+        index
+    }
+
+    /// Runs the real plugin inside the node namespace.
+    pub fn cni(&self, command: &str, conf: &Value, extra_env: &[(&str, &str)]) -> CniRun {
+        let mut env = vec![
+            ("CNI_COMMAND", command.to_string()),
+            ("CNI_CONTAINERID", format!("ctr-{}", self.pod.name)),
+            ("CNI_NETNS", self.pod.path()),
+            ("CNI_IFNAME", "net1".to_string()),
+            ("CNI_PATH", "/usr/lib/cni".to_string()),
+        ];
+        for (k, v) in extra_env {
+            env.retain(|(e, _)| e != k);
+            env.push((k, v.to_string()));
+        }
+        run_plugin(&self.node.name, &env, conf.to_string().as_bytes())
+    }
+
+    /// `ip -d -j link show` of one link in a namespace, or None.
+    pub fn link(&self, ns: &TestNs, name: &str) -> Option<Value> {
+        link_json(&ns.name, name)
+    }
+
+    /// What the host namespace looks like, to compare before and after.
+    pub fn node_links(&self) -> Vec<(u64, String, String, u64, String)> {
+        links_summary(&self.node.name)
+    }
+}
+
+/// The result of one plugin run.
+#[derive(Debug)]
+pub struct CniRun {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl CniRun {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
+            panic!(
+                "stdout is not JSON ({e}): {:?} / stderr {}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+
+    pub fn ok(&self) -> &Self {
+        assert_eq!(
+            self.code, 0,
+            "plugin failed: {} / stderr {}",
+            self.stdout, self.stderr
+        );
+        self
+    }
+
+    /// Asserts failure with the given spec code; returns the message.
+    pub fn fails_with(&self, code: u64) -> String {
+        assert_eq!(
+            self.code, 1,
+            "expected failure, got {} / {}",
+            self.stdout, self.stderr
+        );
+        let v = self.json();
+        assert_eq!(
+            v["code"].as_u64(),
+            Some(code),
+            "wrong code: {v} / stderr {}",
+            self.stderr
+        );
+        v["msg"].as_str().unwrap().to_string()
+    }
+}
+
+pub fn run_plugin(netns: &str, env: &[(&str, String)], stdin: &[u8]) -> CniRun {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", netns, env!("CARGO_BIN_EXE_macvtap")])
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let out = child.wait_with_output().unwrap();
+    CniRun {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        stderr: String::from_utf8_lossy(&out.stderr).to_string(),
+    }
+}
+
+pub fn link_json(ns: &str, name: &str) -> Option<Value> {
+    let out = Command::new("ip")
+        .args(["-n", ns, "-d", "-j", "link", "show", "dev", name])
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return None;
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v.as_array().and_then(|a| a.first()).cloned()
+}
+
+/// (ifindex, name, kind, mtu, mac) of every link in a namespace.
+pub fn links_summary(ns: &str) -> Vec<(u64, String, String, u64, String)> {
+    let out = sh(&["ip", "-n", ns, "-d", "-j", "link", "show"]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["ifindex"].as_u64().unwrap(),
+                l["ifname"].as_str().unwrap().to_string(),
+                l["linkinfo"]["info_kind"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string(),
+                l["mtu"].as_u64().unwrap(),
+                l["address"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+/// `user:group` numeric owner and major:minor of a device node.
+pub fn node_owner(path: &str) -> Option<(u32, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.uid(), m.gid()))
+}
+
+/// A NetConf for the plugin.
+pub fn netconf(version: &str, device_id: &str) -> Value {
+    serde_json::json!({
+        "cniVersion": version,
+        "name": "dataplane",
+        "type": "macvtap",
+        "deviceID": device_id,
+    })
+}

@@ -1,0 +1,268 @@
+//! ADD, CHECK and DEL through the real binary, for every spec version.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+use common::*;
+use serde_json::json;
+
+#[test]
+fn add_check_del_work_for_every_version() {
+    for version in ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"] {
+        let sb = Sandbox::new();
+        let index = sb.allocate("dataplaneMvp42");
+        let conf = netconf(version, "dataplaneMvp42");
+        let result = sb.cni("ADD", &conf, &[]).ok().json();
+        assert_eq!(result["cniVersion"], version);
+        let iface = &result["interfaces"][0];
+        assert_eq!(iface["name"], "net1");
+        assert_eq!(iface["sandbox"], sb.pod.path());
+        let link = sb.link(&sb.pod, "net1").expect("net1 is in the pod");
+        assert_eq!(link["ifindex"].as_u64(), Some(index as u64), "ifindex kept");
+        assert_eq!(iface["mac"], link["address"]);
+        if version.starts_with("1.") {
+            assert_eq!(iface["mtu"].as_u64(), link["mtu"].as_u64());
+        } else {
+            assert!(iface.get("mtu").is_none(), "{version} results carry no mtu");
+        }
+        assert!(link["flags"].as_array().unwrap().iter().any(|f| f == "UP"));
+        assert!(
+            sb.link(&sb.node, "mvt1d9e32f0b2c5").is_none(),
+            "the link left the host"
+        );
+
+        let mut check = conf.clone();
+        check["prevResult"] = result.clone();
+        if version.starts_with("0.3") {
+            sb.cni("CHECK", &check, &[]).fails_with(1);
+        } else {
+            sb.cni("CHECK", &check, &[]).ok();
+        }
+
+        sb.cni("DEL", &conf, &[]).ok();
+        assert!(
+            sb.link(&sb.pod, "net1").is_none(),
+            "{version}: DEL removed the link"
+        );
+        assert!(
+            !std::path::Path::new(&format!("/dev/tap{index}")).exists(),
+            "{version}: /dev/tap{index} is gone with its link"
+        );
+    }
+}
+
+#[test]
+fn ifindex_and_tap_node_are_kept_across_the_move() {
+    let sb = Sandbox::new();
+    let index = sb.allocate("eth0Mvp7");
+    let node = format!("/dev/tap{index}");
+    assert!(std::path::Path::new(&node).exists());
+    sb.cni("ADD", &netconf("1.0.0", "eth0Mvp7"), &[]).ok();
+    assert_eq!(
+        sb.link(&sb.pod, "net1").unwrap()["ifindex"].as_u64(),
+        Some(index as u64)
+    );
+    assert!(
+        std::path::Path::new(&node).exists(),
+        "{node} exists after the move"
+    );
+    assert!(
+        sb.link(&sb.node, "mvted95a7da7eb8").is_none(),
+        "the link left the host"
+    );
+}
+
+#[test]
+fn del_twice_succeeds() {
+    let sb = Sandbox::new();
+    sb.allocate("eth0Mvp0");
+    let conf = netconf("1.1.0", "eth0Mvp0");
+    sb.cni("ADD", &conf, &[]).ok();
+    sb.cni("DEL", &conf, &[]).ok();
+    sb.cni("DEL", &conf, &[]).ok();
+}
+
+#[test]
+fn del_after_the_netns_is_gone_succeeds() {
+    let sb = Sandbox::new();
+    sb.allocate("eth0Mvp0");
+    let conf = netconf("0.4.0", "eth0Mvp0");
+    sb.cni("ADD", &conf, &[]).ok();
+    sh(&["ip", "netns", "del", &sb.pod.name]);
+    sb.cni("DEL", &conf, &[]).ok();
+    sb.cni("DEL", &conf, &[("CNI_NETNS", "")]).ok();
+}
+
+#[test]
+fn del_leaves_a_non_macvtap_alone() {
+    let sb = Sandbox::new();
+    sh(&[
+        "ip",
+        "-n",
+        &sb.pod.name,
+        "link",
+        "add",
+        "net1",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "x1",
+    ]);
+    sb.cni("DEL", &netconf("1.0.0", "eth0Mvp0"), &[]).ok();
+    assert!(sb.link(&sb.pod, "net1").is_some());
+}
+
+#[test]
+fn check_detects_changes_made_after_add() {
+    let sb = Sandbox::new();
+    sb.allocate("eth0Mvp0");
+    let mut conf = netconf("1.1.0", "eth0Mvp0");
+    conf["mtu"] = json!(1400);
+    let result = sb.cni("ADD", &conf, &[]).ok().json();
+    conf["prevResult"] = result;
+    sb.cni("CHECK", &conf, &[]).ok();
+
+    sh(&[
+        "ip",
+        "-n",
+        &sb.pod.name,
+        "link",
+        "set",
+        "net1",
+        "mtu",
+        "1300",
+    ]);
+    assert!(
+        sb.cni("CHECK", &conf, &[])
+            .fails_with(106)
+            .contains("MTU 1300")
+    );
+    sh(&[
+        "ip",
+        "-n",
+        &sb.pod.name,
+        "link",
+        "set",
+        "net1",
+        "mtu",
+        "1400",
+    ]);
+
+    sh(&[
+        "ip",
+        "-n",
+        &sb.pod.name,
+        "link",
+        "set",
+        "net1",
+        "address",
+        "02:00:00:00:99:99",
+    ]);
+    assert!(sb.cni("CHECK", &conf, &[]).fails_with(106).contains("MAC"));
+    let mac = conf["prevResult"]["interfaces"][0]["mac"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    sh(&[
+        "ip",
+        "-n",
+        &sb.pod.name,
+        "link",
+        "set",
+        "net1",
+        "address",
+        &mac,
+    ]);
+
+    sh(&["ip", "-n", &sb.pod.name, "link", "set", "net1", "down"]);
+    assert!(sb.cni("CHECK", &conf, &[]).fails_with(106).contains("down"));
+
+    sh(&["ip", "-n", &sb.pod.name, "link", "del", "net1"]);
+    assert!(
+        sb.cni("CHECK", &conf, &[])
+            .fails_with(106)
+            .contains("does not exist")
+    );
+}
+
+#[test]
+fn check_without_prev_result_is_invalid_config() {
+    let sb = Sandbox::new();
+    sb.cni("CHECK", &netconf("1.0.0", "eth0Mvp0"), &[])
+        .fails_with(7);
+}
+
+#[test]
+fn add_keeps_the_prev_result() {
+    let sb = Sandbox::new();
+    sb.allocate("eth0Mvp0");
+    let mut conf = netconf("1.0.0", "eth0Mvp0");
+    conf["prevResult"] = json!({
+        "cniVersion": "1.0.0",
+        "interfaces": [{"name": "eth0", "sandbox": sb.pod.path()}],
+        "ips": [{"address": "198.51.100.7/24", "interface": 0}],
+        "dns": {"nameservers": ["198.51.100.53"]}
+    });
+    let r = sb.cni("ADD", &conf, &[]).ok().json();
+    assert_eq!(r["interfaces"][0]["name"], "eth0");
+    assert_eq!(r["interfaces"][1]["name"], "net1");
+    assert_eq!(r["ips"][0]["address"], "198.51.100.7/24");
+    assert_eq!(r["dns"]["nameservers"][0], "198.51.100.53");
+}
+
+#[test]
+fn version_and_bad_input_give_spec_codes() {
+    let sb = Sandbox::new();
+    let v = run_plugin(
+        &sb.node.name,
+        &[("CNI_COMMAND", "VERSION".into())],
+        b"{\"cniVersion\":\"1.0.0\"}",
+    );
+    assert_eq!(v.code, 0);
+    assert_eq!(
+        v.json()["supportedVersions"],
+        json!(["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"])
+    );
+
+    let env = |cmd: &str| {
+        vec![
+            ("CNI_COMMAND", cmd.to_string()),
+            ("CNI_CONTAINERID", "c".to_string()),
+            ("CNI_IFNAME", "net1".to_string()),
+            ("CNI_NETNS", sb.pod.path()),
+        ]
+    };
+    run_plugin(&sb.node.name, &env("ADD"), b"{nope").fails_with(6);
+    run_plugin(
+        &sb.node.name,
+        &env("ADD"),
+        br#"{"cniVersion":"1.0.0","mtu":"x"}"#,
+    )
+    .fails_with(7);
+    run_plugin(&sb.node.name, &env("ADD"), br#"{"cniVersion":"0.2.0"}"#).fails_with(1);
+    let mut no_netns = env("ADD");
+    no_netns.retain(|(k, _)| *k != "CNI_NETNS");
+    run_plugin(&sb.node.name, &no_netns, br#"{"cniVersion":"1.0.0"}"#).fails_with(4);
+    let mut bad_args = env("ADD");
+    bad_args.push(("CNI_ARGS", "FOO=1".into()));
+    run_plugin(
+        &sb.node.name,
+        &bad_args,
+        br#"{"cniVersion":"1.0.0","deviceID":"x"}"#,
+    )
+    .fails_with(4);
+    let mut missing_ns = env("ADD");
+    missing_ns.retain(|(k, _)| *k != "CNI_NETNS");
+    missing_ns.push(("CNI_NETNS", "/run/netns/does-not-exist".into()));
+    sb.allocate("eth0Mvp0");
+    run_plugin(
+        &sb.node.name,
+        &missing_ns,
+        netconf("1.0.0", "eth0Mvp0").to_string().as_bytes(),
+    )
+    .fails_with(3);
+    assert!(
+        sb.link(&sb.node, "mvtf2644cc3624e").is_some(),
+        "the link stayed on the host"
+    );
+}
