@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs what building, the sandbox and the tests need on a fresh Debian
+# machine (run as root). Idempotent: quick when everything is there.
+set -euo pipefail
+
+need_root() {
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "hack/setup.sh: run as root (network namespaces and apt need it)" >&2
+    exit 1
+  fi
+}
+need_root
+
+packages=(
+  iproute2                      # ip netns, ip link (tests, sandbox)
+  iputils-ping                  # connectivity checks in tests
+  containernetworking-plugins   # reference IPAM plugins under /usr/lib/cni
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "==> installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null; then
+  echo "hack/setup.sh: cargo is missing; install Rust (https://rustup.rs) first" >&2
+  exit 1
+fi
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "==> installing cargo-nextest"
+  cargo install --locked cargo-nextest
+fi
