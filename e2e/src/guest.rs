@@ -1,0 +1,200 @@
+//! The test guest: Debian's cloud kernel (taken from its `.deb` with
+//! `apt-get download`, never installed) and a busybox-static initramfs whose
+//! `/init` loads the virtio-net modules, configures `eth0` from the kernel
+//! command line, pings the peer, prints a marker on the serial console and
+//! powers off. Built at test time and cached.
+
+use crate::cpio::Cpio;
+use anyhow::{Context, Result, bail};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The marker the guest prints when the peer answered.
+pub const PING_OK: &str = "VMTEST-PING-OK";
+/// The marker the guest prints when the peer never answered.
+pub const PING_FAIL: &str = "VMTEST-PING-FAIL";
+
+/// Kernel image and initramfs ready to boot.
+#[derive(Debug, Clone)]
+pub struct Guest {
+    /// `vmlinuz`.
+    pub kernel: PathBuf,
+    /// Uncompressed newc initramfs.
+    pub initrd: PathBuf,
+    /// Kernel release, e.g. `6.1.0-57-cloud-amd64`.
+    pub release: String,
+}
+
+/// The virtio-net driver stack, in load order (from `modinfo` dependencies).
+const MODULES: [&str; 8] = [
+    "drivers/virtio/virtio_ring",
+    "drivers/virtio/virtio",
+    "drivers/virtio/virtio_pci_legacy_dev",
+    "drivers/virtio/virtio_pci_modern_dev",
+    "drivers/virtio/virtio_pci",
+    "net/core/failover",
+    "drivers/net/net_failover",
+    "drivers/net/virtio_net",
+];
+
+const INIT: &str = r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev 2>/dev/null
+IP=192.0.2.2/24; PEER=192.0.2.1; TRIES=30
+for a in $(cat /proc/cmdline); do
+  case "$a" in
+    vmtest.ip=*) IP=${a#vmtest.ip=};;
+    vmtest.peer=*) PEER=${a#vmtest.peer=};;
+    vmtest.tries=*) TRIES=${a#vmtest.tries=};;
+  esac
+done
+for m in $(cat /lib/mod/order); do insmod /lib/mod/$m.ko || echo "VMTEST insmod $m failed"; done
+i=0; while [ ! -e /sys/class/net/eth0 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
+echo "VMTEST eth0 mac=$(cat /sys/class/net/eth0/address 2>/dev/null) uptime=$(cut -d' ' -f1 /proc/uptime)"
+ip link set lo up
+ip addr add "$IP" dev eth0
+ip link set eth0 up
+ok=0; n=0
+while [ $n -lt "$TRIES" ]; do
+  if ping -c 1 -W 1 "$PEER" >/dev/null 2>&1; then ok=1; break; fi
+  n=$((n+1))
+done
+if [ $ok = 1 ]; then
+  ping -c 3 -i 0.2 "$PEER"
+  echo "VMTEST-PING-OK peer=$PEER failed_tries=$n uptime=$(cut -d' ' -f1 /proc/uptime)"
+else
+  echo "VMTEST-PING-FAIL peer=$PEER uptime=$(cut -d' ' -f1 /proc/uptime)"
+fi
+sync
+poweroff -f
+"#;
+
+/// Builds the guest under `cache` (reusing the extracted kernel when present).
+pub fn build(cache: &Path) -> Result<Guest> {
+    std::fs::create_dir_all(cache).with_context(|| format!("creating {}", cache.display()))?;
+    let busybox = static_busybox()?;
+    let kdeb = cache.join("kdeb");
+    if find_vmlinuz(&kdeb).is_none() {
+        fetch_kernel(cache, &kdeb)?;
+    }
+    let vmlinuz = find_vmlinuz(&kdeb).context("no boot/vmlinuz-* in the kernel package")?;
+    let release = vmlinuz
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("vmlinuz-"))
+        .context("odd vmlinuz name")?
+        .to_string();
+    let moddir = kdeb.join("lib/modules").join(&release).join("kernel");
+
+    let initrd = cache.join("initrd.cpio");
+    let mut cpio = Cpio::new(std::io::BufWriter::new(
+        std::fs::File::create(&initrd).with_context(|| format!("creating {}", initrd.display()))?,
+    ));
+    for d in ["bin", "dev", "proc", "sys", "lib", "lib/mod"] {
+        cpio.dir(d)?;
+    }
+    cpio.file("bin/busybox", 0o755, &std::fs::read(&busybox)?)?;
+    let mut order = String::new();
+    for m in MODULES {
+        let path = moddir.join(format!("{m}.ko"));
+        let data = std::fs::read(&path).with_context(|| {
+            format!(
+                "reading {} (compressed modules are not supported)",
+                path.display()
+            )
+        })?;
+        let base = m.rsplit('/').next().unwrap_or(m);
+        cpio.file(&format!("lib/mod/{base}.ko"), 0o644, &data)?;
+        order.push_str(base);
+        order.push('\n');
+    }
+    cpio.file("lib/mod/order", 0o644, order.as_bytes())?;
+    cpio.file("init", 0o755, INIT.as_bytes())?;
+    std::io::Write::flush(&mut cpio.finish()?)?;
+    Ok(Guest {
+        kernel: vmlinuz,
+        initrd,
+        release,
+    })
+}
+
+fn static_busybox() -> Result<PathBuf> {
+    let p = PathBuf::from("/bin/busybox");
+    if !p.exists() {
+        bail!("{} is missing: apt-get install busybox-static", p.display());
+    }
+    let ldd = Command::new("ldd").arg(&p).output();
+    if ldd.is_ok_and(|o| o.status.success()) {
+        bail!(
+            "{} is dynamically linked: apt-get install busybox-static",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+fn find_vmlinuz(kdeb: &Path) -> Option<PathBuf> {
+    std::fs::read_dir(kdeb.join("boot"))
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("vmlinuz-"))
+        })
+}
+
+/// Downloads the cloud kernel package and extracts the kernel and the
+/// virtio-net modules into `kdeb`.
+fn fetch_kernel(cache: &Path, kdeb: &Path) -> Result<()> {
+    let deps = run(Command::new("apt-cache").args(["depends", "linux-image-cloud-amd64"]))?;
+    let package = deps
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Depends: "))
+        .find(|p| p.starts_with("linux-image-"))
+        .unwrap_or("linux-image-cloud-amd64")
+        .to_string();
+    let dl = tempfile::tempdir_in(cache)?;
+    run(Command::new("apt-get")
+        .args(["download", "-q", &package])
+        .current_dir(dl.path()))
+    .with_context(|| format!("apt-get download {package} (run apt-get update first?)"))?;
+    let deb = std::fs::read_dir(dl.path())?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|e| e == "deb"))
+        .context("apt-get download produced no .deb")?;
+    let _ = std::fs::remove_dir_all(kdeb);
+    std::fs::create_dir_all(kdeb)?;
+    let mut patterns = vec!["./boot/vmlinuz-*".to_string()];
+    patterns.extend(
+        MODULES
+            .iter()
+            .map(|m| format!("./lib/modules/*/kernel/{m}.ko*")),
+    );
+    let script = format!(
+        "dpkg-deb --fsys-tarfile '{}' | tar -x -C '{}' --wildcards {}",
+        deb.display(),
+        kdeb.display(),
+        patterns
+            .iter()
+            .map(|p| format!("'{p}'"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    run(Command::new("sh").args(["-c", &script]))?;
+    Ok(())
+}
+
+fn run(cmd: &mut Command) -> Result<String> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
