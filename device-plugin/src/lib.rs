@@ -1,1 +1,41 @@
-//! placeholder
+//! The macvtap device plugin.
+//!
+//! For each host NIC it is told about (or finds), it advertises the kubelet
+//! extended resource `macvtap.network.kubevirt.io/<name>` with `capacity`
+//! devices `<name>Mvp<i>`, serving the kubelet's device plugin API on
+//! `<kubelet dir>/device-plugins/macvtap.network.kubevirt.io_<name>`. When
+//! the kubelet allocates a device it creates the macvtap named by
+//! [`macvtap_link::link_name_for_device`] on that NIC, in the host network
+//! namespace, and hands the pod its `/dev/tapN`; the macvtap CNI then moves
+//! the link into the pod.
+//!
+//! Map: [`config`] (sources, precedence, validation), [`discovery`] and
+//! [`links`] (which NICs exist, from netlink events), [`health`] and
+//! [`topology`] (device health and NUMA), [`devices`] (the device list),
+//! [`server`] and [`allocate`] (the gRPC service), [`registration`] and
+//! [`fswatch`] (the kubelet's lifecycle), [`reclaim`] (leaked links),
+//! [`metrics`] and [`http`] (observability), [`daemon`] (the loop tying
+//! them together).
+
+pub mod allocate;
+pub mod cli;
+pub mod config;
+pub mod daemon;
+pub mod devices;
+pub mod discovery;
+pub mod error;
+pub mod fswatch;
+pub mod grpc;
+pub mod health;
+pub mod http;
+pub mod links;
+pub mod logging;
+pub mod metrics;
+pub mod reclaim;
+pub mod registration;
+pub mod server;
+#[cfg(feature = "testkubelet")]
+pub mod testkubelet;
+pub mod topology;
+
+pub use error::{Error, Result};

@@ -1,1 +1,34 @@
-fn main() {}
+//! `macvtap-deviceplugin`: parse flags, set up logging, run the daemon.
+
+use clap::Parser;
+use macvtap_deviceplugin::{cli::Args, daemon, logging};
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    logging::init(args.log_format);
+    let opts = match args.options() {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::error!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(daemon::run(opts)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "macvtap-deviceplugin failed");
+            ExitCode::FAILURE
+        }
+    }
+}

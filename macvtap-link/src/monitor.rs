@@ -101,12 +101,13 @@ fn parse_events(buf: &[u8], netns: &Path) -> Result<Vec<LinkEvent>> {
     let mut out = Vec::new();
     let mut offset = 0;
     while offset < buf.len() {
-        let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&buf[offset..]).map_err(
-            |e| Error::Decode {
-                op: format!("reading link events in {}", netns.display()),
-                msg: e.to_string(),
-            },
-        )?;
+        let msg =
+            NetlinkMessage::<RouteNetlinkMessage>::deserialize(&buf[offset..]).map_err(|e| {
+                Error::Decode {
+                    op: format!("reading link events in {}", netns.display()),
+                    msg: e.to_string(),
+                }
+            })?;
         let len = msg.header.length as usize;
         if len == 0 {
             break;

@@ -1,0 +1,147 @@
+//! Command-line flags.
+
+use crate::config::ENV_VAR;
+use crate::daemon::Options;
+use clap::{Parser, ValueEnum};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `macvtap-deviceplugin`: advertises macvtap devices on host NICs to the kubelet.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "macvtap-deviceplugin", version, about)]
+pub struct Args {
+    /// The kubelet's root directory; sockets go to <dir>/device-plugins, the
+    /// PodResources API is read from <dir>/pod-resources/kubelet.sock.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/kubelet")]
+    pub kubelet_dir: PathBuf,
+
+    /// A JSON file in the DP_MACVTAP_CONF format; wins over the environment
+    /// and is re-read when it changes.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// A resource, winning over the file and the environment (repeatable):
+    /// `name=N,lowerDevice=NIC,mode=bridge|vepa|private|passthru,capacity=C`,
+    /// or just a NIC name.
+    #[arg(long = "resource", value_name = "SPEC")]
+    pub resources: Vec<String>,
+
+    /// Link kinds that auto-discovery treats as NICs, besides physical NICs
+    /// and bonds (comma-separated, e.g. `veth` on test nodes).
+    #[arg(long, value_name = "KINDS", value_delimiter = ',')]
+    pub discover_kinds: Vec<String>,
+
+    /// Address for /metrics and /healthz; `off` disables them.
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:9402")]
+    pub metrics_addr: String,
+
+    /// Log format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+
+    /// How often to look for leaked links (e.g. `60s`, `5m`, `500ms`).
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub reclaim_interval: Duration,
+
+    /// How long a link must be allocated to no pod before it is deleted.
+    #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = parse_duration)]
+    pub reclaim_grace: Duration,
+}
+
+impl Args {
+    /// The daemon options these flags and the environment describe.
+    pub fn options(&self) -> Result<Options, String> {
+        let metrics_addr = match self.metrics_addr.trim() {
+            "" | "off" => None,
+            a => Some(
+                a.parse::<SocketAddr>()
+                    .map_err(|e| format!("--metrics-addr {a:?}: {e}"))?,
+            ),
+        };
+        Ok(Options {
+            kubelet_dir: self.kubelet_dir.clone(),
+            config_file: self.config.clone(),
+            resource_flags: self.resources.clone(),
+            env_config: std::env::var(ENV_VAR).ok(),
+            discover_kinds: self
+                .discover_kinds
+                .iter()
+                .filter(|k| !k.is_empty())
+                .cloned()
+                .collect(),
+            metrics_addr,
+            reclaim_interval: self.reclaim_interval,
+            reclaim_grace: self.reclaim_grace,
+            sysfs: PathBuf::from("/sys"),
+        })
+    }
+}
+
+/// Parses `500ms`, `60s`, `5m`, `1h`, or a plain number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 500ms, 60s, 5m or 1h"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "" | "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        "h" => Ok(Duration::from_secs(n * 3600)),
+        _ => Err(format!("{s:?}: unknown unit {unit:?} (ms, s, m or h)")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("60s").unwrap(), Duration::from_secs(60));
+        assert_eq!(parse_duration("60").unwrap(), Duration::from_secs(60));
+        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
+        assert!(parse_duration("5x").is_err());
+        assert!(parse_duration("s").is_err());
+    }
+
+    #[test]
+    fn flags_parse_with_defaults() {
+        let a = Args::try_parse_from(["macvtap-deviceplugin"]).unwrap();
+        assert_eq!(a.kubelet_dir, PathBuf::from("/var/lib/kubelet"));
+        assert_eq!(a.log_format, LogFormat::Text);
+        let o = a.options().unwrap();
+        assert_eq!(o.metrics_addr, Some("0.0.0.0:9402".parse().unwrap()));
+        assert_eq!(o.reclaim_interval, Duration::from_secs(60));
+        let a = Args::try_parse_from([
+            "x",
+            "--resource",
+            "eth0",
+            "--resource=name=a,lowerDevice=eth1",
+            "--discover-kinds",
+            "veth,bond",
+            "--metrics-addr",
+            "off",
+            "--log-format",
+            "json",
+        ])
+        .unwrap();
+        assert_eq!(a.resources, ["eth0", "name=a,lowerDevice=eth1"]);
+        assert_eq!(a.discover_kinds, ["veth", "bond"]);
+        assert_eq!(a.options().unwrap().metrics_addr, None);
+        assert!(Args::try_parse_from(["x", "--log-format", "xml"]).is_err());
+    }
+}

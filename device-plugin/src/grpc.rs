@@ -1,0 +1,53 @@
+//! gRPC over unix sockets: binding a listener and dialing a socket.
+
+use crate::error::{Error, Result};
+use hyper_util::rt::TokioIo;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::net::{UnixListener, UnixStream};
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// Binds a unix listener at `path`, first removing a stale socket file left
+/// by an earlier run.
+pub fn bind_unix(path: &Path) -> Result<UnixListener> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io(path)(e)),
+    }
+    UnixListener::bind(path).map_err(Error::io(path))
+}
+
+/// Opens a gRPC channel to the server on unix socket `path`, failing after
+/// `timeout` if it does not answer.
+pub async fn connect_unix(path: &Path, timeout: Duration) -> Result<Channel> {
+    let socket: PathBuf = path.to_path_buf();
+    // The URI is required by tonic but unused: the connector dials the socket.
+    let endpoint = Endpoint::from_static("http://localhost").connect_timeout(timeout);
+    endpoint
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let socket = socket.clone();
+            async move { UnixStream::connect(socket).await.map(TokioIo::new) }
+        }))
+        .await
+        .map_err(|e| Error::Transport {
+            op: "connecting to".into(),
+            path: path.to_path_buf(),
+            msg: error_chain(&e),
+        })
+}
+
+/// A message with every cause, e.g. `transport error: No such file or directory`.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        let part = s.to_string();
+        if !msg.contains(&part) {
+            msg.push_str(": ");
+            msg.push_str(&part);
+        }
+        cur = s.source();
+    }
+    msg
+}

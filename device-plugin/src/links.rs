@@ -1,0 +1,75 @@
+//! The node's links as a watch channel, refreshed on netlink link events.
+//!
+//! A dedicated thread blocks on a `RTNLGRP_LINK` subscription (see
+//! [`macvtap_link::monitor`]) and re-reads the link list after every batch of
+//! events, so health and auto-discovery react within milliseconds and nothing
+//! polls. The daemon never changes namespace, so the thread's sockets belong
+//! to the namespace the daemon was started in (the host's).
+
+use crate::error::Result;
+use macvtap_link::monitor::{LinkEvent, LinkMonitor};
+use macvtap_link::{Handle, Link};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tracing::{debug, error, warn};
+
+/// A snapshot of every link of the namespace.
+pub type Links = Arc<Vec<Link>>;
+
+/// Subscribes to link events, reads the links once, and starts the thread
+/// that keeps the returned channel current. The thread ends when every
+/// receiver is gone.
+pub fn spawn_link_watcher() -> Result<watch::Receiver<Links>> {
+    // Subscribe before the first read so no change can fall between them.
+    let monitor = LinkMonitor::current()?;
+    let handle = Handle::current()?;
+    let (tx, rx) = watch::channel(Arc::new(handle.list_links()?));
+    let spawned = std::thread::Builder::new()
+        .name("link-events".into())
+        .spawn(move || watch_links(monitor, handle, tx));
+    if let Err(e) = spawned {
+        return Err(crate::error::Error::Task(format!(
+            "starting the link event thread: {e}"
+        )));
+    }
+    Ok(rx)
+}
+
+fn watch_links(monitor: LinkMonitor, handle: Handle, tx: watch::Sender<Links>) {
+    loop {
+        match monitor.recv() {
+            Ok(events) => {
+                for ev in &events {
+                    match ev {
+                        LinkEvent::Changed { name, flags, .. } => {
+                            debug!(ifname = %name, flags, "link changed")
+                        }
+                        LinkEvent::Removed { name, .. } => debug!(ifname = %name, "link removed"),
+                        LinkEvent::Overrun => warn!("link events were lost; re-reading all links"),
+                    }
+                }
+            }
+            Err(e) => {
+                error!(error = %e, "reading link events");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+        match handle.list_links() {
+            Ok(links) => {
+                tx.send_if_modified(|cur| {
+                    if **cur == links {
+                        false
+                    } else {
+                        *cur = Arc::new(links);
+                        true
+                    }
+                });
+                if tx.is_closed() {
+                    return;
+                }
+            }
+            Err(e) => error!(error = %e, "listing links"),
+        }
+    }
+}

@@ -1,0 +1,262 @@
+//! Leaked links: macvtaps the plugin made that no pod will ever take.
+//!
+//! The kubelet calls Allocate before the pod's sandbox exists; if the pod
+//! then goes away before the CNI moves the link, the link stays in the host
+//! namespace. Every interval, the `mvt…` macvtaps on our NICs are compared
+//! with the device IDs the PodResources API says are allocated; links that
+//! belong to no allocated device for longer than a grace period are deleted.
+
+use crate::config::ResourceConfig;
+use crate::error::{Error, Result};
+use crate::grpc::connect_unix;
+use crate::metrics::Metrics;
+use kubelet_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
+use kubelet_proto::podresources::v1::{ListPodResourcesRequest, ListPodResourcesResponse};
+use macvtap_link::device::is_device_link_name;
+use macvtap_link::{Handle, Link, RESOURCE_PREFIX, link_name_for_device};
+use nix::errno::Errno;
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tracing::{info, warn};
+
+/// The device IDs of our resources that the kubelet reports as allocated.
+pub fn allocated_ids(resp: &ListPodResourcesResponse) -> HashSet<String> {
+    let prefix = format!("{RESOURCE_PREFIX}/");
+    resp.pod_resources
+        .iter()
+        .flat_map(|p| &p.containers)
+        .flat_map(|c| &c.devices)
+        .filter(|d| d.resource_name.starts_with(&prefix))
+        .flat_map(|d| d.device_ids.iter().cloned())
+        .collect()
+}
+
+/// The links that look leaked: macvtaps named like device links, on one of
+/// the `lowers` (NIC names), whose name is not that of an allocated device.
+pub fn leaked_links(
+    links: &[Link],
+    lowers: &HashSet<String>,
+    allocated: &HashSet<String>,
+) -> Vec<Link> {
+    let lower_index: HashSet<u32> = links
+        .iter()
+        .filter(|l| lowers.contains(&l.name))
+        .map(|l| l.index)
+        .collect();
+    let in_use: HashSet<String> = allocated
+        .iter()
+        .map(|id| link_name_for_device(id))
+        .collect();
+    links
+        .iter()
+        .filter(|l| l.is_macvtap() && is_device_link_name(&l.name))
+        .filter(|l| l.lower_index.is_some_and(|i| lower_index.contains(&i)))
+        .filter(|l| !in_use.contains(&l.name))
+        .cloned()
+        .collect()
+}
+
+/// Remembers since when each link has looked leaked.
+#[derive(Debug)]
+pub struct Reclaimer {
+    socket: PathBuf,
+    grace: Duration,
+    first_seen: HashMap<String, Instant>,
+    said_socket_absent: bool,
+}
+
+impl Reclaimer {
+    /// A reclaimer asking the PodResources API on `socket`, deleting links
+    /// that have looked leaked for longer than `grace`.
+    pub fn new(socket: PathBuf, grace: Duration) -> Self {
+        Self {
+            socket,
+            grace,
+            first_seen: HashMap::new(),
+            said_socket_absent: false,
+        }
+    }
+
+    /// Records the links that look leaked now and returns those that have
+    /// looked leaked for longer than the grace period.
+    pub fn due(&mut self, leaked: &[Link], now: Instant) -> Vec<Link> {
+        let names: HashSet<&str> = leaked.iter().map(|l| l.name.as_str()).collect();
+        self.first_seen.retain(|n, _| names.contains(n.as_str()));
+        leaked
+            .iter()
+            .filter(|l| {
+                let since = *self.first_seen.entry(l.name.clone()).or_insert(now);
+                now.duration_since(since) >= self.grace
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// One round: ask the kubelet, list links, delete what is due. Returns
+    /// how many links were deleted. Without a PodResources socket it logs
+    /// that once and does nothing.
+    pub async fn run_once(
+        &mut self,
+        resources: &[ResourceConfig],
+        metrics: &Metrics,
+    ) -> Result<usize> {
+        if !self.socket.exists() {
+            if !self.said_socket_absent {
+                info!(socket = %self.socket.display(), "no PodResources socket; leaked-link reclaim is skipped until it appears");
+                self.said_socket_absent = true;
+            }
+            self.first_seen.clear();
+            return Ok(0);
+        }
+        self.said_socket_absent = false;
+        let allocated = list_allocated(&self.socket, Duration::from_secs(5)).await?;
+        let lowers: HashSet<String> = resources.iter().map(|r| r.lower_device.clone()).collect();
+        let links = tokio::task::spawn_blocking(|| Handle::current()?.list_links())
+            .await
+            .map_err(|e| Error::Task(format!("listing links: {e}")))??;
+        let leaked = leaked_links(&links, &lowers, &allocated);
+        let due = self.due(&leaked, Instant::now());
+        if due.is_empty() {
+            return Ok(0);
+        }
+        let deleted = tokio::task::spawn_blocking(move || delete_links(&due))
+            .await
+            .map_err(|e| Error::Task(format!("deleting links: {e}")))??;
+        for name in &deleted {
+            self.first_seen.remove(name);
+        }
+        metrics.leaked_links_removed(deleted.len() as u64);
+        Ok(deleted.len())
+    }
+}
+
+/// Asks the PodResources API which device IDs of ours are allocated.
+pub async fn list_allocated(socket: &Path, timeout: Duration) -> Result<HashSet<String>> {
+    let channel = connect_unix(socket, timeout).await?;
+    let mut client = PodResourcesListerClient::new(channel);
+    let resp = tokio::time::timeout(timeout, client.list(ListPodResourcesRequest {}))
+        .await
+        .map_err(|_| Error::Grpc {
+            op: "listing pod resources".into(),
+            status: Box::new(tonic::Status::deadline_exceeded("no answer")),
+        })?
+        .map_err(|status| Error::Grpc {
+            op: "listing pod resources".into(),
+            status: Box::new(status),
+        })?;
+    Ok(allocated_ids(resp.get_ref()))
+}
+
+fn delete_links(links: &[Link]) -> Result<Vec<String>> {
+    let handle = Handle::current()?;
+    let mut deleted = Vec::new();
+    for l in links {
+        match handle.del_link(l.index, &l.name) {
+            Ok(()) => {
+                info!(ifname = %l.name, "deleted a leaked macvtap (allocated to no pod)");
+                deleted.push(l.name.clone());
+            }
+            Err(e) if e.errno() == Some(Errno::ENODEV) => {}
+            Err(e) => warn!(ifname = %l.name, error = %e, "could not delete a leaked macvtap"),
+        }
+    }
+    Ok(deleted)
+}
+
+/// Runs [`Reclaimer::run_once`] every `interval` with the current resources.
+pub async fn reclaim_loop(
+    mut reclaimer: Reclaimer,
+    interval: Duration,
+    resources: tokio::sync::watch::Receiver<Vec<ResourceConfig>>,
+    metrics: Arc<Metrics>,
+) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let current = resources.borrow().clone();
+        if let Err(e) = reclaimer.run_once(&current, &metrics).await {
+            warn!(error = %e, "leaked-link reclaim round failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kubelet_proto::podresources::v1::{ContainerDevices, ContainerResources, PodResources};
+
+    fn link(index: u32, name: &str, kind: &str, lower: Option<u32>) -> Link {
+        Link {
+            index,
+            name: name.into(),
+            kind: Some(kind.into()),
+            lower_index: lower,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn allocated_ids_are_ours_only() {
+        let resp = ListPodResourcesResponse {
+            pod_resources: vec![PodResources {
+                name: "vm".into(),
+                namespace: "default".into(),
+                containers: vec![ContainerResources {
+                    name: "compute".into(),
+                    devices: vec![
+                        ContainerDevices {
+                            resource_name: "macvtap.network.kubevirt.io/eth0".into(),
+                            device_ids: vec!["eth0Mvp1".into()],
+                            topology: None,
+                        },
+                        ContainerDevices {
+                            resource_name: "nvidia.com/gpu".into(),
+                            device_ids: vec!["GPU-1".into()],
+                            topology: None,
+                        },
+                    ],
+                    ..Default::default()
+                }],
+            }],
+        };
+        assert_eq!(
+            allocated_ids(&resp),
+            HashSet::from(["eth0Mvp1".to_string()])
+        );
+    }
+
+    #[test]
+    fn only_unallocated_device_macvtaps_on_our_nics_are_leaked() {
+        let used = link_name_for_device("eth0Mvp1");
+        let free = link_name_for_device("eth0Mvp2");
+        let links = vec![
+            link(2, "eth0", "veth", None),
+            link(3, "eth9", "veth", None),
+            link(10, &used, "macvtap", Some(2)),
+            link(11, &free, "macvtap", Some(2)),
+            link(12, &link_name_for_device("eth9Mvp0"), "macvtap", Some(3)),
+            link(13, "macvtap0", "macvtap", Some(2)),
+            link(14, &link_name_for_device("eth0Mvp3"), "macvlan", Some(2)),
+        ];
+        let lowers = HashSet::from(["eth0".to_string()]);
+        let allocated = HashSet::from(["eth0Mvp1".to_string()]);
+        let leaked = leaked_links(&links, &lowers, &allocated);
+        assert_eq!(leaked.iter().map(|l| l.index).collect::<Vec<_>>(), [11]);
+    }
+
+    #[test]
+    fn links_are_due_only_after_the_grace_period() {
+        let mut r = Reclaimer::new("/nonexistent".into(), Duration::from_secs(60));
+        let l = vec![link(11, "mvt000000000001", "macvtap", Some(2))];
+        let t0 = Instant::now();
+        assert!(r.due(&l, t0).is_empty());
+        assert!(r.due(&l, t0 + Duration::from_secs(30)).is_empty());
+        assert_eq!(r.due(&l, t0 + Duration::from_secs(61)).len(), 1);
+        // A link that stops looking leaked starts over.
+        assert!(r.due(&[], t0 + Duration::from_secs(62)).is_empty());
+        assert!(r.due(&l, t0 + Duration::from_secs(63)).is_empty());
+    }
+}

@@ -1,0 +1,265 @@
+//! The `DevicePlugin` gRPC service of one resource, served on its unix socket.
+//!
+//! The service only forwards: options and ListAndWatch answers come from the
+//! resource's snapshot in a `watch` channel (every message is the full list),
+//! Allocate runs [`crate::allocate::allocate`] on a blocking thread.
+
+use crate::allocate;
+use crate::config::ResourceConfig;
+use crate::error::{Error, Result};
+use crate::grpc::bind_unix;
+use crate::metrics::Metrics;
+use kubelet_proto::v1beta1::device_plugin_server::{DevicePlugin, DevicePluginServer};
+use kubelet_proto::v1beta1::{
+    AllocateRequest, AllocateResponse, Device, DevicePluginOptions, Empty, ListAndWatchResponse,
+    PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
+    PreferredAllocationResponse,
+};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
+use tonic::{Request, Response, Status};
+use tracing::{debug, info, warn};
+
+/// What the kubelet sees of one resource, kept current by the daemon.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResourceState {
+    /// The resource's configuration (Allocate reads mode, NIC and capacity here).
+    pub config: ResourceConfig,
+    /// The device list ListAndWatch sends.
+    pub devices: Vec<Device>,
+}
+
+/// The options this plugin registers with and answers: neither
+/// PreStartContainer nor GetPreferredAllocation is needed.
+pub fn plugin_options() -> DevicePluginOptions {
+    DevicePluginOptions {
+        pre_start_required: false,
+        get_preferred_allocation_available: false,
+    }
+}
+
+/// The ListAndWatch message for a snapshot.
+pub fn list_and_watch_response(state: &ResourceState) -> ListAndWatchResponse {
+    ListAndWatchResponse {
+        devices: state.devices.clone(),
+    }
+}
+
+/// The gRPC service of one resource.
+#[derive(Debug, Clone)]
+pub struct PluginService {
+    state: watch::Receiver<ResourceState>,
+    stop: watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
+}
+
+impl PluginService {
+    /// A service answering from `state`; its streams end when `stop` turns true.
+    pub fn new(
+        state: watch::Receiver<ResourceState>,
+        stop: watch::Receiver<bool>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            state,
+            stop,
+            metrics,
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl DevicePlugin for PluginService {
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<Empty>,
+    ) -> Result<Response<DevicePluginOptions>, Status> {
+        Ok(Response::new(plugin_options()))
+    }
+
+    type ListAndWatchStream = ReceiverStream<Result<ListAndWatchResponse, Status>>;
+
+    async fn list_and_watch(
+        &self,
+        _: Request<Empty>,
+    ) -> Result<Response<Self::ListAndWatchStream>, Status> {
+        let (tx, rx) = mpsc::channel(4);
+        let mut state = self.state.clone();
+        let mut stop = self.stop.clone();
+        tokio::spawn(async move {
+            let mut last = state.borrow_and_update().devices.clone();
+            let resource = state.borrow().config.resource_name();
+            debug!(%resource, "ListAndWatch started");
+            if tx
+                .send(Ok(ListAndWatchResponse {
+                    devices: last.clone(),
+                }))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            loop {
+                tokio::select! {
+                    changed = state.changed() => {
+                        if changed.is_err() { break; }
+                        let now = state.borrow_and_update().devices.clone();
+                        if now == last { continue; }
+                        last = now;
+                        if tx.send(Ok(ListAndWatchResponse { devices: last.clone() })).await.is_err() {
+                            break;
+                        }
+                    }
+                    _ = async { let _ = stop.wait_for(|s| *s).await; } => break,
+                }
+            }
+            debug!(%resource, "ListAndWatch ended");
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        _: Request<PreferredAllocationRequest>,
+    ) -> Result<Response<PreferredAllocationResponse>, Status> {
+        Err(Status::unimplemented(
+            "GetPreferredAllocation is not advertised by this plugin",
+        ))
+    }
+
+    async fn allocate(
+        &self,
+        request: Request<AllocateRequest>,
+    ) -> Result<Response<AllocateResponse>, Status> {
+        let req = request.into_inner();
+        let cfg = self.state.borrow().config.clone();
+        let resource = cfg.resource_name();
+        let started = Instant::now();
+        let res = tokio::task::spawn_blocking(move || allocate::allocate(&req, &cfg))
+            .await
+            .map_err(|e| Error::Task(format!("Allocate: {e}")))
+            .and_then(|r| r);
+        self.metrics
+            .allocation(&resource, res.is_ok(), started.elapsed());
+        match res {
+            Ok(resp) => {
+                info!(%resource, elapsed_ms = started.elapsed().as_millis() as u64, "Allocate done");
+                Ok(Response::new(resp))
+            }
+            Err(e) => {
+                warn!(%resource, error = %e, "Allocate failed");
+                Err(e.to_status())
+            }
+        }
+    }
+
+    async fn pre_start_container(
+        &self,
+        _: Request<PreStartContainerRequest>,
+    ) -> Result<Response<PreStartContainerResponse>, Status> {
+        Ok(Response::new(PreStartContainerResponse {}))
+    }
+}
+
+/// A running server on one socket.
+#[derive(Debug)]
+pub struct PluginServer {
+    path: PathBuf,
+    identity: FileIdentity,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl PluginServer {
+    /// Binds `path` (replacing a stale file) and serves `state` on it.
+    pub fn start(
+        path: &Path,
+        state: watch::Receiver<ResourceState>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self> {
+        let listener = bind_unix(path)?;
+        let identity = FileIdentity::of(path).map_err(Error::io(path))?;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let service = PluginService::new(state, stop_rx.clone(), metrics);
+        let mut stop_serving = stop_rx;
+        let socket = path.to_path_buf();
+        let task = tokio::spawn(async move {
+            let res = tonic::transport::Server::builder()
+                .add_service(DevicePluginServer::new(service))
+                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+                    let _ = stop_serving.wait_for(|s| *s).await;
+                })
+                .await;
+            if let Err(e) = res {
+                warn!(socket = %socket.display(), error = %e, "plugin server ended with an error");
+            }
+        });
+        info!(socket = %path.display(), "serving");
+        Ok(Self {
+            path: path.to_path_buf(),
+            identity,
+            stop: stop_tx,
+            task,
+        })
+    }
+
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether the socket file is still the one this server bound (the
+    /// kubelet deletes plugin sockets when it restarts).
+    pub fn socket_is_ours(&self) -> bool {
+        FileIdentity::of(&self.path).is_ok_and(|i| i == self.identity)
+    }
+
+    /// Stops serving (ending open ListAndWatch streams) and, if
+    /// `remove_socket`, removes the socket file if it is still ours.
+    pub async fn stop(self, remove_socket: bool) {
+        let PluginServer {
+            path,
+            identity,
+            stop,
+            mut task,
+        } = self;
+        let _ = stop.send(true);
+        if tokio::time::timeout(Duration::from_secs(2), &mut task)
+            .await
+            .is_err()
+        {
+            task.abort();
+        }
+        if remove_socket && FileIdentity::of(&path).is_ok_and(|i| i == identity) {
+            let _ = std::fs::remove_file(&path);
+        }
+        info!(socket = %path.display(), "stopped serving");
+    }
+}
+
+/// Tells a socket file from a later one at the same path: inode numbers are
+/// reused, so the change time is compared too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileIdentity {
+    dev: u64,
+    ino: u64,
+    ctime: i64,
+    ctime_nsec: i64,
+}
+
+impl FileIdentity {
+    fn of(path: &Path) -> std::io::Result<Self> {
+        let m = std::fs::symlink_metadata(path)?;
+        Ok(Self {
+            dev: m.dev(),
+            ino: m.ino(),
+            ctime: m.ctime(),
+            ctime_nsec: m.ctime_nsec(),
+        })
+    }
+}

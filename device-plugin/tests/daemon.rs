@@ -1,0 +1,570 @@
+//! The daemon against a test kubelet, each test on a fresh node namespace
+//! with a veth pair as the NIC. Needs root; without it every test here fails
+//! with "NOT RUN".
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{DEADLINE, Node, TestNs, require_root};
+use kubelet_proto::v1beta1::Device;
+use macvtap_deviceplugin::testkubelet::{TestPodResources, summary};
+use macvtap_link::tapdev::{check_tap_node, tap_dev_in_netns};
+use macvtap_link::{MacvtapMode, Netns, link_name_for_device};
+use nix::sys::signal::Signal;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const DP: &str = "macvtap.network.kubevirt.io/dp";
+const DP_SOCKET: &str = "macvtap.network.kubevirt.io_dp";
+
+fn all_healthy(d: &[Device]) -> bool {
+    !d.is_empty() && d.iter().all(|d| d.health == "Healthy")
+}
+
+fn all_unhealthy(d: &[Device]) -> bool {
+    !d.is_empty() && d.iter().all(|d| d.health == "Unhealthy")
+}
+
+/// A node with the daemon serving resource `dp` on `eth1` with `extra` flags.
+async fn node_with_dp(tag: &str, spec: &str, extra: &[&str]) -> Node {
+    let mut node = Node::new(tag);
+    node.start_kubelet().await;
+    let resource = format!("--resource={spec}");
+    let mut args = vec![resource.as_str()];
+    args.extend_from_slice(extra);
+    node.start_daemon(&args, &[]);
+    node.kubelet()
+        .wait_for_registration(DP, 0, DEADLINE)
+        .await
+        .unwrap();
+    node
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registers_with_the_kubelet_fields_and_advertises_capacity_devices() {
+    let mut node = node_with_dp("reg", "name=dp,lowerDevice=eth1,capacity=5", &[]).await;
+    let reg = &node.kubelet().registrations()[0];
+    assert_eq!(reg.version, "v1beta1");
+    assert_eq!(reg.endpoint, DP_SOCKET);
+    assert_eq!(reg.resource_name, DP);
+    assert!(node.plugin_dir().join(DP_SOCKET).exists());
+
+    let mut client = node.kubelet().connect(DP_SOCKET).await.unwrap();
+    let opts = client.options().await.unwrap();
+    assert!(!opts.pre_start_required && !opts.get_preferred_allocation_available);
+    let mut watch = client.list_and_watch().await.unwrap();
+    let devices = watch.next(DEADLINE).await.unwrap();
+    let ids: Vec<_> = devices.iter().map(|d| d.id.as_str()).collect();
+    assert_eq!(ids, ["dpMvp0", "dpMvp1", "dpMvp2", "dpMvp3", "dpMvp4"]);
+    assert!(all_healthy(&devices));
+    // A veth has no NUMA node in sysfs, so no topology.
+    assert!(devices.iter().all(|d| d.topology.is_none()));
+
+    // Idle memory, for the record.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    println!("MEASURE idle VmRSS: {} KiB", node.daemon().rss_kib());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocate_creates_a_macvtap_on_the_lower_nic_with_a_matching_tap_node() {
+    let mut node = Node::new("alloc");
+    node.ns.ip(&["link", "set", "eth1", "txqueuelen", "1234"]);
+    node.start_kubelet().await;
+    node.start_daemon(
+        &["--resource=name=dp,lowerDevice=eth1,mode=vepa,capacity=4"],
+        &[],
+    );
+    node.kubelet()
+        .wait_for_registration(DP, 0, DEADLINE)
+        .await
+        .unwrap();
+    let mut client = node.kubelet().connect(DP_SOCKET).await.unwrap();
+
+    for round in 0..2 {
+        // The second round is the kubelet retrying the same ID.
+        let started = Instant::now();
+        let resp = client.allocate(&["dpMvp3"]).await.unwrap();
+        println!("MEASURE Allocate (round {round}): {:?}", started.elapsed());
+        let spec = &resp.container_responses[0].devices[0];
+        let name = link_name_for_device("dpMvp3");
+        let link = node.ns.link(&name).expect("macvtap exists");
+        let lower = node.ns.link("eth1").unwrap();
+        assert!(link.is_macvtap());
+        assert_eq!(link.macvtap_mode, Some(MacvtapMode::Vepa));
+        assert_eq!(link.lower_index, Some(lower.index));
+        assert_eq!(link.txqueuelen, 1234);
+        let tap = format!("/dev/tap{}", link.index);
+        assert_eq!(spec.host_path, tap);
+        assert_eq!(spec.container_path, tap);
+        assert_eq!(spec.permissions, "rw");
+        let dev = tap_dev_in_netns(&Netns::open(node.ns.path()).unwrap(), &name).unwrap();
+        check_tap_node(Path::new(&tap), dev).unwrap();
+    }
+    let macvtaps = node
+        .ns
+        .handle()
+        .list_links()
+        .unwrap()
+        .into_iter()
+        .filter(|l| l.is_macvtap())
+        .count();
+    assert_eq!(
+        macvtaps, 1,
+        "a repeated Allocate must not leave a second link"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocate_of_an_unknown_id_fails_and_leaves_no_link() {
+    let node = node_with_dp("unknown", "name=dp,lowerDevice=eth1,capacity=2", &[]).await;
+    let mut client = node.kubelet().connect(DP_SOCKET).await.unwrap();
+    for ids in [vec!["dpMvp2"], vec!["otherMvp0"], vec!["dpMvp0", "dpMvp7"]] {
+        let e = client.allocate(&ids).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{ids:?}: {e}");
+    }
+    // A failure after the checks (the NIC is gone) is a clear error, too.
+    node.ns.ip(&["link", "del", "eth1"]);
+    let e = client.allocate(&["dpMvp0"]).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
+    assert!(e.message().contains("eth1"), "{e}");
+    let links = node.ns.handle().list_links().unwrap();
+    assert!(links.iter().all(|l| !l.is_macvtap()), "{links:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn devices_follow_the_lower_nic_down_and_up() {
+    let node = node_with_dp("health", "name=dp,lowerDevice=eth1,capacity=3", &[]).await;
+    let mut client = node.kubelet().connect(DP_SOCKET).await.unwrap();
+    let mut watch = client.list_and_watch().await.unwrap();
+    assert!(all_healthy(&watch.next(DEADLINE).await.unwrap()));
+
+    let t = Instant::now();
+    node.ns.ip(&["link", "set", "eth1", "down"]);
+    watch.wait_until(DEADLINE, all_unhealthy).await.unwrap();
+    println!("MEASURE health propagation (down): {:?}", t.elapsed());
+
+    let t = Instant::now();
+    node.ns.ip(&["link", "set", "eth1", "up"]);
+    watch.wait_until(DEADLINE, all_healthy).await.unwrap();
+    println!("MEASURE health propagation (up): {:?}", t.elapsed());
+
+    // Vanishing and coming back works the same way.
+    node.ns.ip(&["link", "del", "eth1"]);
+    watch.wait_until(DEADLINE, all_unhealthy).await.unwrap();
+    node.ns.add_nic("eth1");
+    let d = watch.wait_until(DEADLINE, all_healthy).await.unwrap();
+    assert_eq!(d.len(), 3, "{:?}", summary(&d));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_restart_leads_to_re_registration() {
+    let mut node = node_with_dp("restart", "name=dp,lowerDevice=eth1,capacity=2", &[]).await;
+    for round in 0..2 {
+        let kubelet = node.kubelet.take().unwrap();
+        let t = Instant::now();
+        let kubelet = kubelet.restart().await.unwrap();
+        let reg = kubelet
+            .wait_for_registration(DP, 0, DEADLINE)
+            .await
+            .unwrap();
+        println!(
+            "MEASURE re-registration after kubelet restart (round {round}): {:?}",
+            t.elapsed()
+        );
+        assert_eq!(reg.endpoint, DP_SOCKET);
+        // The plugin serves again on a fresh socket.
+        let mut client = kubelet.connect(DP_SOCKET).await.unwrap();
+        let mut watch = client.list_and_watch().await.unwrap();
+        assert_eq!(watch.next(DEADLINE).await.unwrap().len(), 2);
+        node.kubelet = Some(kubelet);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_kubelet_gets_registered_when_it_appears() {
+    let mut node = Node::new("late");
+    node.start_daemon(&["--resource=name=dp,lowerDevice=eth1,capacity=2"], &[]);
+    // Let the daemon come up and find no kubelet.
+    let sock = node.plugin_dir().join(DP_SOCKET);
+    let end = Instant::now() + DEADLINE;
+    while !sock.exists() && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        sock.exists(),
+        "the plugin serves before the kubelet is there"
+    );
+    node.start_kubelet().await;
+    let t = Instant::now();
+    node.kubelet()
+        .wait_for_registration(DP, 0, DEADLINE)
+        .await
+        .unwrap();
+    println!(
+        "MEASURE registration after a late kubelet: {:?}",
+        t.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_discovery_follows_nics_appearing_and_vanishing() {
+    let mut node = Node::new("auto");
+    node.start_kubelet().await;
+    node.start_daemon(&["--discover-kinds", "veth"], &[]);
+    let eth1 = "macvtap.network.kubevirt.io/eth1";
+    let eth2 = "macvtap.network.kubevirt.io/eth2";
+    node.kubelet()
+        .wait_for_registration(eth1, 0, DEADLINE)
+        .await
+        .unwrap();
+    assert_eq!(node.kubelet().registration_count(eth2), 0);
+
+    node.ns.add_nic("eth2");
+    let reg = node
+        .kubelet()
+        .wait_for_registration(eth2, 0, DEADLINE)
+        .await
+        .unwrap();
+    let mut client = node.kubelet().connect(&reg.endpoint).await.unwrap();
+    let mut watch = client.list_and_watch().await.unwrap();
+    let d = watch.wait_until(DEADLINE, all_healthy).await.unwrap();
+    assert_eq!(d.len(), 100, "auto-discovered resources have capacity 100");
+    assert_eq!(d[0].id, "eth2Mvp0");
+
+    node.ns.ip(&["link", "del", "eth2"]);
+    watch.wait_until(DEADLINE, all_unhealthy).await.unwrap();
+    // Loopback is never a resource.
+    assert_eq!(
+        node.kubelet()
+            .registration_count("macvtap.network.kubevirt.io/lo"),
+        0
+    );
+}
+
+#[test]
+fn invalid_configs_are_startup_errors_naming_the_entry() {
+    // No namespace needed: the daemon checks its configuration first.
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            r#"[{"name":"a","lowerDevice":"eth0","mode":"source"}]"#,
+            "unknown macvtap mode",
+        ),
+        (
+            r#"[{"name":"a/b","lowerDevice":"eth0"}]"#,
+            "not a valid resource name",
+        ),
+        (
+            r#"[{"name":"a","lowerDevice":"eth0"},{"name":"a","lowerDevice":"eth1"}]"#,
+            "entry 1 (\"a\"): duplicate resource name",
+        ),
+        (
+            r#"[{"name":"a","lowerDevice":"eth0","capacity":99999}]"#,
+            "capacity 99999 is out of range",
+        ),
+        (r#"{"name":"a"}"#, "not a JSON array"),
+    ];
+    for (conf, want) in cases {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_macvtap-deviceplugin"))
+            .args([
+                "--kubelet-dir",
+                dir.path().to_str().unwrap(),
+                "--metrics-addr",
+                "off",
+            ])
+            .env("DP_MACVTAP_CONF", conf)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{conf}: should fail; log: {err}");
+        assert!(err.contains(want), "{conf}: want {want:?} in: {err}");
+        assert!(
+            err.contains("DP_MACVTAP_CONF"),
+            "{conf}: the source is named: {err}"
+        );
+    }
+    // A bad flag is named as a flag.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_macvtap-deviceplugin"))
+        .args([
+            "--kubelet-dir",
+            dir.path().to_str().unwrap(),
+            "--metrics-addr",
+            "off",
+        ])
+        .args(["--resource", "name=x,mode=bogus"])
+        .env_remove("DP_MACVTAP_CONF")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--resource flags"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_precedence_is_flags_then_file_then_env() {
+    let mut node = Node::new("prec");
+    node.start_kubelet().await;
+    let file = node.dir.path().join("conf.json");
+    std::fs::write(
+        &file,
+        r#"[{"name":"fromfile","lowerDevice":"eth1","capacity":2}]"#,
+    )
+    .unwrap();
+    let env = [(
+        "DP_MACVTAP_CONF",
+        r#"[{"name":"fromenv","lowerDevice":"eth1"}]"#,
+    )];
+    let file_arg = format!("--config={}", file.display());
+
+    // File over env.
+    node.start_daemon(&[&file_arg], &env);
+    let k = node.kubelet();
+    k.wait_for_registration("macvtap.network.kubevirt.io/fromfile", 0, DEADLINE)
+        .await
+        .unwrap();
+    node.daemon().signal(Signal::SIGTERM);
+    assert!(node.daemon().wait_exit(DEADLINE).unwrap().success());
+
+    // Flags over file (and env).
+    node.start_daemon(
+        &[&file_arg, "--resource=name=fromflag,lowerDevice=eth1"],
+        &env,
+    );
+    node.kubelet()
+        .wait_for_registration("macvtap.network.kubevirt.io/fromflag", 0, DEADLINE)
+        .await
+        .unwrap();
+    node.daemon().signal(Signal::SIGTERM);
+    assert!(node.daemon().wait_exit(DEADLINE).unwrap().success());
+
+    // Env alone.
+    node.start_daemon(&[], &env);
+    node.kubelet()
+        .wait_for_registration("macvtap.network.kubevirt.io/fromenv", 0, DEADLINE)
+        .await
+        .unwrap();
+    let regs: Vec<_> = node
+        .kubelet()
+        .registrations()
+        .into_iter()
+        .map(|r| r.resource_name)
+        .collect();
+    assert_eq!(
+        regs,
+        [
+            "macvtap.network.kubevirt.io/fromfile",
+            "macvtap.network.kubevirt.io/fromflag",
+            "macvtap.network.kubevirt.io/fromenv"
+        ]
+    );
+}
+
+fn write_atomically(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_file_changes_are_applied_without_restart() {
+    let mut node = Node::new("reload");
+    node.start_kubelet().await;
+    let file = node.dir.path().join("conf.json");
+    write_atomically(
+        &file,
+        r#"[{"name":"dp","lowerDevice":"eth1","capacity":2}]"#,
+    );
+    node.start_daemon(&[&format!("--config={}", file.display())], &[]);
+    node.kubelet()
+        .wait_for_registration(DP, 0, DEADLINE)
+        .await
+        .unwrap();
+    let mut client = node.kubelet().connect(DP_SOCKET).await.unwrap();
+    let mut watch = client.list_and_watch().await.unwrap();
+    assert_eq!(watch.next(DEADLINE).await.unwrap().len(), 2);
+
+    // Capacity changed and a resource added.
+    write_atomically(
+        &file,
+        r#"[{"name":"dp","lowerDevice":"eth1","capacity":4},{"name":"dp2","lowerDevice":"eth1"}]"#,
+    );
+    watch.wait_until(DEADLINE, |d| d.len() == 4).await.unwrap();
+    node.kubelet()
+        .wait_for_registration("macvtap.network.kubevirt.io/dp2", 0, DEADLINE)
+        .await
+        .unwrap();
+
+    // An invalid change is rejected and the running configuration stays.
+    write_atomically(&file, r#"[{"name":"dp","mode":"nope"}]"#);
+    let end = Instant::now() + DEADLINE;
+    while !node
+        .daemon()
+        .log()
+        .contains("config file changed but is invalid")
+        && Instant::now() < end
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(node.plugin_dir().join(DP_SOCKET).exists());
+    // Resource removed (written in place this time, as an editor would).
+    std::fs::write(&file, r#"[{"name":"dp2","lowerDevice":"eth1"}]"#).unwrap();
+    let gone = node.plugin_dir().join(DP_SOCKET);
+    let end = Instant::now() + DEADLINE;
+    while gone.exists() && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!gone.exists(), "the removed resource's socket is gone");
+    assert!(
+        node.plugin_dir()
+            .join("macvtap.network.kubevirt.io_dp2")
+            .exists()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leaked_links_are_reclaimed_and_allocated_ones_kept() {
+    let mut node = Node::new("reclaim");
+    node.start_kubelet().await;
+    let pr = TestPodResources::start(&node.dir.path().join("pod-resources/kubelet.sock"))
+        .await
+        .unwrap();
+    pr.set_allocated(DP, &["dpMvp0"]);
+    node.start_daemon(
+        &[
+            "--resource=name=dp,lowerDevice=eth1,capacity=4",
+            "--reclaim-interval=200ms",
+            "--reclaim-grace=500ms",
+        ],
+        &[],
+    );
+    node.kubelet()
+        .wait_for_registration(DP, 0, DEADLINE)
+        .await
+        .unwrap();
+    let mut client = node.kubelet().connect(DP_SOCKET).await.unwrap();
+    client.allocate(&["dpMvp0"]).await.unwrap();
+    client.allocate(&["dpMvp1"]).await.unwrap();
+    // A macvtap on the NIC that is not ours by name is never touched.
+    node.ns.ip(&[
+        "link", "add", "link", "eth1", "name", "mytap", "type", "macvtap",
+    ]);
+
+    let leaked = link_name_for_device("dpMvp1");
+    let end = Instant::now() + DEADLINE;
+    while node.ns.link(&leaked).is_some() && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        node.ns.link(&leaked).is_none(),
+        "the leaked link was removed"
+    );
+    assert!(
+        node.ns.link(&link_name_for_device("dpMvp0")).is_some(),
+        "the allocated link stays"
+    );
+    assert!(node.ns.link("mytap").is_some());
+    let log = node.daemon().log();
+    assert!(log.contains("deleted a leaked macvtap"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reclaim_without_pod_resources_socket_is_skipped_with_one_message() {
+    let mut node = node_with_dp(
+        "noprs",
+        "name=dp,lowerDevice=eth1,capacity=2",
+        &["--reclaim-interval=100ms", "--reclaim-grace=0s"],
+    )
+    .await;
+    let mut client = node.kubelet().connect(DP_SOCKET).await.unwrap();
+    client.allocate(&["dpMvp0"]).await.unwrap();
+    let end = Instant::now() + DEADLINE;
+    while !node.daemon().log().contains("no PodResources socket") && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Several rounds later: still one message, and the link is untouched.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let log = node.daemon().log();
+    assert_eq!(log.matches("no PodResources socket").count(), 1, "{log}");
+    assert!(node.ns.link(&link_name_for_device("dpMvp0")).is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_serving_and_removes_own_sockets() {
+    let mut node = node_with_dp("term", "name=dp,lowerDevice=eth1,capacity=2", &[]).await;
+    let sock = node.plugin_dir().join(DP_SOCKET);
+    assert!(sock.exists());
+    node.daemon().signal(Signal::SIGTERM);
+    let status = node.daemon().wait_exit(DEADLINE).expect("exits");
+    assert!(status.success(), "{status:?}");
+    assert!(!sock.exists(), "own socket removed");
+    assert!(
+        node.plugin_dir().join("kubelet.sock").exists(),
+        "kubelet's socket untouched"
+    );
+
+    // SIGINT does the same.
+    node.start_daemon(&["--resource=name=dp,lowerDevice=eth1,capacity=2"], &[]);
+    node.kubelet()
+        .wait_for_registration(DP, 1, DEADLINE)
+        .await
+        .unwrap();
+    node.daemon().signal(Signal::SIGINT);
+    assert!(node.daemon().wait_exit(DEADLINE).expect("exits").success());
+    assert!(!sock.exists());
+}
+
+/// Fetches `path` from `127.0.0.1:9402` inside the namespace.
+fn http_get(ns: &TestNs, path: &str) -> String {
+    use std::io::{Read, Write};
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
+    Netns::open(ns.path())
+        .unwrap()
+        .run(move || {
+            let mut s = std::net::TcpStream::connect("127.0.0.1:9402")
+                .map_err(macvtap_link::Error::Socket)?;
+            s.write_all(req.as_bytes())
+                .map_err(macvtap_link::Error::Socket)?;
+            let mut out = String::new();
+            s.read_to_string(&mut out)
+                .map_err(macvtap_link::Error::Socket)?;
+            Ok(out)
+        })
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_and_healthz_are_served() {
+    require_root();
+    let node = node_with_dp(
+        "metrics",
+        "name=dp,lowerDevice=eth1,capacity=3",
+        &["--metrics-addr=127.0.0.1:9402", "--log-format=json"],
+    )
+    .await;
+    let mut client = node.kubelet().connect(DP_SOCKET).await.unwrap();
+    client.allocate(&["dpMvp0"]).await.unwrap();
+    client.allocate(&["dpMvp9"]).await.unwrap_err();
+    let health = http_get(&node.ns, "/healthz");
+    assert!(health.starts_with("HTTP/1.1 200 OK"), "{health}");
+    let m = http_get(&node.ns, "/metrics");
+    for want in [
+        "macvtap_dp_devices{resource=\"macvtap.network.kubevirt.io/dp\",state=\"healthy\"} 3",
+        "macvtap_dp_allocations_total{resource=\"macvtap.network.kubevirt.io/dp\"} 1",
+        "macvtap_dp_allocation_errors_total{resource=\"macvtap.network.kubevirt.io/dp\"} 1",
+        "macvtap_dp_registrations_total{resource=\"macvtap.network.kubevirt.io/dp\"} 1",
+        "macvtap_dp_leaked_links_removed_total 0",
+    ] {
+        assert!(m.contains(want), "want {want:?} in:\n{m}");
+    }
+    // --log-format=json: every log line is a JSON object.
+    let mut node = node;
+    let log = node.daemon().log();
+    let first = log.lines().next().unwrap();
+    assert!(
+        first.starts_with('{') && first.contains("\"level\""),
+        "{first}"
+    );
+}
