@@ -91,7 +91,9 @@ impl CniEnv {
         let (container_id, ifname) = if per_container {
             let ifname = required("CNI_IFNAME")?;
             check_ifname(&ifname)?;
-            (required("CNI_CONTAINERID")?, ifname)
+            let id = required("CNI_CONTAINERID")?;
+            check_container_id(&id)?;
+            (id, ifname)
         } else {
             (
                 get("CNI_CONTAINERID").to_string(),
@@ -118,6 +120,20 @@ impl CniEnv {
             path,
         })
     }
+}
+
+/// Checks `CNI_CONTAINERID` as the spec restricts it: alphanumerics, then
+/// alphanumerics, `_`, `.` or `-`.
+fn check_container_id(id: &str) -> Result<()> {
+    let mut chars = id.chars();
+    let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphanumeric());
+    if !first_ok || !chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')) {
+        return Err(Error::InvalidEnv {
+            var: "CNI_CONTAINERID",
+            msg: format!("{id:?} has characters other than letters, digits, '_', '.' and '-'"),
+        });
+    }
+    Ok(())
 }
 
 /// Checks `CNI_IFNAME` is a name the kernel accepts.
@@ -179,6 +195,23 @@ mod tests {
         let env = CniEnv::from_vars(&v).unwrap();
         assert_eq!(env.command, Command::Del);
         assert_eq!(env.path, vec![PathBuf::from("/a"), PathBuf::from("/b")]);
+    }
+
+    #[test]
+    fn container_ids_are_checked_as_the_spec_says() {
+        for (id, ok) in [
+            ("abc-1.2_3", true),
+            ("-abc", false),
+            ("a/b", false),
+            ("a b", false),
+        ] {
+            let v = vars(&[
+                ("CNI_COMMAND", "DEL"),
+                ("CNI_IFNAME", "net1"),
+                ("CNI_CONTAINERID", id),
+            ]);
+            assert_eq!(CniEnv::from_vars(&v).is_ok(), ok, "{id}");
+        }
     }
 
     #[test]

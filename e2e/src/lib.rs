@@ -1,8 +1,10 @@
 //! End-to-end harness: a sandbox node made of network namespaces, the test
-//! guest, and the ways virt-launcher runs it. The tests in `tests/` and the
-//! `sandbox` binary drive the real `macvtap-deviceplugin` and `macvtap`
-//! binaries with it.
+//! guest, the ways virt-launcher runs it, and the benchmarks. The tests in
+//! `tests/`, the `sandbox` and the `bench` binaries drive the real
+//! `macvtap-deviceplugin` and `macvtap` binaries with it.
 
+pub mod bench;
 pub mod cpio;
 pub mod guest;
+pub mod sandbox;
 pub mod vm;

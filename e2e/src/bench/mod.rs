@@ -1,0 +1,8 @@
+//! Benchmarks: our binaries against the kernel's floor and the reference
+//! implementations, in one interleaved run. `hack/bench.sh` runs them.
+
+pub mod cni;
+pub mod exec;
+pub mod plot;
+pub mod report;
+pub mod stats;
