@@ -102,6 +102,8 @@ struct Plugin {
     retry_at: Option<Instant>,
     backoff: Duration,
     said_waiting: bool,
+    /// Failed registration attempts since the last success.
+    failures: u32,
 }
 
 impl Plugin {
@@ -144,10 +146,10 @@ pub async fn run(opts: Options) -> Result<()> {
     let mut links_rx = spawn_link_watcher()?;
     let (fs, mut fs_events) = DirWatcher::new()?;
     let mut plugin_wd = Some(fs.watch_dir(&plugin_dir)?);
-    let config_dir = opts
-        .config_file
-        .as_ref()
-        .map(|f| f.parent().unwrap_or(Path::new(".")).to_path_buf());
+    let config_dir = opts.config_file.as_ref().map(|f| match f.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    });
     let config_wd = match &config_dir {
         Some(d) => Some(fs.watch_dir(d)?),
         None => None,
@@ -350,6 +352,7 @@ impl Daemon {
                         retry_at: None,
                         backoff: RETRY_MIN,
                         said_waiting: false,
+                        failures: 0,
                     };
                     p.want_registration(now);
                     self.plugins.insert(cfg.name.clone(), p);
@@ -451,10 +454,18 @@ impl Daemon {
                     p.retry_at = None;
                     p.backoff = RETRY_MIN;
                     p.said_waiting = false;
+                    p.failures = 0;
                 }
                 Err(e) => {
                     self.metrics.registration(&resource, false);
-                    warn!(%resource, error = %e, retry_in_ms = p.backoff.as_millis() as u64, "registration failed");
+                    let retry_in_ms = p.backoff.as_millis() as u64;
+                    // Say it at once, then about once a minute while it goes on.
+                    if p.failures % 12 == 0 {
+                        warn!(%resource, error = %e, retry_in_ms, failures = p.failures + 1, "registration failed");
+                    } else {
+                        debug!(%resource, error = %e, retry_in_ms, "registration failed again");
+                    }
+                    p.failures += 1;
                     p.retry_at = Some(Instant::now() + p.backoff);
                     p.backoff = (p.backoff * 2).min(RETRY_MAX);
                 }

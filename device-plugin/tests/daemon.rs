@@ -182,6 +182,30 @@ async fn kubelet_restart_leads_to_re_registration() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_own_socket_is_served_again_and_re_registered() {
+    let node = node_with_dp("sockdel", "name=dp,lowerDevice=eth1,capacity=2", &[]).await;
+    let sock = node.plugin_dir().join(DP_SOCKET);
+    std::fs::remove_file(&sock).unwrap();
+    node.kubelet()
+        .wait_for_registration(DP, 1, DEADLINE)
+        .await
+        .unwrap();
+    assert!(sock.exists());
+    let mut client = node.kubelet().connect(DP_SOCKET).await.unwrap();
+    assert_eq!(
+        client
+            .list_and_watch()
+            .await
+            .unwrap()
+            .next(DEADLINE)
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_kubelet_gets_registered_when_it_appears() {
     let mut node = Node::new("late");
     node.start_daemon(&["--resource=name=dp,lowerDevice=eth1,capacity=2"], &[]);
