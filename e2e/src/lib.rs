@@ -6,5 +6,6 @@
 pub mod bench;
 pub mod cpio;
 pub mod guest;
+pub mod kustomize;
 pub mod sandbox;
 pub mod vm;

@@ -1,0 +1,319 @@
+//! The manifests in `manifests/`: base and overlays render (with the
+//! project's offline renderer), every object parses into its typed or
+//! dynamic Kubernetes type, and the fields that matter agree with the
+//! binaries: configs parse with the binaries' own parsers, resource names
+//! match, one image everywhere, host paths match flags and defaults.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
+use kube::api::DynamicObject;
+use macvtap_e2e::kustomize::{parse_docs, render};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+const RESOURCE_PREFIX: &str = "macvtap.network.kubevirt.io/";
+
+fn manifests() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests")
+}
+
+fn renderings() -> Vec<(&'static str, Vec<Value>)> {
+    ["base", "overlays/openshift", "overlays/kubelet-dir"]
+        .into_iter()
+        .map(|d| {
+            (
+                d,
+                render(&manifests().join(d)).unwrap_or_else(|e| panic!("{d}: {e:#}")),
+            )
+        })
+        .collect()
+}
+
+fn example(name: &str) -> Vec<Value> {
+    parse_docs(&std::fs::read_to_string(manifests().join("examples").join(name)).unwrap()).unwrap()
+}
+
+fn one<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+    let found: Vec<_> = docs.iter().filter(|d| d["kind"] == kind).collect();
+    assert_eq!(found.len(), 1, "exactly one {kind}");
+    found[0]
+}
+
+fn daemonset(docs: &[Value]) -> DaemonSet {
+    serde_json::from_value(one(docs, "DaemonSet").clone()).expect("DaemonSet parses")
+}
+
+#[test]
+fn every_object_parses_into_its_kubernetes_type() {
+    for (dir, docs) in renderings() {
+        for d in &docs {
+            let v = d.clone();
+            match d["kind"].as_str().unwrap() {
+                "DaemonSet" => drop(serde_json::from_value::<DaemonSet>(v).unwrap()),
+                "ConfigMap" => drop(serde_json::from_value::<ConfigMap>(v).unwrap()),
+                "Namespace" => drop(serde_json::from_value::<Namespace>(v).unwrap()),
+                "ServiceAccount" => drop(serde_json::from_value::<ServiceAccount>(v).unwrap()),
+                "SecurityContextConstraints" => {
+                    let scc: DynamicObject = serde_json::from_value(v).unwrap();
+                    assert_eq!(scc.data["allowHostNetwork"], true);
+                    let users = scc.data["users"].as_array().unwrap();
+                    assert!(
+                        users
+                            .iter()
+                            .any(|u| u == "system:serviceaccount:macvtap-system:macvtap-cni")
+                    );
+                }
+                other => panic!("{dir}: unexpected kind {other}"),
+            }
+        }
+        for d in docs
+            .iter()
+            .filter(|d| d["kind"] != "Namespace" && d["kind"] != "SecurityContextConstraints")
+        {
+            assert_eq!(
+                d["metadata"]["namespace"], "macvtap-system",
+                "{dir}: {}",
+                d["kind"]
+            );
+        }
+    }
+    let pod: Pod = serde_json::from_value(example("pod.yaml")[0].clone()).unwrap();
+    let limits = pod.spec.unwrap().containers[0]
+        .resources
+        .clone()
+        .unwrap()
+        .limits
+        .unwrap();
+    assert!(limits.contains_key("macvtap.network.kubevirt.io/dataplane"));
+    let cm: ConfigMap =
+        serde_json::from_value(example("configmap-explicit.yaml")[0].clone()).unwrap();
+    assert!(cm.data.unwrap().contains_key("DP_MACVTAP_CONF"));
+}
+
+#[test]
+fn the_nad_config_is_accepted_by_the_cni_and_names_a_configured_resource() {
+    let nad: DynamicObject = serde_json::from_value(example("nad.yaml")[0].clone()).unwrap();
+    assert_eq!(
+        nad.types.as_ref().unwrap().kind,
+        "NetworkAttachmentDefinition"
+    );
+    let config = nad.data["spec"]["config"].as_str().unwrap();
+    let conf = macvtap_cni::config::NetConf::parse(config.as_bytes())
+        .expect("the CNI accepts the NAD config");
+    assert_eq!(conf.plugin_type, "macvtap");
+    let resource =
+        nad.metadata.annotations.as_ref().unwrap()["k8s.v1.cni.cncf.io/resourceName"].clone();
+    let name = resource
+        .strip_prefix(RESOURCE_PREFIX)
+        .expect("a macvtap resource");
+
+    let cm = &example("configmap-explicit.yaml")[0];
+    let entries: Value =
+        serde_json::from_str(cm["data"]["DP_MACVTAP_CONF"].as_str().unwrap()).unwrap();
+    assert!(
+        entries
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == name),
+        "the NAD's resource {resource} is one the example ConfigMap creates"
+    );
+
+    let vm: DynamicObject = serde_json::from_value(example("vm.yaml")[0].clone()).unwrap();
+    let spec = &vm.data["spec"]["template"]["spec"];
+    let iface = spec["domain"]["devices"]["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["binding"]["name"] == "macvtap")
+        .expect("an interface with the macvtap binding");
+    let net = spec["networks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == iface["name"])
+        .expect("its network");
+    assert_eq!(
+        net["multus"]["networkName"],
+        nad.metadata.name.clone().unwrap()
+    );
+
+    let pod = &example("pod.yaml")[0];
+    assert_eq!(
+        pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"],
+        "dataplane"
+    );
+
+    let kv: DynamicObject =
+        serde_json::from_value(example("kubevirt-cr-patch.yaml")[0].clone()).unwrap();
+    assert_eq!(
+        kv.data["spec"]["configuration"]["network"]["binding"]["macvtap"]["domainAttachmentType"],
+        "tap"
+    );
+}
+
+#[test]
+fn one_image_everywhere() {
+    let mut images = std::collections::BTreeSet::new();
+    for (_, mut docs) in renderings() {
+        for d in &mut docs {
+            for c in macvtap_e2e::kustomize::containers_mut(d) {
+                images.insert(c["image"].as_str().unwrap().to_string());
+            }
+        }
+    }
+    assert_eq!(images.len(), 1, "{images:?}");
+    let image = images.into_iter().next().unwrap();
+    let containerfile =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../Containerfile"))
+            .unwrap();
+    let (name, tag) = macvtap_e2e::kustomize::split_image(&image);
+    let build = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/build-image.sh"),
+    )
+    .unwrap();
+    assert!(
+        build.contains(name) && build.contains(tag.as_deref().unwrap()),
+        "hack/build-image.sh builds {image}"
+    );
+    assert!(containerfile.contains("org.opencontainers.image.source"));
+}
+
+fn flag(args: &[String], name: &str) -> Option<String> {
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if let Some(v) = a.strip_prefix(&format!("{name}=")) {
+            return Some(v.to_string());
+        }
+        if a == name {
+            return it.next().cloned();
+        }
+    }
+    None
+}
+
+#[test]
+fn host_paths_match_the_binaries_flags_and_defaults() {
+    for (dir, docs) in renderings() {
+        let ds = daemonset(&docs);
+        let spec = ds.spec.template.spec.unwrap();
+        let volumes = spec.volumes.clone().unwrap();
+        let host_path = |vol: &str| {
+            volumes
+                .iter()
+                .find(|v| v.name == vol)
+                .unwrap()
+                .host_path
+                .clone()
+                .unwrap()
+                .path
+        };
+        let main = &spec.containers[0];
+        let args = main.args.clone().unwrap_or_default();
+        let kubelet_dir = flag(&args, "--kubelet-dir").unwrap_or_else(|| "/var/lib/kubelet".into());
+        let mounts = main.volume_mounts.clone().unwrap();
+        let mount = |vol: &str| {
+            mounts
+                .iter()
+                .find(|m| m.name == vol)
+                .unwrap()
+                .mount_path
+                .clone()
+        };
+        for (vol, sub) in [
+            ("device-plugins", "device-plugins"),
+            ("pod-resources", "pod-resources"),
+        ] {
+            assert_eq!(
+                mount(vol),
+                format!("{kubelet_dir}/{sub}"),
+                "{dir}: {vol} mounted where the daemon looks"
+            );
+            assert_eq!(
+                host_path(vol),
+                mount(vol),
+                "{dir}: {vol} is the host's own path"
+            );
+        }
+        let expected_kubelet = if dir.ends_with("kubelet-dir") {
+            "/var/lib/k0s/kubelet"
+        } else {
+            "/var/lib/kubelet"
+        };
+        assert_eq!(kubelet_dir, expected_kubelet, "{dir}");
+        assert_eq!(host_path("dev"), "/dev");
+        assert_eq!(mount("dev"), "/dev", "{dir}: the daemon checks /dev/tapN");
+
+        let init = &spec.init_containers.clone().unwrap()[0];
+        let init_args = init.args.clone().unwrap();
+        let target = flag(&init_args, "--target-dir").expect("install-cni --target-dir");
+        let init_mount = &init.volume_mounts.clone().unwrap()[0];
+        assert_eq!(init_mount.name, "cni-bin");
+        assert_eq!(
+            init_mount.mount_path, target,
+            "{dir}: installs into the mounted host dir"
+        );
+        let cni_dir = if dir.ends_with("openshift") {
+            "/var/lib/cni/bin"
+        } else {
+            "/opt/cni/bin"
+        };
+        assert_eq!(host_path("cni-bin"), cni_dir, "{dir}");
+    }
+}
+
+#[test]
+fn the_daemonset_is_what_a_node_critical_daemon_needs() {
+    let docs = &renderings()[0].1;
+    let ds = daemonset(docs);
+    assert_eq!(
+        ds.metadata.name.as_deref(),
+        Some("macvtap-cni"),
+        "the Go project's name"
+    );
+    let dspec = ds.spec;
+    assert_eq!(
+        dspec.update_strategy.unwrap().type_.as_deref(),
+        Some("RollingUpdate")
+    );
+    let spec = dspec.template.spec.unwrap();
+    assert_eq!(spec.host_network, Some(true));
+    assert_eq!(
+        spec.priority_class_name.as_deref(),
+        Some("system-node-critical")
+    );
+    let c = &spec.containers[0];
+    let env_from = c.env_from.clone().unwrap();
+    assert_eq!(
+        env_from[0].config_map_ref.as_ref().unwrap().name,
+        "macvtap-deviceplugin-config",
+        "the Go project's ConfigMap"
+    );
+    let cm = one(docs, "ConfigMap");
+    assert_eq!(cm["metadata"]["name"], "macvtap-deviceplugin-config");
+    assert_eq!(
+        cm["data"]["DP_MACVTAP_CONF"], "[]",
+        "auto-discovery by default"
+    );
+
+    let args = c.args.clone().unwrap();
+    let metrics = flag(&args, "--metrics-addr").unwrap();
+    let port: i32 = metrics.rsplit(':').next().unwrap().parse().unwrap();
+    assert_eq!(c.ports.clone().unwrap()[0].container_port, port);
+    for probe in [
+        c.readiness_probe.clone().unwrap(),
+        c.liveness_probe.clone().unwrap(),
+    ] {
+        let get = probe.http_get.unwrap();
+        assert_eq!(get.path.as_deref(), Some("/healthz"));
+    }
+    let res = c.resources.clone().unwrap();
+    assert!(res.requests.unwrap().contains_key("memory"));
+    assert!(res.limits.unwrap().contains_key("memory"));
+    let sc = c.security_context.clone().unwrap();
+    assert_ne!(sc.privileged, Some(true), "not privileged");
+    let caps = sc.capabilities.unwrap();
+    assert_eq!(caps.add.unwrap(), vec!["NET_ADMIN".to_string()]);
+    assert_eq!(caps.drop.unwrap(), vec!["ALL".to_string()]);
+}
