@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Brings up a workstation cluster for the cluster e2e: kind, Multus, KubeVirt
+# (software emulation, so no nested virtualisation is needed) and this
+# project's image loaded into the nodes. Needs docker (or podman) with a
+# running engine, kind and kubectl, and internet access. Then:
+#   KUBECONFIG=$(kind get kubeconfig-path ...) cargo nextest run -p macvtap-e2e --test cluster
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CLUSTER=${CLUSTER:-macvtap}
+IMAGE=${IMAGE:-ghcr.io/kubevirt/macvtap-rs:v0.1.0}
+MULTUS_VERSION=${MULTUS_VERSION:-v4.1.4}
+KUBEVIRT_VERSION=${KUBEVIRT_VERSION:-v1.5.0}
+
+for tool in kind kubectl; do
+  command -v "$tool" >/dev/null || { echo "$tool is required" >&2; exit 1; }
+done
+
+if ! kind get clusters | grep -qx "$CLUSTER"; then
+  kind create cluster --name "$CLUSTER" --config - <<KIND
+kind: Cluster
+apiVersion: kind.x-k8s.io/v1alpha4
+nodes:
+  - role: control-plane
+  - role: worker
+KIND
+fi
+export KUBECONFIG=${KUBECONFIG:-$HOME/.kube/config}
+kubectl config use-context "kind-$CLUSTER"
+
+echo "==> Multus $MULTUS_VERSION"
+kubectl apply -f "https://raw.githubusercontent.com/k8snetworkplumbingwg/multus-cni/$MULTUS_VERSION/deployments/multus-daemonset-thick.yml"
+kubectl -n kube-system rollout status ds/kube-multus-ds --timeout=5m
+
+echo "==> KubeVirt $KUBEVIRT_VERSION (software emulation)"
+kubectl apply -f "https://github.com/kubevirt/kubevirt/releases/download/$KUBEVIRT_VERSION/kubevirt-operator.yaml"
+kubectl apply -f "https://github.com/kubevirt/kubevirt/releases/download/$KUBEVIRT_VERSION/kubevirt-cr.yaml"
+kubectl -n kubevirt patch kubevirt kubevirt --type merge \
+  -p '{"spec":{"configuration":{"developerConfiguration":{"useEmulation":true,"featureGates":["NetworkBindingPlugins"]}}}}'
+kubectl -n kubevirt wait kv kubevirt --for condition=Available --timeout=10m
+
+echo "==> image $IMAGE"
+hack/build-image.sh "$IMAGE"
+kind load docker-image --name "$CLUSTER" "$IMAGE"
+
+echo "ready: KUBECONFIG=$KUBECONFIG cargo nextest run -p macvtap-e2e --test cluster"
