@@ -490,6 +490,11 @@ async fn leaked_links_are_reclaimed_and_allocated_ones_kept() {
         "the allocated link stays"
     );
     assert!(node.ns.link("mytap").is_some());
+    // The daemon logs right after the kernel deleted the link.
+    let end = Instant::now() + DEADLINE;
+    while !node.daemon().log().contains("deleted a leaked macvtap") && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let log = node.daemon().log();
     assert!(log.contains("deleted a leaked macvtap"), "{log}");
 }
