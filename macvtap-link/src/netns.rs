@@ -61,7 +61,8 @@ impl Netns {
 
     /// Like [`Netns::run`], but the thread also gets a private mount namespace
     /// with a fresh sysfs on `/sys`, so `/sys/class/net` shows this network
-    /// namespace's links. The mounts vanish with the thread.
+    /// namespace's links (if `/sys` already shows them, it is used as is).
+    /// The mounts vanish with the thread.
     pub fn run_with_sysfs<T: Send>(&self, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
         self.run(|| {
             let enter_err = |source| Error::EnterNetns {
@@ -77,14 +78,18 @@ impl Netns {
                 None::<&str>,
             )
             .map_err(enter_err)?;
-            mount(
+            match mount(
                 Some("sysfs"),
                 "/sys",
                 Some("sysfs"),
                 MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
                 None::<&str>,
-            )
-            .map_err(enter_err)?;
+            ) {
+                // EBUSY: this namespace's sysfs is already what /sys shows
+                // (e.g. under `ip netns exec` or in a hostNetwork pod).
+                Ok(()) | Err(nix::errno::Errno::EBUSY) => {}
+                Err(e) => return Err(enter_err(e)),
+            }
             f()
         })
     }
