@@ -7,5 +7,7 @@ pub mod bench;
 pub mod cpio;
 pub mod guest;
 pub mod kustomize;
+pub mod node;
 pub mod sandbox;
+pub mod steps;
 pub mod vm;

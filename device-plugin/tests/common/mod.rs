@@ -248,5 +248,13 @@ impl Drop for Node {
     fn drop(&mut self) {
         // Stop the daemon before the namespace goes.
         self.daemon.take();
+        // Namespaces die asynchronously, and their macvtaps' /dev/tapN nodes
+        // with them: delete the macvtaps now, while the tap-node lock is
+        // held, so the next test cannot meet a stale node of the same index.
+        if let Ok(links) = self.ns.handle().list_links() {
+            for l in links.iter().filter(|l| l.is_macvtap()) {
+                let _ = self.ns.handle().del_link(l.index, &l.name);
+            }
+        }
     }
 }

@@ -1,0 +1,389 @@
+//! A sandbox node driven the way a real node drives our binaries: network
+//! namespaces for the node, its pods and a peer host; a veth pair as the
+//! node's NIC; a temp dir as the kubelet dir; the real
+//! `macvtap-deviceplugin` registering with a test kubelet that allocates
+//! devices; and a Multus-like step that runs the real `macvtap` CNI with the
+//! allocated `deviceID`.
+
+use crate::sandbox::TestNs;
+use crate::vm::Reaped;
+use anyhow::{Context, Result, bail, ensure};
+use macvtap_deviceplugin::testkubelet::{PluginClient, TestKubelet, tap_node_lock};
+use serde_json::Value;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The peer host's address on the NIC's segment.
+pub const PEER_IP: &str = "192.0.2.1";
+/// The VM's address.
+pub const GUEST_IP: &str = "192.0.2.2/24";
+/// How long the e2e waits for the daemon and the kubelet (a deadline, not a
+/// latency target).
+pub const WAIT: Duration = Duration::from_secs(10);
+
+/// Path of one of the workspace's binaries, next to the running executable
+/// (`target/<profile>/`); built with cargo if it is not there yet.
+pub fn binary(package: &str, name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let mut dir = exe.parent().context("exe has no dir")?.to_path_buf();
+    if dir.ends_with("deps") || dir.ends_with("examples") {
+        dir.pop();
+    }
+    let path = dir.join(name);
+    if !path.exists() {
+        let release = dir.ends_with("release");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-q", "-p", package, "--bin", name]);
+        if release {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().context("running cargo build")?;
+        ensure!(status.success(), "cargo build -p {package} failed");
+    }
+    ensure!(
+        path.exists(),
+        "{} is missing after the build",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// The NIC, the peer host, the kubelet dir, the test kubelet and the daemon.
+pub struct Node {
+    /// The node's network namespace (the "host" namespace of this node).
+    pub ns: TestNs,
+    /// The peer host at [`PEER_IP`] on the other end of the NIC.
+    pub peer: TestNs,
+    /// The kubelet's root dir.
+    pub kubelet_dir: tempfile::TempDir,
+    /// The test kubelet, once started.
+    pub kubelet: Option<TestKubelet>,
+    daemon: Option<Reaped>,
+    _tap_lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+/// A device the test kubelet got from the plugin.
+#[derive(Debug, Clone)]
+pub struct Allocation {
+    /// Device ID, e.g. `dataplaneMvp0`.
+    pub device_id: String,
+    /// `DeviceSpec.host_path`, e.g. `/dev/tap5`.
+    pub host_path: PathBuf,
+    /// How long the Allocate call took.
+    pub took: Duration,
+}
+
+impl Node {
+    /// Makes the namespaces: `lower0` in the node, `peer0` with [`PEER_IP`]/24
+    /// in the peer.
+    pub fn new() -> Result<Self> {
+        // Fresh namespaces number links from 1; see `tap_node_lock`.
+        let lock = tap_node_lock().map_err(|e| anyhow::anyhow!("{e}"))?;
+        let ns = TestNs::new("node")?;
+        let peer = TestNs::new("peer")?;
+        ns.ip(&[
+            "link", "add", "lower0", "type", "veth", "peer", "name", "peer0", "netns", &peer.name,
+        ])?;
+        ns.ip(&["link", "set", "lower0", "up"])?;
+        peer.ip(&["addr", "add", &format!("{PEER_IP}/24"), "dev", "peer0"])?;
+        peer.ip(&["link", "set", "peer0", "up"])?;
+        let kubelet_dir = tempfile::tempdir()?;
+        std::fs::create_dir_all(kubelet_dir.path().join("device-plugins"))?;
+        Ok(Node {
+            ns,
+            peer,
+            kubelet_dir,
+            kubelet: None,
+            daemon: None,
+            _tap_lock: lock,
+        })
+    }
+
+    /// `<kubelet dir>/device-plugins`.
+    pub fn plugin_dir(&self) -> PathBuf {
+        self.kubelet_dir.path().join("device-plugins")
+    }
+
+    /// Serves the kubelet's Registration API on `kubelet.sock`.
+    pub async fn start_kubelet(&mut self) -> Result<()> {
+        let k = TestKubelet::start(&self.plugin_dir())
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        self.kubelet = Some(k);
+        Ok(())
+    }
+
+    /// Starts the real daemon in the node namespace with `DP_MACVTAP_CONF`
+    /// set to `conf` and `args`; its log goes to `<kubelet dir>/daemon.log`.
+    pub fn start_device_plugin(&mut self, conf: &str, args: &[&str]) -> Result<u32> {
+        let bin = binary("macvtap-deviceplugin", "macvtap-deviceplugin")?;
+        let log = std::fs::File::create(self.log_path())?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.ns.name])
+            .arg(&bin)
+            .arg("--kubelet-dir")
+            .arg(self.kubelet_dir.path())
+            .args(["--metrics-addr", "off"])
+            .args(args)
+            .env("DP_MACVTAP_CONF", conf)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting macvtap-deviceplugin")?;
+        let pid = child.id();
+        self.daemon = Some(Reaped {
+            child,
+            what: "macvtap-deviceplugin".into(),
+        });
+        Ok(pid)
+    }
+
+    /// The daemon's log so far.
+    pub fn daemon_log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.kubelet_dir.path().join("daemon.log")
+    }
+
+    /// Stops the daemon with SIGTERM and checks it exits 0.
+    pub fn stop_device_plugin(&mut self) -> Result<()> {
+        let Some(mut d) = self.daemon.take() else {
+            return Ok(());
+        };
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(d.pid())?);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
+        let deadline = Instant::now() + WAIT;
+        while Instant::now() < deadline {
+            if let Some(status) = d.child.try_wait()? {
+                ensure!(
+                    status.success(),
+                    "daemon exited with {status}: {}",
+                    self.daemon_log()
+                );
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        bail!("daemon did not exit within {WAIT:?} of SIGTERM")
+    }
+
+    /// Waits for `resource` to register, connects as the kubelet, checks the
+    /// device list, and returns the client.
+    pub async fn plugin(&self, resource: &str, capacity: usize) -> Result<PluginClient> {
+        let kubelet = self.kubelet.as_ref().context("kubelet not started")?;
+        let full = format!("{}/{resource}", macvtap_link::RESOURCE_PREFIX);
+        let reg = kubelet
+            .wait_for_registration(&full, 0, WAIT)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}; daemon log:\n{}", self.daemon_log()))?;
+        ensure!(
+            reg.version == "v1beta1",
+            "registered with version {}",
+            reg.version
+        );
+        let mut client = kubelet
+            .connect(&reg.endpoint)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let mut watch = client.list_and_watch().await?;
+        watch
+            .wait_until(WAIT, |d| {
+                d.len() == capacity && d.iter().all(|d| d.health == "Healthy")
+            })
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(client)
+    }
+
+    /// Allocates one device as the kubelet does when a pod is admitted.
+    pub async fn allocate(client: &mut PluginClient, device_id: &str) -> Result<Allocation> {
+        let t = Instant::now();
+        let resp = client.allocate(&[device_id]).await?;
+        let took = t.elapsed();
+        let spec = resp
+            .container_responses
+            .first()
+            .and_then(|c| c.devices.first())
+            .context("Allocate returned no DeviceSpec")?;
+        ensure!(
+            spec.host_path == spec.container_path,
+            "host and container paths differ: {spec:?}"
+        );
+        ensure!(
+            spec.permissions == "rw",
+            "permissions {:?}",
+            spec.permissions
+        );
+        Ok(Allocation {
+            device_id: device_id.to_string(),
+            host_path: spec.host_path.clone().into(),
+            took,
+        })
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // The daemon goes before its namespace.
+        self.daemon.take();
+        // Namespaces die asynchronously, and with them their macvtaps and
+        // /dev/tapN nodes; delete the macvtaps now, while the tap-node lock
+        // is held, so the next sandbox cannot meet a stale node.
+        for link in self.ns.links().unwrap_or_default() {
+            if link.starts_with("mvt") {
+                let _ = self.ns.ip(&["link", "del", &link]);
+            }
+        }
+    }
+}
+
+/// What Multus does with a NetworkAttachmentDefinition's `spec.config` for
+/// a pod that got `device_id`: inject `"deviceID"` and run the plugin named
+/// by `type` with the pod's netns and interface name.
+#[derive(Debug, Clone)]
+pub struct Multus<'a> {
+    /// The node namespace the plugin runs in.
+    pub node: &'a TestNs,
+    /// The NAD's `spec.config`.
+    pub nad_config: &'a str,
+    /// The pod's namespace and name, for `CNI_ARGS`.
+    pub pod: (&'a str, &'a str),
+    /// The VM's MAC, passed as `MAC=` in `CNI_ARGS` as KubeVirt's binding does.
+    pub mac: &'a str,
+}
+
+/// A CNI run's outcome.
+#[derive(Debug)]
+pub struct CniRun {
+    /// Exit status 0.
+    pub ok: bool,
+    /// stdout parsed as JSON.
+    pub json: Value,
+    /// stderr.
+    pub stderr: String,
+    /// Wall time.
+    pub took: Duration,
+}
+
+impl Multus<'_> {
+    /// Runs `command` (ADD or DEL) for `pod_ns` as `ifname`, with
+    /// `device_id` injected when given.
+    pub fn run(
+        &self,
+        command: &str,
+        pod_ns: &TestNs,
+        ifname: &str,
+        device_id: Option<&str>,
+    ) -> Result<CniRun> {
+        let mut conf: Value =
+            serde_json::from_str(self.nad_config).context("NAD config is not JSON")?;
+        if let Some(id) = device_id {
+            conf["deviceID"] = Value::from(id);
+        }
+        let plugin = conf["type"]
+            .as_str()
+            .context("NAD config has no type")?
+            .to_string();
+        ensure!(
+            plugin == "macvtap",
+            "this node only has the macvtap plugin, not {plugin}"
+        );
+        let bin = binary("macvtap-cni", "macvtap")?;
+        let args = format!(
+            "IgnoreUnknown=true;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID=sandbox;MAC={}",
+            self.pod.0, self.pod.1, self.mac
+        );
+        let t = Instant::now();
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &self.node.name])
+            .arg(&bin)
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("CNI_COMMAND", command)
+            .env("CNI_CONTAINERID", format!("sandbox-{}", self.pod.1))
+            .env("CNI_NETNS", pod_ns.path())
+            .env("CNI_IFNAME", ifname)
+            .env("CNI_PATH", "/usr/lib/cni")
+            .env("CNI_ARGS", args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        child
+            .stdin
+            .take()
+            .context("stdin")?
+            .write_all(conf.to_string().as_bytes())?;
+        let out = child.wait_with_output()?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        Ok(CniRun {
+            ok: out.status.success(),
+            json: if stdout.trim().is_empty() {
+                Value::Null
+            } else {
+                serde_json::from_str(&stdout)?
+            },
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            took: t.elapsed(),
+        })
+    }
+}
+
+/// The `/dev/tap*` nodes that exist now.
+pub fn tap_nodes() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir("/dev")
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| {
+                    n.starts_with("tap")
+                        && n[3..].chars().all(|c| c.is_ascii_digit())
+                        && n.len() > 3
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Whether process `pid` still exists (and is not a zombie).
+pub fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            !s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+        .unwrap_or(false)
+}
+
+/// The children of `pid` (from `/proc/*/stat`).
+pub fn children(pid: u32) -> Vec<u32> {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rsplit(')')
+                        .next()?
+                        .split_whitespace()
+                        .nth(1)?
+                        .parse::<u32>()
+                        .ok()
+                })
+                == Some(pid)
+        })
+        .collect()
+}
