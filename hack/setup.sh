@@ -15,6 +15,12 @@ packages=(
   iproute2                      # ip netns, ip link (tests, sandbox)
   iputils-ping                  # connectivity checks in tests
   containernetworking-plugins   # reference IPAM plugins under /usr/lib/cni
+  qemu-system-x86               # the e2e and sandbox VM (TCG)
+  busybox-static                # the test guest's initramfs
+  libvirt-daemon                # libvirtd in the pod namespace, as virt-launcher
+  libvirt-daemon-driver-qemu
+  libvirt-clients               # virsh
+  iperf3                        # data path benchmarks
 )
 missing=()
 for p in "${packages[@]}"; do
