@@ -2,7 +2,7 @@
 
 use crate::config::ENV_VAR;
 use crate::daemon::Options;
-use clap::{Parser, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -20,6 +20,10 @@ pub enum LogFormat {
 #[derive(Debug, Clone, Parser)]
 #[command(name = "macvtap-deviceplugin", version, about)]
 pub struct Args {
+    /// Run a one-off task instead of the daemon.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
     /// The kubelet's root directory; sockets go to <dir>/device-plugins, the
     /// PodResources API is read from <dir>/pod-resources/kubelet.sock.
     #[arg(long, value_name = "DIR", default_value = "/var/lib/kubelet")]
@@ -56,6 +60,28 @@ pub struct Args {
     /// How long a link must be allocated to no pod before it is deleted.
     #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = parse_duration)]
     pub reclaim_grace: Duration,
+}
+
+/// One-off tasks of the binary.
+#[derive(Debug, Clone, Subcommand)]
+pub enum Command {
+    /// Copy the CNI binary into the host's CNI bin dir, atomically (the
+    /// DaemonSet's init container runs this).
+    InstallCni(InstallArgs),
+}
+
+/// Flags of `install-cni`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct InstallArgs {
+    /// The CNI binary to install.
+    #[arg(long, value_name = "FILE", default_value = "/macvtap")]
+    pub source: PathBuf,
+    /// The host's CNI bin dir as mounted in the container; must exist.
+    #[arg(long, value_name = "DIR")]
+    pub target_dir: PathBuf,
+    /// File name in the target dir (the NetConf's `type`).
+    #[arg(long, default_value = "macvtap")]
+    pub name: String,
 }
 
 impl Args {

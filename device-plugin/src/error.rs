@@ -26,6 +26,14 @@ pub enum Error {
         /// The OS error.
         source: std::io::Error,
     },
+    /// Installing the CNI binary was refused or failed.
+    #[error("installing the CNI binary into {target_dir}: {msg}")]
+    Install {
+        /// The target directory.
+        target_dir: PathBuf,
+        /// What went wrong.
+        msg: String,
+    },
     /// A device ID that this resource does not own.
     #[error("device ID {device_id:?} does not belong to resource {resource} (capacity {capacity})")]
     UnknownDevice {

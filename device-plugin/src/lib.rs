@@ -28,6 +28,7 @@ pub mod fswatch;
 pub mod grpc;
 pub mod health;
 pub mod http;
+pub mod install;
 pub mod links;
 pub mod logging;
 pub mod metrics;

@@ -1,12 +1,22 @@
 //! `macvtap-deviceplugin`: parse flags, set up logging, run the daemon.
 
 use clap::Parser;
-use macvtap_deviceplugin::{cli::Args, daemon, logging};
+use macvtap_deviceplugin::cli::{Args, Command};
+use macvtap_deviceplugin::{daemon, install, logging};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let args = Args::parse();
     logging::init(args.log_format);
+    if let Some(Command::InstallCni(i)) = &args.command {
+        return match install::install_cni(&i.source, &i.target_dir, &i.name) {
+            Ok(_) => ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!("{e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let opts = match args.options() {
         Ok(o) => o,
         Err(e) => {

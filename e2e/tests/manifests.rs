@@ -8,6 +8,7 @@
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
 use kube::api::DynamicObject;
+use macvtap_deviceplugin::config::{Resources, Source, parse_json};
 use macvtap_e2e::kustomize::{parse_docs, render};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -38,6 +39,12 @@ fn one<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
     let found: Vec<_> = docs.iter().filter(|d| d["kind"] == kind).collect();
     assert_eq!(found.len(), 1, "exactly one {kind}");
     found[0]
+}
+
+/// The ConfigMap's `DP_MACVTAP_CONF`, through the device plugin's own parser.
+fn dp_config(json: &str) -> Resources {
+    parse_json(&Source::Env, json)
+        .unwrap_or_else(|e| panic!("the device plugin refuses {json:?}: {e}"))
 }
 
 fn daemonset(docs: &[Value]) -> DaemonSet {
@@ -109,16 +116,15 @@ fn the_nad_config_is_accepted_by_the_cni_and_names_a_configured_resource() {
         .expect("a macvtap resource");
 
     let cm = &example("configmap-explicit.yaml")[0];
-    let entries: Value =
-        serde_json::from_str(cm["data"]["DP_MACVTAP_CONF"].as_str().unwrap()).unwrap();
+    let parsed = dp_config(cm["data"]["DP_MACVTAP_CONF"].as_str().unwrap());
+    let Resources::Static(list) = parsed else {
+        panic!("the example is an explicit list")
+    };
     assert!(
-        entries
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|e| e["name"] == name),
-        "the NAD's resource {resource} is one the example ConfigMap creates"
+        list.iter().any(|r| r.resource_name() == resource),
+        "the NAD's resource {resource} is one the example ConfigMap creates ({list:?})"
     );
+    assert_eq!(name, "dataplane");
 
     let vm: DynamicObject = serde_json::from_value(example("vm.yaml")[0].clone()).unwrap();
     let spec = &vm.data["spec"]["template"]["spec"];

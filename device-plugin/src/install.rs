@@ -1,0 +1,128 @@
+//! `macvtap-deviceplugin install-cni`: copies the CNI binary into the host's
+//! CNI bin dir, atomically.
+//!
+//! It is a subcommand of the daemon's binary rather than a script because
+//! the image has no shell or `cp` (a distroless base), and one binary keeps
+//! the image small. The copy goes to a temporary file in the target dir,
+//! is fsynced, then renamed over the old binary, so a runtime executing the
+//! plugin during an upgrade sees either the whole old file or the whole new
+//! one, never a partial file, and never `ETXTBSY`.
+
+use crate::error::{Error, Result};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+use tracing::info;
+
+/// What an install did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Installed {
+    /// The target was missing or different and now holds the source.
+    Replaced,
+    /// The target already had exactly the source's bytes.
+    Unchanged,
+}
+
+/// Installs `source` as `target_dir/name` (mode 0755). Refuses a target dir
+/// that does not exist: that is a missing hostPath mount, not something to
+/// create.
+pub fn install_cni(source: &Path, target_dir: &Path, name: &str) -> Result<Installed> {
+    let err = |msg: String| Error::Install {
+        target_dir: target_dir.to_path_buf(),
+        msg,
+    };
+    if name.is_empty() || name.contains('/') || name.starts_with('.') {
+        return Err(err(format!("{name:?} is not a plain file name")));
+    }
+    match std::fs::metadata(target_dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(err("it is not a directory".into())),
+        Err(e) => {
+            return Err(err(format!(
+                "it does not exist or cannot be read ({e}); is the host's CNI bin dir mounted there?"
+            )));
+        }
+    }
+    let bytes =
+        std::fs::read(source).map_err(|e| err(format!("reading {}: {e}", source.display())))?;
+    let target = target_dir.join(name);
+    if std::fs::read(&target).is_ok_and(|old| old == bytes) {
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755))
+            .map_err(|e| err(format!("chmod {}: {e}", target.display())))?;
+        info!(target = %target.display(), "CNI binary already up to date");
+        return Ok(Installed::Unchanged);
+    }
+    let tmp = target_dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let result = write_synced(&tmp, &bytes)
+        .and_then(|()| std::fs::rename(&tmp, &target))
+        .and_then(|()| File::open(target_dir)?.sync_all());
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(err(format!("writing {}: {e}", target.display())));
+    }
+    info!(source = %source.display(), target = %target.display(), bytes = bytes.len(), "installed the CNI binary");
+    Ok(Installed::Replaced)
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let _ = std::fs::remove_file(path);
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o755)
+        .open(path)?;
+    f.write_all(bytes)?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o755))?;
+    f.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn installs_then_reports_unchanged() {
+        let src_dir = tempfile::tempdir().unwrap();
+        let dst = tempfile::tempdir().unwrap();
+        let src = src_dir.path().join("macvtap");
+        std::fs::write(&src, b"#!/bin/sh\nexit 0\n").unwrap();
+        assert_eq!(
+            install_cni(&src, dst.path(), "macvtap").unwrap(),
+            Installed::Replaced
+        );
+        assert_eq!(
+            install_cni(&src, dst.path(), "macvtap").unwrap(),
+            Installed::Unchanged
+        );
+        let m = std::fs::metadata(dst.path().join("macvtap")).unwrap();
+        assert_eq!(m.permissions().mode() & 0o777, 0o755);
+        let leftovers: Vec<_> = std::fs::read_dir(dst.path()).unwrap().collect();
+        assert_eq!(leftovers.len(), 1, "no temp file left");
+    }
+
+    #[test]
+    fn refuses_a_missing_target_dir() {
+        let src = tempfile::NamedTempFile::new().unwrap();
+        let e = install_cni(src.path(), Path::new("/nonexistent/cni/bin"), "macvtap")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("/nonexistent/cni/bin") && e.contains("mounted"),
+            "{e}"
+        );
+        assert!(!Path::new("/nonexistent").exists());
+    }
+
+    #[test]
+    fn refuses_odd_names() {
+        let src = tempfile::NamedTempFile::new().unwrap();
+        let dst = tempfile::tempdir().unwrap();
+        for name in ["", "a/b", ".hidden"] {
+            assert!(
+                install_cni(src.path(), dst.path(), name).is_err(),
+                "{name:?}"
+            );
+        }
+    }
+}
