@@ -39,16 +39,18 @@ const MODULES: [&str; 8] = [
 
 const INIT: &str = r#"#!/bin/busybox sh
 /bin/busybox --install -s /bin
-export PATH=/bin
+export PATH=/bin:/usr/bin
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev 2>/dev/null
-IP=192.0.2.2/24; PEER=192.0.2.1; TRIES=30
+IP=192.0.2.2/24; PEER=192.0.2.1; TRIES=30; MODE=ping; DUR=5
 for a in $(cat /proc/cmdline); do
   case "$a" in
     vmtest.ip=*) IP=${a#vmtest.ip=};;
     vmtest.peer=*) PEER=${a#vmtest.peer=};;
     vmtest.tries=*) TRIES=${a#vmtest.tries=};;
+    vmtest.mode=*) MODE=${a#vmtest.mode=};;
+    vmtest.dur=*) DUR=${a#vmtest.dur=};;
   esac
 done
 for m in $(cat /lib/mod/order); do insmod /lib/mod/$m.ko || echo "VMTEST insmod $m failed"; done
@@ -65,6 +67,18 @@ done
 if [ $ok = 1 ]; then
   ping -c 3 -i 0.2 "$PEER"
   echo "VMTEST-PING-OK peer=$PEER failed_tries=$n uptime=$(cut -d' ' -f1 /proc/uptime)"
+  if [ "$MODE" = iperf ]; then
+    echo "VMTEST-IPERF-START"
+    iperf3 -c "$PEER" -t "$DUR" -f m > /tmp/tx 2>&1
+    echo "VMTEST-IPERF-MID"
+    iperf3 -c "$PEER" -t "$DUR" -f m -R > /tmp/rx 2>&1
+    echo "VMTEST-IPERF-END"
+    grep -q receiver /tmp/tx || sed 's/^/VMTEST-IPERF-LOG /' /tmp/tx
+    grep -q receiver /tmp/rx || sed 's/^/VMTEST-IPERF-LOG /' /tmp/rx
+    echo "VMTEST-IPERF-TX $(grep receiver /tmp/tx | awk '{print $7}')"
+    echo "VMTEST-IPERF-RX $(grep receiver /tmp/rx | awk '{print $7}')"
+    echo "VMTEST-RTT $(ping -c 20 -i 0.2 "$PEER" | tail -1)"
+  fi
 else
   echo "VMTEST-PING-FAIL peer=$PEER uptime=$(cut -d' ' -f1 /proc/uptime)"
 fi
@@ -74,6 +88,17 @@ poweroff -f
 
 /// Builds the guest under `cache` (reusing the extracted kernel when present).
 pub fn build(cache: &Path) -> Result<Guest> {
+    build_variant(cache, false)
+}
+
+/// The guest with `iperf3` and its libraries in the initramfs; with
+/// `vmtest.mode=iperf` it measures TCP both ways and the ping RTT after the
+/// ping check, printing `VMTEST-IPERF-*` and `VMTEST-RTT` lines.
+pub fn build_with_iperf(cache: &Path) -> Result<Guest> {
+    build_variant(cache, true)
+}
+
+fn build_variant(cache: &Path, iperf: bool) -> Result<Guest> {
     std::fs::create_dir_all(cache).with_context(|| format!("creating {}", cache.display()))?;
     // Tests build in parallel: one at a time per cache.
     let lock_file = std::fs::File::create(cache.join(".lock"))?;
@@ -93,12 +118,19 @@ pub fn build(cache: &Path) -> Result<Guest> {
         .to_string();
     let moddir = kdeb.join("lib/modules").join(&release).join("kernel");
 
-    let initrd = cache.join("initrd.cpio");
+    let initrd = cache.join(if iperf {
+        "initrd-iperf.cpio"
+    } else {
+        "initrd.cpio"
+    });
     let mut cpio = Cpio::new(std::io::BufWriter::new(
         std::fs::File::create(&initrd).with_context(|| format!("creating {}", initrd.display()))?,
     ));
-    for d in ["bin", "dev", "proc", "sys", "lib", "lib/mod"] {
+    for d in ["bin", "dev", "proc", "sys", "tmp", "lib", "lib/mod"] {
         cpio.dir(d)?;
+    }
+    if iperf {
+        add_with_libraries(&mut cpio, Path::new("/usr/bin/iperf3"))?;
     }
     cpio.file("bin/busybox", 0o755, &std::fs::read(&busybox)?)?;
     let mut order = String::new();
@@ -123,6 +155,56 @@ pub fn build(cache: &Path) -> Result<Guest> {
         initrd,
         release,
     })
+}
+
+/// Adds a dynamically linked program and every library `ldd` names, at
+/// their host paths.
+fn add_with_libraries<W: std::io::Write>(cpio: &mut Cpio<W>, program: &Path) -> Result<()> {
+    if !program.exists() {
+        bail!("{} is missing: apt-get install iperf3", program.display());
+    }
+    let ldd = run(Command::new("ldd").arg(program))?;
+    let mut files = vec![program.to_path_buf()];
+    for line in ldd.lines() {
+        let path = match line.split_once("=>") {
+            Some((_, rest)) => rest.split_whitespace().next(),
+            None => line
+                .split_whitespace()
+                .next()
+                .filter(|p| p.starts_with('/')),
+        };
+        if let Some(p) = path.filter(|p| p.starts_with('/')) {
+            files.push(PathBuf::from(p));
+        }
+    }
+    let mut dirs = std::collections::BTreeSet::new();
+    for f in &files {
+        let mut d = f.parent();
+        while let Some(dir) = d.filter(|d| *d != Path::new("/")) {
+            dirs.insert(dir.to_path_buf());
+            d = dir.parent();
+        }
+    }
+    for d in &dirs {
+        let rel = d
+            .strip_prefix("/")
+            .unwrap_or(d)
+            .to_string_lossy()
+            .into_owned();
+        if !["bin", "lib", "tmp"].contains(&rel.as_str()) {
+            cpio.dir(&rel)?;
+        }
+    }
+    for f in &files {
+        let data = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
+        let rel = f
+            .strip_prefix("/")
+            .unwrap_or(f)
+            .to_string_lossy()
+            .into_owned();
+        cpio.file(&rel, 0o755, &data)?;
+    }
+    Ok(())
 }
 
 fn static_busybox() -> Result<PathBuf> {

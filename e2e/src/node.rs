@@ -120,10 +120,21 @@ impl Node {
     /// set to `conf` and `args`; its log goes to `<kubelet dir>/daemon.log`.
     pub fn start_device_plugin(&mut self, conf: &str, args: &[&str]) -> Result<u32> {
         let bin = binary("macvtap-deviceplugin", "macvtap-deviceplugin")?;
+        self.start_device_plugin_bin(&bin, conf, args)
+    }
+
+    /// [`Node::start_device_plugin`] with a given binary (the benchmarks run
+    /// the shipped static build).
+    pub fn start_device_plugin_bin(
+        &mut self,
+        bin: &std::path::Path,
+        conf: &str,
+        args: &[&str],
+    ) -> Result<u32> {
         let log = std::fs::File::create(self.log_path())?;
         let child = Command::new("ip")
             .args(["netns", "exec", &self.ns.name])
-            .arg(&bin)
+            .arg(bin)
             .arg("--kubelet-dir")
             .arg(self.kubelet_dir.path())
             .args(["--metrics-addr", "off"])

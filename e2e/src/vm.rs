@@ -98,6 +98,128 @@ impl Drop for Reaped {
     }
 }
 
+/// How QEMU gets the guest NIC's host side.
+#[derive(Debug, Clone)]
+pub enum Netdev<'a> {
+    /// An open `/dev/tapN` passed as fd 3, as virt-launcher does for macvtap.
+    TapNode(&'a Path),
+    /// A tap interface QEMU opens by name (KubeVirt's bridge binding).
+    TapIfname(&'a str),
+}
+
+/// A QEMU process booting the guest, with its serial console in a file.
+pub struct Qemu {
+    /// The process (killed on drop).
+    pub process: Reaped,
+    /// The serial console file.
+    pub console: PathBuf,
+    /// When it was started.
+    pub start: Instant,
+}
+
+impl Qemu {
+    /// Starts QEMU (TCG) in `pod_ns` with the guest NIC on `netdev` and
+    /// `extra` appended to the kernel command line.
+    pub fn spawn(
+        pod_ns: &str,
+        netdev: &Netdev,
+        guest: &Guest,
+        net: &GuestNet,
+        extra: &str,
+        work: &Path,
+    ) -> Result<Self> {
+        let console = work.join(format!("qemu-{}.console", net.mac.replace(':', "")));
+        let _ = std::fs::remove_file(&console);
+        let (netdev_arg, tap) = match netdev {
+            Netdev::TapNode(p) => (
+                "tap,id=n0,fd=3".to_string(),
+                p.to_string_lossy().into_owned(),
+            ),
+            Netdev::TapIfname(i) => (
+                format!("tap,id=n0,ifname={i},script=no,downscript=no"),
+                "/dev/null".to_string(),
+            ),
+        };
+        let start = Instant::now();
+        let child = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                pod_ns,
+                "sh",
+                "-c",
+                r#"exec "$@" 3<>"$TAP""#,
+                "sh",
+            ])
+            .arg("qemu-system-x86_64")
+            .args([
+                "-accel", "tcg", "-m", "256", "-smp", "1", "-display", "none", "-monitor", "none",
+            ])
+            .args(["-no-reboot", "-serial"])
+            .arg(format!("file:{}", console.display()))
+            .arg("-kernel")
+            .arg(&guest.kernel)
+            .arg("-initrd")
+            .arg(&guest.initrd)
+            .args(["-append", &format!("{} {extra}", net.cmdline())])
+            .args(["-netdev", &netdev_arg, "-device"])
+            .arg(format!("virtio-net-pci,netdev=n0,mac={},romfile=", net.mac))
+            .env("TAP", tap)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting qemu-system-x86_64 (apt-get install qemu-system-x86)")?;
+        Ok(Qemu {
+            process: Reaped {
+                child,
+                what: "qemu".into(),
+            },
+            console,
+            start,
+        })
+    }
+
+    /// The console so far.
+    pub fn console_text(&self) -> String {
+        std::fs::read_to_string(&self.console).unwrap_or_default()
+    }
+
+    /// Waits for the guest to power off, calling `tick` with the console
+    /// text about every 20 ms; returns how the run ended.
+    pub fn wait(mut self, mut tick: impl FnMut(&str)) -> Result<VmRun> {
+        let mut to_marker = None;
+        loop {
+            let text = self.console_text();
+            tick(&text);
+            if to_marker.is_none() && (text.contains(PING_OK) || text.contains(PING_FAIL)) {
+                to_marker = Some(self.start.elapsed());
+            }
+            if let Some(status) = self.process.child.try_wait()? {
+                let console_text = self.console_text();
+                if !status.success() && to_marker.is_none() {
+                    let mut err = String::new();
+                    if let Some(mut e) = self.process.child.stderr.take() {
+                        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+                    }
+                    bail!("qemu exited with {status} before the guest finished: {err}");
+                }
+                return Ok(VmRun {
+                    ping_ok: console_text.contains(PING_OK),
+                    console: console_text,
+                    to_marker,
+                    total: self.start.elapsed(),
+                });
+            }
+            if self.start.elapsed() > BOOT_TIMEOUT {
+                self.process.stop();
+                bail!("the guest did not finish within {BOOT_TIMEOUT:?}; console:\n{text}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
 /// Boots the guest with QEMU (TCG) in `pod_ns`, its NIC on `tap_node`
 /// opened read-write as fd 3, as virt-launcher hands QEMU a tap fd.
 pub fn run_qemu(
@@ -107,70 +229,7 @@ pub fn run_qemu(
     net: &GuestNet,
     work: &Path,
 ) -> Result<VmRun> {
-    let console = work.join(format!("qemu-{}.console", net.mac.replace(':', "")));
-    let _ = std::fs::remove_file(&console);
-    let start = Instant::now();
-    let child = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            pod_ns,
-            "sh",
-            "-c",
-            r#"exec "$@" 3<>"$TAP""#,
-            "sh",
-        ])
-        .arg("qemu-system-x86_64")
-        .args([
-            "-accel", "tcg", "-m", "256", "-smp", "1", "-display", "none", "-monitor", "none",
-        ])
-        .args(["-no-reboot", "-serial"])
-        .arg(format!("file:{}", console.display()))
-        .arg("-kernel")
-        .arg(&guest.kernel)
-        .arg("-initrd")
-        .arg(&guest.initrd)
-        .args(["-append", &net.cmdline()])
-        .args(["-netdev", "tap,id=n0,fd=3", "-device"])
-        .arg(format!("virtio-net-pci,netdev=n0,mac={},romfile=", net.mac))
-        .env("TAP", tap_node)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("starting qemu-system-x86_64 (apt-get install qemu-system-x86)")?;
-    let mut qemu = Reaped {
-        child,
-        what: "qemu".into(),
-    };
-    let mut to_marker = None;
-    loop {
-        let text = std::fs::read_to_string(&console).unwrap_or_default();
-        if to_marker.is_none() && (text.contains(PING_OK) || text.contains(PING_FAIL)) {
-            to_marker = Some(start.elapsed());
-        }
-        if let Some(status) = qemu.child.try_wait()? {
-            let console_text = std::fs::read_to_string(&console).unwrap_or_default();
-            if !status.success() && to_marker.is_none() {
-                let mut err = String::new();
-                if let Some(mut e) = qemu.child.stderr.take() {
-                    let _ = std::io::Read::read_to_string(&mut e, &mut err);
-                }
-                bail!("qemu exited with {status} before the guest finished: {err}");
-            }
-            return Ok(VmRun {
-                ping_ok: console_text.contains(PING_OK),
-                console: console_text,
-                to_marker,
-                total: start.elapsed(),
-            });
-        }
-        if start.elapsed() > BOOT_TIMEOUT {
-            qemu.stop();
-            bail!("the guest did not finish within {BOOT_TIMEOUT:?}; console:\n{text}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    Qemu::spawn(pod_ns, &Netdev::TapNode(tap_node), guest, net, "", work)?.wait(|_| {})
 }
 
 /// A libvirtd running inside a pod namespace with private state, as

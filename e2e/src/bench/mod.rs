@@ -2,7 +2,10 @@
 //! implementations, in one interleaved run. `hack/bench.sh` runs them.
 
 pub mod cni;
+pub mod datapath;
+pub mod dp;
 pub mod exec;
 pub mod plot;
 pub mod report;
+pub mod sizes;
 pub mod stats;

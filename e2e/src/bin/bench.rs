@@ -2,10 +2,11 @@
 //! `BENCHMARKS.md` and `benchmarks.svg`. Use `hack/bench.sh`.
 
 use anyhow::{Context, Result};
-use macvtap_e2e::bench::{cni, plot, report::Report};
+use macvtap_e2e::bench::{cni, datapath, dp, plot, report::Report, sizes};
 use std::path::PathBuf;
 
-fn main() -> Result<()> {
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<()> {
     macvtap_e2e::sandbox::require_root()?;
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let n: usize = std::env::var("BENCH_N")
@@ -13,7 +14,8 @@ fn main() -> Result<()> {
         .and_then(|v| v.parse().ok())
         .unwrap_or(200);
     let plugins = cni::Plugins {
-        ours: root.join("target/release/macvtap"),
+        // What ships: the static build of hack/build-static.sh.
+        ours: root.join("target/static/macvtap"),
         go_macvlan: "/usr/lib/cni/macvlan".into(),
         host_local: "/usr/lib/cni/host-local".into(),
     };
@@ -27,12 +29,44 @@ fn main() -> Result<()> {
             .map(|n| n.get())
             .unwrap_or(0)
     ));
-    let mut panels = cni::per_command(&plugins, n, false, &mut report)?;
-    panels.extend(cni::per_command(&plugins, n / 2, true, &mut report)?);
-    let version = cni::version(&plugins, n.max(200) * 2, &mut report)?;
-    panels.push(("VERSION (process overhead)".into(), version));
-    cni::concurrent(&plugins, 64, &mut report)?;
-
+    // BENCH_ONLY=cni,version,... runs a subset (for profiling); the default is all.
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+    let want = |s: &str| only.is_empty() || only.split(',').any(|o| o == s);
+    let mut panels = Vec::new();
+    if want("cni") {
+        panels.extend(cni::per_command(&plugins, n, false, &mut report)?);
+        panels.extend(cni::per_command(&plugins, n, true, &mut report)?);
+    }
+    if want("version") {
+        let version = cni::version(&plugins, n.max(200) * 2, &mut report)?;
+        panels.push(("VERSION (process overhead)".into(), version));
+    }
+    if want("concurrent") {
+        cni::concurrent(&plugins, 64, &mut report)?;
+    }
+    if want("dp") {
+        let idle: u64 = std::env::var("BENCH_IDLE_SECS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(60);
+        let bin = root.join("target/static/macvtap-deviceplugin");
+        panels.extend(dp::all(&bin, n.max(500), idle, &mut report).await?);
+    }
+    if want("sizes") {
+        sizes::table(&root, &plugins, &mut report)?;
+    }
+    if want("datapath") {
+        let runs: usize = std::env::var("BENCH_RUNS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(3);
+        datapath::compare(
+            &root.join("target/static/macvtap-deviceplugin"),
+            runs,
+            &mut report,
+        )
+        .await?;
+    }
     let svg = plot::cdf_svg(&panels);
     std::fs::write(root.join("benchmarks.svg"), svg).context("writing benchmarks.svg")?;
     let mut md = report.markdown().to_string();

@@ -1,0 +1,355 @@
+//! Device plugin figures, all through the real binary and the real gRPC
+//! sockets of the test kubelet: Allocate against the in-process cost of the
+//! same link creation, the first ListAndWatch of a large node, health and
+//! re-registration latency, memory and idle CPU.
+
+use super::report::{Report, Row};
+use super::stats::Samples;
+use crate::node::{Node, WAIT};
+use anyhow::{Context, Result, anyhow};
+use macvtap_deviceplugin::allocate::create_device;
+use macvtap_deviceplugin::config::ResourceConfig;
+use macvtap_link::{Handle, LinkChange, MacvtapMode, Netns};
+use prost::Message;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// A link group no other link uses: marks links to delete in one batch.
+const SCRAP_GROUP: &str = "77";
+
+fn conf(resources: usize, capacity: u32) -> String {
+    let entries: Vec<String> = (0..resources)
+        .map(|i| {
+            let name = if resources == 1 { "dataplane".to_string() } else { format!("r{i}") };
+            format!(r#"{{"name":"{name}","lowerDevice":"lower0","mode":"bridge","capacity":{capacity}}}"#)
+        })
+        .collect();
+    format!("[{}]", entries.join(","))
+}
+
+/// Deletes every macvtap on the node in one kernel batch (one RCU wait
+/// instead of one per link); not measured.
+fn scrap_macvtaps(node: &Node) -> Result<()> {
+    let ns = Netns::open(node.ns.path())?;
+    let h = Handle::in_netns(&ns)?;
+    let mut any = false;
+    for l in h.list_links()?.iter().filter(|l| l.is_macvtap()) {
+        node.ns
+            .ip(&["link", "set", &l.name, "group", SCRAP_GROUP])?;
+        any = true;
+    }
+    if any {
+        node.ns.ip(&["link", "del", "group", SCRAP_GROUP])?;
+    }
+    Ok(())
+}
+
+fn rss_kib(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .context("no VmRSS")
+}
+
+fn cpu_ticks(pid: u32) -> Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    // utime and stime are fields 14 and 15 of stat (indexes 11, 12 after the comm).
+    Ok(fields.get(11).context("utime")?.parse::<u64>()?
+        + fields.get(12).context("stime")?.parse::<u64>()?)
+}
+
+/// Runs every device plugin figure with the daemon at `bin`.
+pub async fn all(
+    bin: &Path,
+    n: usize,
+    idle_secs: u64,
+    report: &mut Report,
+) -> Result<Vec<(String, Vec<Samples>)>> {
+    let mut panels = Vec::new();
+    panels.push(allocate(bin, n, report).await?);
+    first_list(bin, report).await?;
+    panels.push(lifecycle(bin, report).await?);
+    footprint(bin, idle_secs, report).await?;
+    Ok(panels)
+}
+
+async fn allocate(bin: &Path, n: usize, report: &mut Report) -> Result<(String, Vec<Samples>)> {
+    let mut node = Node::new()?;
+    node.start_kubelet().await?;
+    node.start_device_plugin_bin(bin, &conf(1, 1000), &[])?;
+    let mut client = node.plugin("dataplane", 1000).await?;
+    let mut grpc = Samples::new("Allocate via gRPC");
+    let mut rpc = Samples::new("GetDevicePluginOptions via gRPC (RPC alone)");
+    let mut floor = Samples::new("in-process create_device");
+    let ns_path = node.ns.path();
+    let cfg = ResourceConfig {
+        name: "bench".into(),
+        lower_device: "lower0".into(),
+        mode: MacvtapMode::Bridge,
+        capacity: 1000,
+    };
+    let mut next = 0u32;
+    let batch = 200usize;
+    let mut done = 0usize;
+    while done < n {
+        for _ in 0..batch.min(n - done) {
+            let id = format!("dataplaneMvp{next}");
+            let floor_id = format!("benchMvp{next}");
+            next += 1;
+            let swap = done % 2 == 1;
+            for k in 0..2 {
+                if (k == 0) != swap {
+                    let t = Instant::now();
+                    client
+                        .allocate(&[&id])
+                        .await
+                        .map_err(|s| anyhow!("Allocate {id}: {s}"))?;
+                    grpc.push(t.elapsed());
+                    let t = Instant::now();
+                    client.options().await?;
+                    rpc.push(t.elapsed());
+                } else {
+                    // Like the daemon under `ip netns exec`: inside the node
+                    // namespace, with its sysfs on /sys.
+                    let took = tokio::task::block_in_place(|| -> Result<Duration> {
+                        let ns = Netns::open(&ns_path)?;
+                        let took = ns.run_with_sysfs(|| {
+                            let h = Handle::current()?;
+                            let lower =
+                                h.get_link("lower0")?.ok_or(macvtap_link::Error::Netlink {
+                                    op: "looking up lower0".into(),
+                                    source: nix::errno::Errno::ENODEV,
+                                })?;
+                            let t = Instant::now();
+                            let made =
+                                create_device(&h, &ns, &cfg, &lower, &floor_id, Path::new("/dev"));
+                            let took = t.elapsed();
+                            made.map_err(|e| macvtap_link::Error::Decode {
+                                op: "create_device".into(),
+                                msg: e.to_string(),
+                            })?;
+                            Ok(took)
+                        })?;
+                        Ok(took)
+                    })?;
+                    floor.push(took);
+                }
+            }
+            done += 1;
+        }
+        tokio::task::block_in_place(|| scrap_macvtaps(&node))?;
+        next = 0;
+    }
+    report.section(
+        "Device plugin: Allocate",
+        &format!(
+            "Latency of one Allocate for one device through the real gRPC socket (the test kubelet's client), against \
+             `allocate::create_device` called in-process in the node namespace (lookup, create the macvtap, check \
+             /dev/tapN). {n} of each, interleaved; links are removed in batches between rounds."
+        ),
+    );
+    let fp = floor.p50();
+    report.latency_table(&[
+        Row {
+            series: floor.clone(),
+            reference: None,
+        },
+        Row {
+            series: grpc.clone(),
+            reference: Some(("in-process".into(), fp)),
+        },
+        Row {
+            series: rpc.clone(),
+            reference: Some(("in-process".into(), fp)),
+        },
+    ]);
+    Ok(("Device plugin Allocate".into(), vec![grpc, floor]))
+}
+
+async fn first_list(bin: &Path, report: &mut Report) -> Result<()> {
+    let mut node = Node::new()?;
+    node.start_kubelet().await?;
+    node.start_device_plugin_bin(bin, &conf(32, 1000), &[])?;
+    let kubelet = node.kubelet.as_ref().context("kubelet")?;
+    let mut times = Samples::new("first ListAndWatch message");
+    let mut bytes = Vec::new();
+    for i in 0..32 {
+        let full = format!("{}/r{i}", macvtap_link::RESOURCE_PREFIX);
+        let reg = kubelet
+            .wait_for_registration(&full, 0, WAIT)
+            .await
+            .map_err(|e| anyhow!("{e}"))?;
+        let mut client = kubelet
+            .connect(&reg.endpoint)
+            .await
+            .map_err(|e| anyhow!("{e}"))?;
+        let t = Instant::now();
+        let mut stream = client
+            .client
+            .list_and_watch(kubelet_proto::v1beta1::Empty {})
+            .await?
+            .into_inner();
+        let msg = stream.message().await?.context("no first message")?;
+        times.push(t.elapsed());
+        anyhow::ensure!(
+            msg.devices.len() == 1000,
+            "resource r{i} sent {} devices",
+            msg.devices.len()
+        );
+        bytes.push(msg.encoded_len());
+    }
+    report.section(
+        "Device plugin: first ListAndWatch, 32 resources x 1000 devices",
+        "Time from opening ListAndWatch to the first message (the full device list), for each of 32 resources of 1000 devices on one daemon, and the message size.",
+    );
+    report.latency_table(&[Row {
+        series: times,
+        reference: None,
+    }]);
+    let total: usize = bytes.iter().sum();
+    report.text(&format!(
+        "Message size: {} bytes per resource (1000 devices), {} bytes for all 32.\n",
+        bytes.first().copied().unwrap_or(0),
+        total
+    ));
+    Ok(())
+}
+
+async fn lifecycle(bin: &Path, report: &mut Report) -> Result<(String, Vec<Samples>)> {
+    let mut node = Node::new()?;
+    node.start_kubelet().await?;
+    node.start_device_plugin_bin(bin, &conf(1, 50), &[])?;
+    let mut client = node.plugin("dataplane", 50).await?;
+    let mut watch = client.list_and_watch().await?;
+    watch
+        .wait_until(WAIT, |d| d.len() == 50)
+        .await
+        .map_err(|e| anyhow!("{e}"))?;
+    let ns = Netns::open(node.ns.path())?;
+    let h = Handle::in_netns(&ns)?;
+    let lower = h.get_link("lower0")?.context("lower0")?;
+    let mut down = Samples::new("NIC down -> Unhealthy");
+    let mut up = Samples::new("NIC up -> Healthy");
+    for _ in 0..20 {
+        for (want_up, series) in [(false, &mut down), (true, &mut up)] {
+            let state = if want_up { "Healthy" } else { "Unhealthy" };
+            let t = Instant::now();
+            h.set_link(
+                lower.index,
+                "lower0",
+                &LinkChange {
+                    up: Some(want_up),
+                    ..Default::default()
+                },
+            )?;
+            watch
+                .wait_until(WAIT, |d| {
+                    !d.is_empty() && d.iter().all(|d| d.health == state)
+                })
+                .await
+                .map_err(|e| anyhow!("{e}"))?;
+            series.push(t.elapsed());
+        }
+    }
+    drop(watch);
+    let full = format!("{}/dataplane", macvtap_link::RESOURCE_PREFIX);
+    let mut rereg = Samples::new("kubelet.sock recreated -> registered");
+    for _ in 0..20 {
+        let kubelet = node.kubelet.take().context("kubelet")?;
+        let kubelet = kubelet.restart().await.map_err(|e| anyhow!("{e}"))?;
+        let t = Instant::now();
+        kubelet
+            .wait_for_registration(&full, 0, WAIT)
+            .await
+            .map_err(|e| anyhow!("{e}"))?;
+        rereg.push(t.elapsed());
+        node.kubelet = Some(kubelet);
+    }
+    report.section(
+        "Device plugin: health and kubelet restarts",
+        "Time from setting the NIC down (up) with netlink to the ListAndWatch stream showing every device Unhealthy (Healthy); time from a kubelet restart (sockets deleted, kubelet.sock served anew) to the plugin's new registration. 20 tries each; target under 1 s at p99.",
+    );
+    report.latency_table(&[
+        Row {
+            series: down.clone(),
+            reference: None,
+        },
+        Row {
+            series: up.clone(),
+            reference: None,
+        },
+        Row {
+            series: rereg.clone(),
+            reference: None,
+        },
+    ]);
+    Ok((
+        "Device plugin health and re-registration".into(),
+        vec![down, up, rereg],
+    ))
+}
+
+async fn footprint(bin: &Path, idle_secs: u64, report: &mut Report) -> Result<()> {
+    let mut node = Node::new()?;
+    node.start_kubelet().await?;
+    let pid = node.start_device_plugin_bin(bin, &conf(1, 1000), &["--log-format", "json"])?;
+    let mut client = node.plugin("dataplane", 1000).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let daemon = daemon_pid(pid)?;
+    let idle_rss = rss_kib(daemon)?;
+    let ticks0 = cpu_ticks(daemon)?;
+    tokio::time::sleep(Duration::from_secs(idle_secs)).await;
+    let idle_cpu = (cpu_ticks(daemon)? - ticks0) as f64 / 100.0;
+    let total = 10_000usize;
+    let t = Instant::now();
+    let mut rss_rounds = Vec::new();
+    for round in 0..total / 1000 {
+        for i in 0..1000 {
+            let id = format!("dataplaneMvp{i}");
+            client
+                .allocate(&[&id])
+                .await
+                .map_err(|s| anyhow!("Allocate {id} (round {round}): {s}"))?;
+        }
+        tokio::task::block_in_place(|| scrap_macvtaps(&node))?;
+        rss_rounds.push(format!("{:.1}", rss_kib(daemon)? as f64 / 1024.0));
+    }
+    let spent = t.elapsed();
+    let busy_rss = rss_kib(daemon)?;
+    report.section(
+        "Device plugin: footprint",
+        &format!(
+            "VmRSS of the daemon (one resource of 1000 devices, JSON logs) when idle after start, CPU time it used in {idle_secs} s idle, \
+             and VmRSS after {total} Allocates (in rounds of 1000, links removed in batches between rounds; {:.1} s in all). Target: idle RSS under 8 MiB.",
+            spent.as_secs_f64()
+        ),
+    );
+    report.text(&format!(
+        "| measure | value |\n| --- | ---: |\n| idle RSS | {:.1} MiB |\n| CPU in {idle_secs} s idle | {idle_cpu:.2} s |\n| RSS after {total} Allocates | {:.1} MiB |\n",
+        idle_rss as f64 / 1024.0,
+        busy_rss as f64 / 1024.0
+    ));
+    report.text(&format!(
+        "RSS in MiB after each round of 1000 Allocates: {}\n",
+        rss_rounds.join(", ")
+    ));
+    Ok(())
+}
+
+/// `ip netns exec` execs the daemon in place, so the child's pid is the daemon's.
+fn daemon_pid(pid: u32) -> Result<u32> {
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))?;
+    anyhow::ensure!(
+        comm.trim().starts_with("macvtap-device"),
+        "pid {pid} is {comm:?}, not the daemon"
+    );
+    Ok(pid)
+}
