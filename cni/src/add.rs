@@ -52,11 +52,7 @@ pub fn add(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<CniResult> {
         });
     }
     check_mtu(&host, &link, conf.mtu)?;
-    let pod_ns = Netns::open(&env.netns).map_err(|source| Error::ContainerUnknown {
-        netns: env.netns.clone(),
-        container_id: env.container_id.clone(),
-        source,
-    })?;
+    let pod_ns = env.open_netns()?;
     let pod = Handle::in_netns(&pod_ns)?;
 
     let undo = Undo {

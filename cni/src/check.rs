@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::ipam;
 use crate::result::{CniResult, parse_cidr};
 use crate::version::Version;
-use macvtap_link::{Handle, Netns};
+use macvtap_link::Handle;
 
 /// Runs CHECK (cniVersion 0.4.0 and later).
 pub fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
@@ -31,11 +31,7 @@ pub fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
             ))
         })?;
 
-    let pod_ns = Netns::open(&env.netns).map_err(|source| Error::ContainerUnknown {
-        netns: env.netns.clone(),
-        container_id: env.container_id.clone(),
-        source,
-    })?;
+    let pod_ns = env.open_netns()?;
     let pod = Handle::in_netns(&pod_ns)?;
     let where_ = format!("{} in {}", env.ifname, env.netns);
     let link = pod

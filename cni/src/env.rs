@@ -122,6 +122,18 @@ impl CniEnv {
     }
 }
 
+impl CniEnv {
+    /// Opens `CNI_NETNS`; a namespace that cannot be opened means the
+    /// container is unknown (code 3).
+    pub fn open_netns(&self) -> Result<macvtap_link::Netns> {
+        macvtap_link::Netns::open(&self.netns).map_err(|source| Error::ContainerUnknown {
+            netns: self.netns.clone(),
+            container_id: self.container_id.clone(),
+            source,
+        })
+    }
+}
+
 /// Checks `CNI_CONTAINERID` as the spec restricts it: alphanumerics, then
 /// alphanumerics, `_`, `.` or `-`.
 fn check_container_id(id: &str) -> Result<()> {
