@@ -48,8 +48,33 @@ pub fn check_request(req: &AllocateRequest, cfg: &ResourceConfig) -> Result<()> 
 /// tap node. On any failure every link made for this request is deleted.
 pub fn allocate(req: &AllocateRequest, cfg: &ResourceConfig) -> Result<AllocateResponse> {
     check_request(req, cfg)?;
-    let handle = Handle::current()?;
-    let netns = Netns::current()?;
+    NETLINK.with(|cell| {
+        let (handle, netns) = match cell.borrow_mut().take() {
+            Some(cached) => cached,
+            None => (Handle::current()?, Netns::current()?),
+        };
+        let result = allocate_with(req, cfg, &handle, &netns);
+        // A socket that saw an error is not reused.
+        if result.is_ok() {
+            *cell.borrow_mut() = Some((handle, netns));
+        }
+        result
+    })
+}
+
+thread_local! {
+    /// The blocking pool's threads keep their netlink socket between
+    /// Allocates (the daemon never leaves the host namespace), saving a
+    /// socket set-up per request.
+    static NETLINK: std::cell::RefCell<Option<(Handle, Netns)>> = const { std::cell::RefCell::new(None) };
+}
+
+fn allocate_with(
+    req: &AllocateRequest,
+    cfg: &ResourceConfig,
+    handle: &Handle,
+    netns: &Netns,
+) -> Result<AllocateResponse> {
     let lower = handle
         .get_link(&cfg.lower_device)?
         .ok_or_else(|| Error::LowerDeviceMissing {
@@ -61,14 +86,14 @@ pub fn allocate(req: &AllocateRequest, cfg: &ResourceConfig) -> Result<AllocateR
     for c in &req.container_requests {
         let mut resp = ContainerAllocateResponse::default();
         for id in &c.devices_ids {
-            match create_device(&handle, &netns, cfg, &lower, id, Path::new(DEV_DIR)) {
+            match create_device(handle, netns, cfg, &lower, id, Path::new(DEV_DIR)) {
                 Ok((link, spec)) => {
                     created.push(link);
                     resp.devices.push(spec);
                 }
                 Err(e) => {
                     for l in &created {
-                        delete_quietly(&handle, l);
+                        delete_quietly(handle, l);
                     }
                     return Err(e);
                 }

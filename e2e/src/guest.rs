@@ -244,10 +244,16 @@ fn fetch_kernel(cache: &Path, kdeb: &Path) -> Result<()> {
         .unwrap_or("linux-image-cloud-amd64")
         .to_string();
     let dl = tempfile::tempdir_in(cache)?;
-    run(Command::new("apt-get")
-        .args(["download", "-q", &package])
-        .current_dir(dl.path()))
-    .with_context(|| format!("apt-get download {package} (run apt-get update first?)"))?;
+    let download = || {
+        run(Command::new("apt-get")
+            .args(["download", "-q", &package])
+            .current_dir(dl.path()))
+    };
+    if download().is_err() {
+        // Package lists may be missing or stale on a fresh machine.
+        run(Command::new("apt-get").args(["update", "-qq"]))?;
+        download().with_context(|| format!("apt-get download {package}"))?;
+    }
     let deb = std::fs::read_dir(dl.path())?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|e| e == "deb"))
