@@ -41,7 +41,9 @@ fn panel(svg: &mut String, ox: f64, oy: f64, title: &str, series: &[Samples]) {
     let lo = all.iter().copied().fold(f64::INFINITY, f64::min).max(1e-3);
     let hi = all.iter().copied().fold(0.0, f64::max).max(lo * 10.0);
     let (llo, lhi) = (lo.log10().floor(), hi.log10().ceil());
-    let x = |v: f64| ox + (v.max(lo).log10() - llo) / (lhi - llo) * PANEL_W;
+    // Samples below the axis start are drawn at its edge; ticks are exact.
+    let x_exact = |v: f64| ox + (v.log10() - llo) / (lhi - llo) * PANEL_W;
+    let x = |v: f64| x_exact(v.max(10f64.powf(llo)));
     let y = |f: f64| oy + PANEL_H - f * PANEL_H;
     let _ = writeln!(
         svg,
@@ -57,7 +59,7 @@ fn panel(svg: &mut String, ox: f64, oy: f64, title: &str, series: &[Samples]) {
     let mut decade = llo;
     while decade <= lhi {
         let v = 10f64.powf(decade);
-        let px = x(v);
+        let px = x_exact(v);
         let _ = writeln!(
             svg,
             r##"<line x1="{px}" y1="{oy}" x2="{px}" y2="{}" stroke="#eee"/><text x="{px}" y="{}" text-anchor="middle">{} ms</text>"##,

@@ -67,12 +67,19 @@ async fn main() -> Result<()> {
         )
         .await?;
     }
+    // A subset run must not overwrite the full report.
+    let out = if only.is_empty() {
+        root.clone()
+    } else {
+        root.join("target/bench-partial")
+    };
+    std::fs::create_dir_all(&out)?;
     let svg = plot::cdf_svg(&panels);
-    std::fs::write(root.join("benchmarks.svg"), svg).context("writing benchmarks.svg")?;
+    std::fs::write(out.join("benchmarks.svg"), svg).context("writing benchmarks.svg")?;
     let mut md = report.markdown().to_string();
     md.push_str("\n![latency distributions](benchmarks.svg)\n");
-    std::fs::write(root.join("BENCHMARKS.md"), md).context("writing BENCHMARKS.md")?;
-    println!("\nwrote BENCHMARKS.md and benchmarks.svg");
+    std::fs::write(out.join("BENCHMARKS.md"), md).context("writing BENCHMARKS.md")?;
+    println!("\nwrote {}/BENCHMARKS.md and benchmarks.svg", out.display());
     Ok(())
 }
 
