@@ -125,22 +125,17 @@ pub fn per_command(
                "ranges": [[{"subnet": "192.0.2.0/24"}]]})
     });
     let suffix = if with_ipam { " +host-local" } else { "" };
-    let mk = |who: &str, cmd: &str| Samples::new(format!("{who} {cmd}{suffix}"));
-    let (mut o_add, mut f_add, mut g_add) = (
-        mk("ours", "ADD"),
-        mk("floor", "ADD"),
-        mk("go-macvlan", "ADD"),
-    );
-    let (mut o_chk, mut f_chk, mut g_chk) = (
-        mk("ours", "CHECK"),
-        mk("floor", "CHECK"),
-        mk("go-macvlan", "CHECK"),
-    );
-    let (mut o_del, mut f_del, mut g_del) = (
-        mk("ours", "DEL"),
-        mk("floor", "DEL"),
-        mk("go-macvlan", "DEL"),
-    );
+    const WHO: [&str; 3] = ["ours", "floor", "go-macvlan"];
+    const CMDS: [&str; 3] = ["ADD", "CHECK", "DEL"];
+    // samples[who][command]
+    let mut samples: Vec<Vec<Samples>> = WHO
+        .iter()
+        .map(|w| {
+            CMDS.iter()
+                .map(|c| Samples::new(format!("{w} {c}{suffix}")))
+                .collect()
+        })
+        .collect();
 
     node.node.run(|| {
         let host = Handle::current()?;
@@ -150,135 +145,78 @@ pub fn per_command(
         let ours_link = link_name_for_device(ours_dev);
         let floor_link = link_name_for_device(floor_dev);
         let floor_ns = Netns::open(node.floor.path())?;
-        let oc = ours_conf(ours_dev, ipam.as_ref());
-        let gc = go_conf(ipam.as_ref());
         let floor_ipam_conf = json!({"cniVersion": "1.0.0", "name": "bench-floor", "ipam": ipam});
-        let args = format!("IgnoreUnknown=true;MAC={MAC}");
-        let go_args = format!("IgnoreUnknown=true;MAC={GO_MAC}");
+        // (plugin, config, CNI_ARGS, pod netns) of the two executed plugins.
+        let plugins_run = [
+            (
+                &plugins.ours,
+                ours_conf(ours_dev, ipam.as_ref()),
+                format!("IgnoreUnknown=true;MAC={MAC}"),
+                node.ours.path(),
+            ),
+            (
+                &plugins.go_macvlan,
+                go_conf(ipam.as_ref()),
+                format!("IgnoreUnknown=true;MAC={GO_MAC}"),
+                node.go.path(),
+            ),
+        ];
         for round in 0..n {
             // The device plugin's part, not measured.
             host.add_macvtap(&ours_link, lower.index, MacvtapMode::Bridge, None)?;
             host.add_macvtap(&floor_link, lower.index, MacvtapMode::Bridge, None)?;
-            let mut ours_result = String::new();
-            let mut go_result = String::new();
-            // Rotate the order so no implementation always runs first.
-            for k in 0..3 {
-                match (round + k) % 3 {
-                    0 => {
-                        let r = exec::cni(
-                            &plugins.ours,
-                            "ADD",
-                            &node.ours.path(),
-                            "net1",
-                            &args,
-                            &oc.to_string(),
-                        )?;
-                        ensure!(r.ok, "our ADD failed: {}", r.stdout);
-                        o_add.push(r.took);
-                        ours_result = r.stdout;
-                    }
-                    1 => {
+            // ADD results, for CHECK's prevResult: [ours, go].
+            let mut added = [String::new(), String::new()];
+            for (c, cmd) in CMDS.iter().enumerate() {
+                // Rotate the order so no implementation always runs first.
+                for k in 0..3 {
+                    let who = (round + k) % 3;
+                    let took = if who == 1 {
                         let t = Instant::now();
-                        floor_add(&host, &floor_ns, &floor_link)?;
-                        if with_ipam {
-                            floor_ipam(
-                                plugins,
-                                &floor_ns,
-                                &node.floor.path(),
-                                &floor_ipam_conf,
-                                "ADD",
-                            )?;
+                        match *cmd {
+                            "ADD" => {
+                                floor_add(&host, &floor_ns, &floor_link)?;
+                                if with_ipam {
+                                    floor_ipam(
+                                        plugins,
+                                        &floor_ns,
+                                        &node.floor.path(),
+                                        &floor_ipam_conf,
+                                        "ADD",
+                                    )?;
+                                }
+                            }
+                            "CHECK" => floor_check(&floor_ns)?,
+                            _ => {
+                                if with_ipam {
+                                    floor_ipam(
+                                        plugins,
+                                        &floor_ns,
+                                        &node.floor.path(),
+                                        &floor_ipam_conf,
+                                        "DEL",
+                                    )?;
+                                }
+                                floor_del(&floor_ns)?;
+                            }
                         }
-                        f_add.push(t.elapsed());
-                    }
-                    _ => {
-                        let r = exec::cni(
-                            &plugins.go_macvlan,
-                            "ADD",
-                            &node.go.path(),
-                            "net1",
-                            &go_args,
-                            &gc.to_string(),
-                        )?;
-                        ensure!(r.ok, "go ADD failed: {}", r.stdout);
-                        g_add.push(r.took);
-                        go_result = r.stdout;
-                    }
-                }
-            }
-            for k in 0..3 {
-                match (round + k) % 3 {
-                    0 => {
-                        let r = exec::cni(
-                            &plugins.ours,
-                            "CHECK",
-                            &node.ours.path(),
-                            "net1",
-                            &args,
-                            &with_prev(oc.clone(), &ours_result)?,
-                        )?;
-                        ensure!(r.ok, "our CHECK failed: {}", r.stdout);
-                        o_chk.push(r.took);
-                    }
-                    1 => {
-                        let t = Instant::now();
-                        floor_check(&floor_ns)?;
-                        f_chk.push(t.elapsed());
-                    }
-                    _ => {
-                        let r = exec::cni(
-                            &plugins.go_macvlan,
-                            "CHECK",
-                            &node.go.path(),
-                            "net1",
-                            &go_args,
-                            &with_prev(gc.clone(), &go_result)?,
-                        )?;
-                        ensure!(r.ok, "go CHECK failed: {}", r.stdout);
-                        g_chk.push(r.took);
-                    }
-                }
-            }
-            for k in 0..3 {
-                match (round + k) % 3 {
-                    0 => {
-                        let r = exec::cni(
-                            &plugins.ours,
-                            "DEL",
-                            &node.ours.path(),
-                            "net1",
-                            &args,
-                            &oc.to_string(),
-                        )?;
-                        ensure!(r.ok, "our DEL failed: {}", r.stdout);
-                        o_del.push(r.took);
-                    }
-                    1 => {
-                        let t = Instant::now();
-                        if with_ipam {
-                            floor_ipam(
-                                plugins,
-                                &floor_ns,
-                                &node.floor.path(),
-                                &floor_ipam_conf,
-                                "DEL",
-                            )?;
+                        t.elapsed()
+                    } else {
+                        let slot = if who == 0 { 0 } else { 1 };
+                        let (plugin, conf, args, netns) = &plugins_run[slot];
+                        let stdin = if *cmd == "CHECK" {
+                            with_prev(conf.clone(), &added[slot])?
+                        } else {
+                            conf.to_string()
+                        };
+                        let r = exec::cni(plugin, cmd, netns, "net1", args, &stdin)?;
+                        ensure!(r.ok, "{} {cmd} failed: {}", WHO[who], r.stdout);
+                        if *cmd == "ADD" {
+                            added[slot] = r.stdout;
                         }
-                        floor_del(&floor_ns)?;
-                        f_del.push(t.elapsed());
-                    }
-                    _ => {
-                        let r = exec::cni(
-                            &plugins.go_macvlan,
-                            "DEL",
-                            &node.go.path(),
-                            "net1",
-                            &go_args,
-                            &gc.to_string(),
-                        )?;
-                        ensure!(r.ok, "go DEL failed: {}", r.stdout);
-                        g_del.push(r.took);
-                    }
+                        r.took
+                    };
+                    samples[who][c].push(took);
                 }
             }
         }
@@ -305,11 +243,12 @@ pub fn per_command(
     );
     report.section(&format!("CNI per command{suffix}"), &what);
     let mut panels = Vec::new();
-    for (cmd, o, f, g) in [
-        ("ADD", o_add, f_add, g_add),
-        ("CHECK", o_chk, f_chk, g_chk),
-        ("DEL", o_del, f_del, g_del),
-    ] {
+    for (c, cmd) in CMDS.iter().enumerate() {
+        let (o, f, g) = (
+            samples[0][c].clone(),
+            samples[1][c].clone(),
+            samples[2][c].clone(),
+        );
         let fp = f.p50();
         report.latency_table(&[
             Row {
