@@ -190,10 +190,13 @@ impl PluginServer {
         let socket = path.to_path_buf();
         let task = tokio::spawn(async move {
             let res = tonic::transport::Server::builder()
-                .add_service(DevicePluginServer::new(service))
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
-                    let _ = stop_serving.wait_for(|s| *s).await;
-                })
+                .serve_with_incoming_shutdown(
+                    DevicePluginServer::new(service),
+                    UnixListenerStream::new(listener),
+                    async move {
+                        let _ = stop_serving.wait_for(|s| *s).await;
+                    },
+                )
                 .await;
             if let Err(e) = res {
                 warn!(socket = %socket.display(), error = %e, "plugin server ended with an error");

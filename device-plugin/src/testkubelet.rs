@@ -91,10 +91,13 @@ impl TestKubelet {
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let _ = tonic::transport::Server::builder()
-                .add_service(RegistrationServer::new(service))
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
-                    let _ = stop_rx.await;
-                })
+                .serve_with_incoming_shutdown(
+                    RegistrationServer::new(service),
+                    UnixListenerStream::new(listener),
+                    async move {
+                        let _ = stop_rx.await;
+                    },
+                )
                 .await;
         });
         Ok(Self {
@@ -350,10 +353,13 @@ impl TestPodResources {
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         tokio::spawn(async move {
             let _ = tonic::transport::Server::builder()
-                .add_service(PodResourcesListerServer::new(service))
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
-                    let _ = stop_rx.await;
-                })
+                .serve_with_incoming_shutdown(
+                    PodResourcesListerServer::new(service),
+                    UnixListenerStream::new(listener),
+                    async move {
+                        let _ = stop_rx.await;
+                    },
+                )
                 .await;
         });
         Ok(Self {
