@@ -7,6 +7,16 @@ use macvtap_link::link::parse_mac;
 use serde::Deserialize;
 use serde_json::Value;
 
+/// The NetConf's `logFile`, read leniently so that logging works even for a
+/// config that is otherwise invalid.
+pub fn log_file(stdin: &[u8]) -> Option<std::path::PathBuf> {
+    let v: Value = serde_json::from_slice(stdin).ok()?;
+    v.get("logFile")?
+        .as_str()
+        .filter(|p| !p.is_empty())
+        .map(std::path::PathBuf::from)
+}
+
 /// The uid and gid `/dev/tapN` is given by default: the qemu user of virt-launcher.
 pub const DEFAULT_OWNER: u32 = 107;
 
@@ -239,6 +249,16 @@ mod tests {
         assert_eq!(code(r#"{"cniVersion":"0.2.0"}"#), 1);
         assert_eq!(code(r#"{"cniVersion":"1.0.0","ipam":{}}"#), 7);
         assert_eq!(code(r#"{"cniVersion":"1.0.0","ipam":{"type":"../x"}}"#), 7);
+    }
+
+    #[test]
+    fn log_file_is_read_even_from_an_invalid_config() {
+        assert_eq!(
+            log_file(br#"{"cniVersion":"9","logFile":"/var/log/macvtap.log"}"#),
+            Some("/var/log/macvtap.log".into())
+        );
+        assert_eq!(log_file(br#"{"logFile":""}"#), None);
+        assert_eq!(log_file(b"not json"), None);
     }
 
     #[test]

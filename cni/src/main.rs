@@ -1,15 +1,20 @@
 //! The `macvtap` CNI plugin binary: reads the environment and stdin, runs the
-//! command, prints the result or the spec's error JSON, logs to stderr.
+//! command, prints the result or the spec's error JSON, logs to stderr (and
+//! to the NetConf's `logFile` when it names one).
 
 use std::io::{Read, Write};
+use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 fn main() {
-    init_logging();
-    let vars = std::env::vars().collect();
     let mut stdin = Vec::new();
-    if let Err(e) = std::io::stdin().read_to_end(&mut stdin) {
+    let read = std::io::stdin().read_to_end(&mut stdin);
+    init_logging(&stdin);
+    if let Err(e) = read {
         tracing::warn!("reading stdin: {e}");
     }
+    let vars = std::env::vars().collect();
     let outcome = macvtap_cni::run(&vars, &stdin);
     if let Some(out) = outcome.stdout {
         let mut stdout = std::io::stdout().lock();
@@ -20,16 +25,33 @@ fn main() {
     std::process::exit(outcome.exit_code);
 }
 
-/// Logs go to stderr only (stdout carries the result). The level comes from
+/// Logs go to stderr (stdout carries the result) and, when the NetConf has
+/// `"logFile"`, are appended to that file too. The level comes from
 /// `MACVTAP_CNI_LOG_LEVEL` (error, warn, info, debug, trace; default info).
-fn init_logging() {
+fn init_logging(stdin: &[u8]) {
     let level = std::env::var("MACVTAP_CNI_LOG_LEVEL")
         .ok()
-        .and_then(|l| l.parse().ok())
+        .and_then(|l| l.parse::<tracing::Level>().ok())
         .unwrap_or(tracing::Level::INFO);
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_max_level(level)
-        .with_ansi(false)
-        .init();
+    let file = macvtap_cni::config::log_file(stdin).and_then(|path| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .ok()
+    });
+    let file_layer = file.map(|f| {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::sync::Mutex::new(f))
+            .with_ansi(false)
+    });
+    let _ = tracing_subscriber::registry()
+        .with(LevelFilter::from_level(level))
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(false),
+        )
+        .with(file_layer)
+        .try_init();
 }

@@ -118,3 +118,21 @@ fn tap_node_goes_to_qemu_by_default_and_to_owner_group_when_set() {
     sb.cni("ADD", &conf, &[("CNI_IFNAME", "net2")]).ok();
     assert_eq!(node_owner(&format!("/dev/tap{b}")), Some((4242, 4343)));
 }
+
+#[test]
+fn log_file_gets_the_logs_and_stdout_only_the_result() {
+    let sb = Sandbox::new();
+    sb.allocate("eth0Mvp0");
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("macvtap.log");
+    let mut conf = netconf("1.0.0", "eth0Mvp0");
+    conf["logFile"] = json!(log);
+    let run = sb.cni("ADD", &conf, &[]);
+    run.ok().json();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("moved macvtap into the pod"), "{text}");
+    assert!(
+        !run.stdout.contains("moved macvtap"),
+        "logs never reach stdout"
+    );
+}
