@@ -195,21 +195,7 @@ fn a_tap_node_of_another_link_is_refused_and_rolled_back() {
         "macvtap",
     ]);
     // ...then the device's macvtap gets the same ifindex on the node.
-    let name = macvtap_link::link_name_for_device("eth0Mvp0");
-    sh(&[
-        "ip",
-        "-n",
-        &sb.node.name,
-        "link",
-        "add",
-        &name,
-        "index",
-        &index.to_string(),
-        "link",
-        "lower0",
-        "type",
-        "macvtap",
-    ]);
+    sb.allocate_at("eth0Mvp0", index);
     let before = sb.node_links();
     let msg = sb
         .cni("ADD", &netconf("1.0.0", "eth0Mvp0"), &[])

@@ -96,8 +96,14 @@ impl Sandbox {
     /// Does what the device plugin's Allocate does: a macvtap named for
     /// `device_id` on `lower0` in the node namespace. Returns its ifindex.
     pub fn allocate(&self, device_id: &str) -> u32 {
-        let name = macvtap_link::link_name_for_device(device_id);
         let index = unique_ifindex();
+        self.allocate_at(device_id, index);
+        index
+    }
+
+    /// [`Sandbox::allocate`] with a given ifindex.
+    pub fn allocate_at(&self, device_id: &str, index: u32) {
+        let name = macvtap_link::link_name_for_device(device_id);
         sh(&[
             "ip",
             "-n",
@@ -114,7 +120,6 @@ impl Sandbox {
             "mode",
             "bridge",
         ]);
-        index
     }
 
     /// Runs the real plugin inside the node namespace.
