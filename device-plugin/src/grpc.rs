@@ -2,21 +2,33 @@
 
 use crate::error::{Error, Result};
 use hyper_util::rt::TokioIo;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::net::{UnixListener, UnixStream};
 use tonic::transport::{Channel, Endpoint, Uri};
 
-/// Binds a unix listener at `path`, first removing a stale socket file left
-/// by an earlier run.
+/// Binds a unix listener at `path` with mode 0600, first removing a stale
+/// socket file left by an earlier run.
+///
+/// Whoever can connect to a plugin socket can Allocate, that is create links
+/// on a host NIC, so only root may. The daemon runs with umask 077 (set in
+/// `main`), so the socket never exists with wider permissions; the explicit
+/// chmod makes the mode independent of any umask for other callers too.
 pub fn bind_unix(path: &Path) -> Result<UnixListener> {
     match std::fs::remove_file(path) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(Error::io(path)(e)),
     }
-    UnixListener::bind(path).map_err(Error::io(path))
+    let listener = UnixListener::bind(path).map_err(Error::io(path))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))
+        .map_err(Error::io(path))?;
+    Ok(listener)
 }
+
+/// The mode of every socket the daemon serves: read and write for root only.
+pub const SOCKET_MODE: u32 = 0o600;
 
 /// Opens a gRPC channel to the server on unix socket `path`, failing after
 /// `timeout` if it does not answer.

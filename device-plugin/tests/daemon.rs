@@ -597,3 +597,22 @@ async fn metrics_and_healthz_are_served() {
         "{first}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_socket_is_root_only_even_with_umask_000() {
+    require_root();
+    // nextest runs each test in its own process: the daemon inherits this.
+    nix::sys::stat::umask(nix::sys::stat::Mode::empty());
+    let node = node_with_dp("umask", "name=dp,lowerDevice=eth1,capacity=1", &[]).await;
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(node.plugin_dir().join(DP_SOCKET))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(
+        mode & 0o7777,
+        0o600,
+        "plugin socket mode is {:o}: anyone who can connect can Allocate",
+        mode & 0o7777
+    );
+}
