@@ -78,6 +78,7 @@ pub fn add(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<CniResult> {
         return Err(undo.run(cause, &link.name, None));
     }
     info!(
+        network = %conf.name,
         device_id = %conf.device_id,
         link = %link.name,
         ifindex = link.index,

@@ -7,14 +7,15 @@ use macvtap_link::link::parse_mac;
 use serde::Deserialize;
 use serde_json::Value;
 
-/// The NetConf's `logFile`, read leniently so that logging works even for a
-/// config that is otherwise invalid.
-pub fn log_file(stdin: &[u8]) -> Option<std::path::PathBuf> {
+/// The NetConf's `logFile` as written, read leniently so that logging works
+/// even for a config that is otherwise invalid. It is a request, not a path
+/// to open: `logfile::open_log_file` confines it to the node's log directory.
+pub fn log_file(stdin: &[u8]) -> Option<String> {
     let v: Value = serde_json::from_slice(stdin).ok()?;
     v.get("logFile")?
         .as_str()
         .filter(|p| !p.is_empty())
-        .map(std::path::PathBuf::from)
+        .map(str::to_string)
 }
 
 /// The uid and gid `/dev/tapN` is given by default: the qemu user of virt-launcher.
@@ -255,7 +256,7 @@ mod tests {
     fn log_file_is_read_even_from_an_invalid_config() {
         assert_eq!(
             log_file(br#"{"cniVersion":"9","logFile":"/var/log/macvtap.log"}"#),
-            Some("/var/log/macvtap.log".into())
+            Some("/var/log/macvtap.log".to_string())
         );
         assert_eq!(log_file(br#"{"logFile":""}"#), None);
         assert_eq!(log_file(b"not json"), None);

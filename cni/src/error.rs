@@ -116,6 +116,19 @@ pub enum Error {
         /// What went wrong while undoing.
         rollback: String,
     },
+    /// The NetConf's `logFile` is not used; only ever logged as a warning.
+    #[error(
+        "logFile {path:?} is not used: {reason} (log files must be inside {dir}, which the \
+         node's administrator sets with MACVTAP_CNI_LOG_DIR); logging to stderr only"
+    )]
+    LogFileRefused {
+        /// The `logFile` as the NetConf wrote it.
+        path: String,
+        /// The log directory.
+        dir: String,
+        /// Why it was refused.
+        reason: String,
+    },
     /// A failure that left nothing behind and may go away on a retry.
     #[error("{0} (everything was rolled back; a retry may succeed)")]
     TryAgain(Box<Error>),
@@ -128,7 +141,7 @@ impl Error {
             Error::IncompatibleVersion { .. } => 1,
             Error::ContainerUnknown { .. } => 3,
             Error::InvalidEnv { .. } => 4,
-            Error::Io { .. } => 5,
+            Error::Io { .. } | Error::LogFileRefused { .. } => 5,
             Error::Decode(_) => 6,
             Error::InvalidConfig(_) => 7,
             Error::TryAgain(_) => 11,

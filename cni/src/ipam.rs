@@ -45,7 +45,9 @@ pub fn exec(env: &CniEnv, plugin: &str, command: Command, stdin: &[u8]) -> Resul
         .env("CNI_COMMAND", command.as_str())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        // Its stderr is logged line by line through our (escaping) logger
+        // rather than passed on raw: it may quote the NetConf.
+        .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| io_err("starting", e))?;
     if let Some(mut input) = child.stdin.take() {
@@ -56,6 +58,13 @@ pub fn exec(env: &CniEnv, plugin: &str, command: Command, stdin: &[u8]) -> Resul
     let out = child
         .wait_with_output()
         .map_err(|e| io_err("waiting for", e))?;
+    for line in String::from_utf8_lossy(&out.stderr).lines() {
+        tracing::warn!(
+            plugin,
+            command = command.as_str(),
+            "IPAM plugin stderr: {line}"
+        );
+    }
     let text = String::from_utf8_lossy(&out.stdout);
     let parsed: Option<Value> = if text.trim().is_empty() {
         None

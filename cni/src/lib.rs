@@ -16,7 +16,9 @@ pub mod config;
 pub mod del;
 pub mod env;
 pub mod error;
+pub mod escape;
 pub mod ipam;
+pub mod logfile;
 pub mod result;
 pub mod status;
 pub mod tap;
@@ -91,11 +93,17 @@ fn requested_version(stdin: &[u8]) -> Option<String> {
 
 /// The spec's error object for `e`.
 pub fn error_json(e: &Error, stdin: &[u8]) -> Value {
-    let version = requested_version(stdin).unwrap_or_else(|| LATEST.to_string());
+    // Echo the request's version only when it is one we know: an error must
+    // not carry arbitrary input in a field its reader trusts.
+    let version = requested_version(stdin)
+        .filter(|v| Version::parse(v).is_ok())
+        .unwrap_or_else(|| LATEST.to_string());
     let msg = match e {
         Error::TryAgain(inner) => inner.to_string(),
         other => other.to_string(),
     };
+    // The runtime logs this message: whatever it quotes stays on one line.
+    let msg = escape::escape_controls(&msg).into_owned();
     let mut out = json!({ "cniVersion": version, "code": e.code(), "msg": msg });
     if let Error::TryAgain(_) = e {
         out["details"] = Value::from("everything was rolled back; a retry may succeed");

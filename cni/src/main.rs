@@ -1,7 +1,10 @@
 //! The `macvtap` CNI plugin binary: reads the environment and stdin, runs the
 //! command, prints the result or the spec's error JSON, logs to stderr (and
-//! to the NetConf's `logFile` when it names one).
+//! to the NetConf's `logFile` when it names a file in the node's log directory).
 
+use macvtap_cni::escape::EscapingWriter;
+use macvtap_cni::logfile;
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::SubscriberExt;
@@ -10,11 +13,19 @@ use tracing_subscriber::util::SubscriberInitExt;
 fn main() {
     let mut stdin = Vec::new();
     let read = std::io::stdin().read_to_end(&mut stdin);
-    init_logging(&stdin);
+    // Lossy, not std::env::vars(), which panics on a value that is not UTF-8.
+    let vars: HashMap<String, String> = std::env::vars_os()
+        .map(|(k, v)| {
+            (
+                k.to_string_lossy().into_owned(),
+                v.to_string_lossy().into_owned(),
+            )
+        })
+        .collect();
+    init_logging(&vars, &stdin);
     if let Err(e) = read {
         tracing::warn!("reading stdin: {e}");
     }
-    let vars = std::env::vars().collect();
     let outcome = macvtap_cni::run(&vars, &stdin);
     if let Some(out) = outcome.stdout {
         let mut stdout = std::io::stdout().lock();
@@ -26,32 +37,40 @@ fn main() {
 }
 
 /// Logs go to stderr (stdout carries the result) and, when the NetConf has
-/// `"logFile"`, are appended to that file too. The level comes from
-/// `MACVTAP_CNI_LOG_LEVEL` (error, warn, info, debug, trace; default info).
-fn init_logging(stdin: &[u8]) {
-    let level = std::env::var("MACVTAP_CNI_LOG_LEVEL")
-        .ok()
+/// `"logFile"` inside the node's log directory, are appended to that file
+/// too; a `logFile` that is refused gets one warning on stderr and no file.
+/// Every line is escaped as it is written (see `escape`). The level comes
+/// from `MACVTAP_CNI_LOG_LEVEL` (error, warn, info, debug, trace; default info).
+fn init_logging(vars: &HashMap<String, String>, stdin: &[u8]) {
+    let level = vars
+        .get("MACVTAP_CNI_LOG_LEVEL")
         .and_then(|l| l.parse::<tracing::Level>().ok())
         .unwrap_or(tracing::Level::INFO);
-    let file = macvtap_cni::config::log_file(stdin).and_then(|path| {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .ok()
+    let mut refused = None;
+    let file = macvtap_cni::config::log_file(stdin).and_then(|requested| {
+        match logfile::open_log_file(&logfile::log_dir(vars), &requested) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                refused = Some(e);
+                None
+            }
+        }
     });
     let file_layer = file.map(|f| {
         tracing_subscriber::fmt::layer()
-            .with_writer(std::sync::Mutex::new(f))
+            .with_writer(std::sync::Mutex::new(EscapingWriter::new(f)))
             .with_ansi(false)
     });
     let _ = tracing_subscriber::registry()
         .with(LevelFilter::from_level(level))
         .with(
             tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
+                .with_writer(|| EscapingWriter::new(std::io::stderr()))
                 .with_ansi(false),
         )
         .with(file_layer)
         .try_init();
+    if let Some(e) = refused {
+        tracing::warn!("{e}");
+    }
 }

@@ -1,8 +1,8 @@
 //! Giving the pod's VM user the macvtap's `/dev/tapN`.
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use macvtap_link::Netns;
-use macvtap_link::tapdev::{tap_dev_in_netns, tap_node_path, wait_for_tap_node};
+use macvtap_link::tapdev::{chown_tap_node, open_tap_node, tap_dev_in_netns, tap_node_path};
 use std::path::{Path, PathBuf};
 
 /// Where devtmpfs puts the tap nodes.
@@ -10,6 +10,9 @@ pub const DEV_DIR: &str = "/dev";
 
 /// Checks that `/dev/tap<ifindex>` is the char device of `ifname` (as seen
 /// from sysfs inside `netns`) and gives it to `owner:group`; returns its path.
+/// The check and the chown act on one descriptor opened without following
+/// symlinks, so `owner`/`group` (from the NetConf) reach only the pod's own
+/// tap node.
 pub fn hand_over(
     netns: &Netns,
     ifname: &str,
@@ -19,10 +22,7 @@ pub fn hand_over(
 ) -> Result<PathBuf> {
     let dev = tap_dev_in_netns(netns, ifname)?;
     let node = tap_node_path(Path::new(DEV_DIR), ifindex);
-    wait_for_tap_node(&node, dev, 50)?;
-    std::os::unix::fs::chown(&node, Some(owner), Some(group)).map_err(|source| Error::Io {
-        what: format!("giving {} to {owner}:{group}", node.display()),
-        source,
-    })?;
+    let opened = open_tap_node(&node, dev, 50)?;
+    chown_tap_node(&opened, &node, owner, group)?;
     Ok(node)
 }

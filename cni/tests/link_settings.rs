@@ -127,7 +127,11 @@ fn log_file_gets_the_logs_and_stdout_only_the_result() {
     let log = dir.path().join("macvtap.log");
     let mut conf = netconf("1.0.0", "eth0Mvp0");
     conf["logFile"] = json!(log);
-    let run = sb.cni("ADD", &conf, &[]);
+    let run = sb.cni(
+        "ADD",
+        &conf,
+        &[("MACVTAP_CNI_LOG_DIR", dir.path().to_str().unwrap())],
+    );
     run.ok().json();
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(text.contains("moved macvtap into the pod"), "{text}");

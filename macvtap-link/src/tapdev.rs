@@ -7,7 +7,9 @@
 
 use crate::error::{Error, Result};
 use crate::netns::Netns;
-use nix::sys::stat::{major, minor};
+use nix::fcntl::{AtFlags, OFlag};
+use nix::sys::stat::{Mode, major, minor};
+use std::fs::File;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
@@ -57,6 +59,14 @@ pub fn check_tap_node(path: &Path, dev: (u64, u64)) -> Result<()> {
         msg,
     };
     let meta = std::fs::metadata(path).map_err(|e| err(e.to_string()))?;
+    check_node_meta(path, &meta, dev)
+}
+
+fn check_node_meta(path: &Path, meta: &std::fs::Metadata, dev: (u64, u64)) -> Result<()> {
+    let err = |msg: String| Error::TapNode {
+        path: path.to_path_buf(),
+        msg,
+    };
     if !meta.file_type().is_char_device() {
         return Err(err("is not a character device".into()));
     }
@@ -85,6 +95,56 @@ pub fn wait_for_tap_node(path: &Path, dev: (u64, u64), tries: u32) -> Result<()>
     last
 }
 
+/// Opens `path` without following a symlink (`O_PATH | O_NOFOLLOW`) and
+/// checks that the inode opened is the char device `dev`, waiting briefly as
+/// [`wait_for_tap_node`] does. Acting through the returned descriptor (see
+/// [`chown_tap_node`]) acts on exactly the inode that was checked.
+pub fn open_tap_node(path: &Path, dev: (u64, u64), tries: u32) -> Result<File> {
+    let once = || -> Result<File> {
+        let fd = nix::fcntl::open(
+            path,
+            OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| Error::TapNode {
+            path: path.to_path_buf(),
+            msg: e.desc().to_string(),
+        })?;
+        let file = File::from(fd);
+        let meta = file.metadata().map_err(|e| Error::TapNode {
+            path: path.to_path_buf(),
+            msg: e.to_string(),
+        })?;
+        check_node_meta(path, &meta, dev)?;
+        Ok(file)
+    };
+    let mut last = once();
+    for _ in 1..tries {
+        if last.is_ok() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        last = once();
+    }
+    last
+}
+
+/// Gives the node opened by [`open_tap_node`] to `owner:group`, through its
+/// descriptor (`fchownat` with `AT_EMPTY_PATH`), never by path again.
+pub fn chown_tap_node(node: &File, path: &Path, owner: u32, group: u32) -> Result<()> {
+    nix::unistd::fchownat(
+        node,
+        "",
+        Some(nix::unistd::Uid::from_raw(owner)),
+        Some(nix::unistd::Gid::from_raw(group)),
+        AtFlags::AT_EMPTY_PATH,
+    )
+    .map_err(|e| Error::TapNode {
+        path: path.to_path_buf(),
+        msg: format!("giving it to {owner}:{group}: {}", e.desc()),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,5 +163,22 @@ mod tests {
         let e = check_tap_node(&f, (1, 2)).unwrap_err().to_string();
         std::fs::remove_file(&f).unwrap();
         assert!(e.contains("not a character device"), "{e}");
+    }
+
+    #[test]
+    fn a_symlink_to_a_char_device_is_not_followed() {
+        let dir = std::env::temp_dir().join(format!("tap-link-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let link = dir.join("tap1");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink("/dev/null", &link).unwrap();
+        let null = std::fs::metadata("/dev/null").unwrap().rdev();
+        let dev = (major(null), minor(null));
+        assert!(check_tap_node(&link, dev).is_ok(), "by path it is followed");
+        let e = open_tap_node(&link, dev, 1).unwrap_err().to_string();
+        assert!(e.contains("not a character device"), "{e}");
+        let opened = open_tap_node(Path::new("/dev/null"), dev, 1).unwrap();
+        assert!(opened.metadata().unwrap().file_type().is_char_device());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
