@@ -78,6 +78,7 @@ pub fn add(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<CniResult> {
         return Err(undo.run(cause, &link.name, None));
     }
     info!(
+        pod = %env.args.pod_ref(),
         network = %conf.name,
         device_id = %conf.device_id,
         link = %link.name,

@@ -23,6 +23,18 @@ pub struct CniArgs {
 }
 
 impl CniArgs {
+    /// `namespace/name` of the pod for logs, or `-` when the runtime sent neither.
+    pub fn pod_ref(&self) -> String {
+        match (&self.pod_namespace, &self.pod_name) {
+            (None, None) => "-".to_string(),
+            (ns, name) => format!(
+                "{}/{}",
+                ns.as_deref().unwrap_or("?"),
+                name.as_deref().unwrap_or("?")
+            ),
+        }
+    }
+
     /// Parses `CNI_ARGS`. A key we do not know is an error unless
     /// `IgnoreUnknown` is `true` or `1`.
     pub fn parse(s: &str) -> Result<Self> {

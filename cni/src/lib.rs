@@ -63,7 +63,14 @@ fn dispatch(vars: &HashMap<String, String>, stdin: &[u8]) -> Result<Option<Strin
     }
     let env = CniEnv::from_vars(vars)?;
     let conf = NetConf::parse(stdin)?;
-    tracing::debug!(command = env.command.as_str(), container = %env.container_id, "invoked");
+    tracing::debug!(
+        command = env.command.as_str(),
+        container = %env.container_id,
+        pod = %env.args.pod_ref(),
+        ifname = %env.ifname,
+        netns = %env.netns,
+        "invoked"
+    );
     match env.command {
         Command::Add => {
             let result = add::add(&env, &conf, stdin)?;

@@ -224,33 +224,47 @@ fn hostile_environment_values_stay_on_their_line() {
     let files = Files::new();
     let mut conf = netconf("1.0.0", "eth0Mvp0");
     conf["logFile"] = json!(files.log());
-    let cases: Vec<(&str, &'static str, String, u64)> = vec![
-        ("ADD", "CNI_IFNAME", hostile("n"), 4),
-        ("ADD", "CNI_CONTAINERID", hostile("c"), 4),
-        ("ADD", "CNI_ARGS", format!("{}=1", hostile("KEY")), 4),
+    // (command, variable, value, expected error code or None for success)
+    let cases: Vec<(&str, &'static str, String, Option<u64>)> = vec![
+        ("ADD", "CNI_IFNAME", hostile("n"), Some(4)),
+        ("ADD", "CNI_CONTAINERID", hostile("c"), Some(4)),
+        ("ADD", "CNI_ARGS", format!("{}=1", hostile("KEY")), Some(4)),
         (
             "ADD",
             "CNI_ARGS",
             format!("IgnoreUnknown=true;MAC={}", hostile("02:00:00:00:00:01")),
-            7,
+            Some(7),
         ),
-        ("ADD", "CNI_COMMAND", hostile("ADD"), 4),
+        ("ADD", "CNI_COMMAND", hostile("ADD"), Some(4)),
+        (
+            "DEL",
+            "CNI_ARGS",
+            format!("K8S_POD_NAMESPACE={};K8S_POD_NAME=vm", hostile("ns")),
+            None,
+        ),
+        // DEL logs the namespace path it could not find.
+        (
+            "DEL",
+            "CNI_NETNS",
+            format!("/run/netns/{}", hostile("gone")),
+            None,
+        ),
     ];
     for (cmd, var, value, code) in cases {
         std::fs::remove_file(files.log()).ok();
         let mut env = files.env();
         env.push((var, value));
         let out = run(&sb, cmd, &conf, &env);
-        out.fails_with(code);
+        match code {
+            Some(code) => {
+                out.fails_with(code);
+            }
+            None => {
+                out.ok();
+            }
+        }
         assert_all_clean(&files, &out);
     }
-    // DEL logs the namespace path it could not find.
-    std::fs::remove_file(files.log()).ok();
-    let mut env = files.env();
-    env.push(("CNI_NETNS", format!("/run/netns/{}", hostile("gone"))));
-    let out = run(&sb, "DEL", &conf, &env);
-    out.ok();
-    assert_all_clean(&files, &out);
 }
 
 #[test]
