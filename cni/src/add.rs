@@ -6,6 +6,7 @@
 //! with its old MAC and MTU, so that a retry starts from the same state.
 
 use crate::config::NetConf;
+use crate::del;
 use crate::env::{CniEnv, Command};
 use crate::error::{Error, Result};
 use crate::ipam;
@@ -145,6 +146,8 @@ fn configure(
         up: Some(true),
         promisc: Some(conf.promisc_mode),
         name: None,
+        // DEL gives the link back under this name, even without deviceID.
+        alias: Some(del::host_name_alias(&link.name)),
     };
     pod.set_link(moved.index, &env.ifname, &change)?;
     let node = tap::hand_over(pod_ns, &env.ifname, moved.index, conf.owner(), conf.group())?;
@@ -294,7 +297,7 @@ impl Undo<'_> {
             mac: orig.mac,
             up: Some(orig.is_up()),
             promisc: Some(orig.is_promisc()),
-            name: None,
+            ..Default::default()
         };
         if let Err(e) = self.host.set_link(orig.index, &orig.name, &restore) {
             problems.push(e.to_string());

@@ -1,13 +1,35 @@
-//! DEL: release IPAM and delete the pod's macvtap. Idempotent: a missing
-//! namespace, a missing link or a second DEL all succeed.
+//! DEL: release IPAM and give the pod's macvtap back to the host namespace.
+//!
+//! The kubelet allocates a pod's devices once and hands the same `/dev/tapN`
+//! to every container it creates for the pod, but a runtime re-creates a
+//! sandbox (new network namespace, DEL first, then ADD again) whenever a
+//! later step of its set-up fails. Deleting the link would strand the pod:
+//! its retried ADD would find no link, for good. So DEL moves the macvtap
+//! back to the host, down, under the name it had there and with its ifindex,
+//! where the retried ADD finds it again; the device plugin removes it once no
+//! pod holds its device. When that is not possible (the ifindex or the name
+//! is taken on the host, or DEL cannot tell the name) the link is deleted,
+//! and the device plugin re-creates it if its pod still holds the device.
+//!
+//! Idempotent: a missing namespace, a missing link or a second DEL all
+//! succeed.
 
 use crate::config::NetConf;
 use crate::env::{CniEnv, Command};
 use crate::error::{Error, Result};
 use crate::ipam;
-use macvtap_link::{Handle, Netns};
+use macvtap_link::{Handle, Link, LinkChange, Netns, link_name_for_device};
 use nix::errno::Errno;
 use tracing::{info, warn};
+
+/// What ADD writes in the pod link's alias before the name it had on the
+/// host, so that DEL can give it back even when its config has no `deviceID`.
+pub const ALIAS_PREFIX: &str = "macvtap-cni:";
+
+/// The alias ADD gives a link that was `host_name` on the host.
+pub fn host_name_alias(host_name: &str) -> String {
+    format!("{ALIAS_PREFIX}{host_name}")
+}
 
 /// Runs DEL.
 pub fn del(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
@@ -17,7 +39,7 @@ pub fn del(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
             problems.push(e);
         }
     }
-    if let Err(e) = del_link(env) {
+    if let Err(e) = release_link(env, conf) {
         problems.push(e);
     }
     match problems.len() {
@@ -34,7 +56,7 @@ pub fn del(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     }
 }
 
-fn del_link(env: &CniEnv) -> Result<()> {
+fn release_link(env: &CniEnv, conf: &NetConf) -> Result<()> {
     if env.netns.is_empty() {
         info!(ifname = %env.ifname, "no CNI_NETNS: the pod namespace is gone, and the link with it");
         return Ok(());
@@ -61,12 +83,236 @@ fn del_link(env: &CniEnv) -> Result<()> {
         );
         return Ok(());
     }
-    match pod.del_link(link.index, &env.ifname) {
+    let Some(host_name) = host_name(&link, &conf.device_id) else {
+        warn!(
+            ifname = %env.ifname,
+            netns = %env.netns,
+            "the link carries no host name (added by another plugin version) and the config \
+             has no deviceID: deleting it instead of giving it back"
+        );
+        return delete(&pod, &link, env);
+    };
+    let host_ns = Netns::current()?;
+    let host = Handle::current()?;
+    give_back(env, &pod, &host_ns, &host, &link, &host_name)
+}
+
+/// The name the link had on the host: from its alias when that agrees with
+/// `device_id` (or when there is no `device_id`, if it is a name the device
+/// plugin gives), else the name `device_id` maps to.
+fn host_name(link: &Link, device_id: &str) -> Option<String> {
+    let from_alias = link
+        .alias
+        .as_deref()
+        .and_then(|a| a.strip_prefix(ALIAS_PREFIX))
+        .filter(|n| is_device_link_name(n))
+        .map(str::to_string);
+    if device_id.is_empty() {
+        return from_alias;
+    }
+    let ours = link_name_for_device(device_id);
+    match from_alias {
+        // The Go project's v0.13.1 named the link after the device ID.
+        Some(n) if n == ours || n == device_id => Some(n),
+        _ => Some(ours),
+    }
+}
+
+/// Whether `name` is a link name the device plugin (this one, `mvt` + 12 hex
+/// digits, or the Go project's v0.13.1, `<resource>Mvp<i>`) gives a device.
+/// The alias lives in the pod, whose processes may change it: nothing else
+/// is ever given back to the host.
+pub fn is_device_link_name(name: &str) -> bool {
+    let ours = name.len() == 15
+        && name.starts_with("mvt")
+        && name[3..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    let go_era = name.len() <= 15
+        && name.rsplit_once("Mvp").is_some_and(|(resource, i)| {
+            !resource.is_empty()
+                && !i.is_empty()
+                && i.bytes().all(|b| b.is_ascii_digit())
+                && resource
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        });
+    ours || go_era
+}
+
+/// Moves the link back to the host as `host_name`, keeping its ifindex, down,
+/// with a fresh random MAC and no promiscuity; deletes it instead when that
+/// cannot be done cleanly.
+fn give_back(
+    env: &CniEnv,
+    pod: &Handle,
+    host_ns: &Netns,
+    host: &Handle,
+    link: &Link,
+    host_name: &str,
+) -> Result<()> {
+    if let Some(other) = host.get_link_by_index(link.index)? {
+        warn!(
+            ifname = %env.ifname,
+            ifindex = link.index,
+            other = %other.name,
+            "the link's ifindex is taken in the host namespace, so it cannot go back with its \
+             /dev/tap{}: deleting it instead (the device plugin re-creates it while its pod \
+             holds the device)",
+            link.index
+        );
+        return delete(pod, link, env);
+    }
+    if host.get_link(host_name)?.is_some() {
+        warn!(
+            ifname = %env.ifname,
+            host_name,
+            "a link of that name already exists in the host namespace: deleting the pod's link \
+             instead of giving it back"
+        );
+        return delete(pod, link, env);
+    }
+    let down = LinkChange {
+        up: Some(false),
+        ..Default::default()
+    };
+    pod.set_link(link.index, &env.ifname, &down)?;
+    if let Err(e) = pod.set_link_ns(link.index, &env.ifname, host_ns, host_name) {
+        // The kernel moves before it renames: a failed rename leaves the
+        // link in the host under its pod name. Never leave it there.
+        if let Some(stranded) = host.get_link_by_index(link.index)? {
+            if stranded.is_macvtap() && stranded.name == env.ifname {
+                warn!(error = %e, ifname = %env.ifname, "move half done; deleting the link in the host namespace");
+                return delete(host, &stranded, env);
+            }
+        }
+        warn!(error = %e, ifname = %env.ifname, "cannot give the link back; deleting it");
+        return delete(pod, link, env);
+    }
+    // Kernels before 5.13 ignore the requested ifindex when moving a link.
+    let back = host.get_link(host_name)?.ok_or_else(|| {
+        Error::IfindexChanged(format!(
+            "link {} vanished while moving back from {} as {host_name}",
+            env.ifname, env.netns
+        ))
+    })?;
+    if back.index != link.index {
+        warn!(
+            host_name,
+            was = link.index,
+            now = back.index,
+            "the link came back with another ifindex, so /dev/tap{} no longer names it: deleting it",
+            link.index
+        );
+        return delete(host, &back, env);
+    }
+    let reset = LinkChange {
+        // The next pod this device goes to must not inherit this pod's MAC.
+        mac: Some(random_mac()?),
+        promisc: Some(false),
+        up: Some(false),
+        ..Default::default()
+    };
+    host.set_link(back.index, host_name, &reset)?;
+    info!(
+        ifname = %env.ifname,
+        netns = %env.netns,
+        host_name,
+        ifindex = back.index,
+        "gave the macvtap back to the host namespace (down, same ifindex)"
+    );
+    Ok(())
+}
+
+/// Deletes `link` through `handle`; a link already gone is success.
+fn delete(handle: &Handle, link: &Link, env: &CniEnv) -> Result<()> {
+    match handle.del_link(link.index, &link.name) {
         Ok(()) => {
-            info!(ifname = %env.ifname, netns = %env.netns, "deleted macvtap");
+            info!(ifname = %env.ifname, netns = %env.netns, link = %link.name, "deleted macvtap");
             Ok(())
         }
         Err(e) if e.errno() == Some(Errno::ENODEV) => Ok(()),
         Err(e) => Err(e.into()),
+    }
+}
+
+/// A random locally administered unicast MAC.
+fn random_mac() -> Result<[u8; 6]> {
+    use std::io::Read;
+    let mut mac = [0u8; 6];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut mac))
+        .map_err(|source| Error::Io {
+            what: "reading /dev/urandom for a new MAC".into(),
+            source,
+        })?;
+    mac[0] = (mac[0] & 0xfe) | 0x02;
+    Ok(mac)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_alias(alias: Option<&str>) -> Link {
+        Link {
+            alias: alias.map(str::to_string),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn device_link_names_are_ours_or_the_go_projects() {
+        for ok in ["mvt0123456789ab", "eth0Mvp12", "dp.x-1_Mvp0"] {
+            assert!(is_device_link_name(ok), "{ok}");
+        }
+        for bad in [
+            "eth0",
+            "mvt0123456789aB",
+            "mvt0123456789abc",
+            "Mvp1",
+            "eth0Mvp",
+            "eth0Mvpx",
+            "a/bMvp1",
+            "averylongnameMvp1",
+            "",
+        ] {
+            assert!(!is_device_link_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_host_name_comes_from_the_alias_or_the_device_id() {
+        let ours = link_name_for_device("dpMvp3");
+        let alias = host_name_alias(&ours);
+        assert_eq!(host_name(&with_alias(Some(&alias)), ""), Some(ours.clone()));
+        assert_eq!(host_name(&with_alias(None), "dpMvp3"), Some(ours.clone()));
+        assert_eq!(host_name(&with_alias(None), ""), None);
+        // A Go-era link keeps its Go-era name.
+        let go = host_name_alias("dpMvp3");
+        assert_eq!(
+            host_name(&with_alias(Some(&go)), "dpMvp3"),
+            Some("dpMvp3".to_string())
+        );
+    }
+
+    #[test]
+    fn an_alias_the_pod_changed_names_nothing_else() {
+        // The pod may rewrite its link's alias: it never picks a host name.
+        let forged = host_name_alias("eth0");
+        assert_eq!(host_name(&with_alias(Some(&forged)), ""), None);
+        let other = host_name_alias(&link_name_for_device("otherMvp1"));
+        assert_eq!(
+            host_name(&with_alias(Some(&other)), "dpMvp3"),
+            Some(link_name_for_device("dpMvp3"))
+        );
+        assert_eq!(host_name(&with_alias(Some("eth0")), ""), None);
+    }
+
+    #[test]
+    fn random_macs_are_local_unicast() {
+        let mac = random_mac().unwrap();
+        assert_eq!(mac[0] & 0x03, 0x02);
+        assert_ne!(random_mac().unwrap(), mac);
     }
 }

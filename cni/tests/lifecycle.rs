@@ -41,11 +41,15 @@ fn add_check_del_work_for_every_version() {
         sb.cni("DEL", &conf, &[]).ok();
         assert!(
             sb.link(&sb.pod, "net1").is_none(),
-            "{version}: DEL removed the link"
+            "{version}: DEL took the link out of the pod"
         );
+        let back = sb
+            .link(&sb.node, "mvt1d9e32f0b2c5")
+            .expect("DEL gave the link back to the host");
+        assert_eq!(back["ifindex"].as_u64(), Some(index as u64), "{version}");
         assert!(
-            !std::path::Path::new(&format!("/dev/tap{index}")).exists(),
-            "{version}: /dev/tap{index} is gone with its link"
+            std::path::Path::new(&format!("/dev/tap{index}")).exists(),
+            "{version}: /dev/tap{index} still names the device"
         );
     }
 }
@@ -264,5 +268,151 @@ fn version_and_bad_input_give_spec_codes() {
     assert!(
         sb.link(&sb.node, "mvtf2644cc3624e").is_some(),
         "the link stayed on the host"
+    );
+}
+
+/// The runtime re-creates a failed sandbox: DEL while the old namespace
+/// lives, then ADD into a new one with the same device (the kubelet never
+/// Allocates again). The retried ADD gets the same link and `/dev/tapN`.
+#[test]
+fn del_gives_the_link_back_so_a_new_sandbox_gets_it() {
+    let sb = Sandbox::new();
+    let index = sb.allocate("eth0Mvp5");
+    let mut conf = netconf("1.0.0", "eth0Mvp5");
+    conf["promiscMode"] = json!(true);
+    let args = [("CNI_ARGS", "IgnoreUnknown=true;MAC=02:00:00:00:05:01")];
+    sb.cni("ADD", &conf, &args).ok();
+    sb.cni("DEL", &conf, &[]).ok();
+
+    let host_name = macvtap_link::link_name_for_device("eth0Mvp5");
+    let back = sb.link(&sb.node, &host_name).expect("back on the host");
+    assert_eq!(back["ifindex"].as_u64(), Some(index as u64));
+    let flags = back["flags"].as_array().unwrap();
+    assert!(!flags.iter().any(|f| f == "UP"), "down: {back}");
+    assert_eq!(back["promiscuity"].as_u64(), Some(0), "{back}");
+    assert_ne!(
+        back["address"], "02:00:00:00:05:01",
+        "the next pod must not inherit this pod's MAC"
+    );
+    assert_eq!(
+        back["ifalias"].as_str(),
+        Some(format!("macvtap-cni:{host_name}").as_str())
+    );
+
+    let second = TestNs::new("pod2");
+    let result = sb
+        .cni("ADD", &conf, &[("CNI_NETNS", &second.path()), args[0]])
+        .ok()
+        .json();
+    assert_eq!(result["interfaces"][0]["sandbox"], second.path());
+    let link = common::link_json(&second.name, "net1").expect("net1 in the new sandbox");
+    assert_eq!(link["ifindex"].as_u64(), Some(index as u64));
+    assert_eq!(link["address"], "02:00:00:00:05:01");
+    assert!(std::path::Path::new(&format!("/dev/tap{index}")).exists());
+    assert_eq!(
+        common::node_owner(&format!("/dev/tap{index}")),
+        Some((107, 107))
+    );
+    // Delete before the namespace goes (namespaces die asynchronously).
+    sh(&["ip", "-n", &second.name, "link", "del", "net1"]);
+}
+
+/// Multus sends DEL from its cache, but a runtime may send one without
+/// `deviceID`: the name recorded at ADD is enough.
+#[test]
+fn del_without_device_id_still_gives_the_link_back() {
+    let sb = Sandbox::new();
+    let index = sb.allocate("eth0Mvp6");
+    sb.cni("ADD", &netconf("1.1.0", "eth0Mvp6"), &[]).ok();
+    sb.cni("DEL", &netconf("1.1.0", ""), &[]).ok();
+    let back = sb
+        .link(&sb.node, &macvtap_link::link_name_for_device("eth0Mvp6"))
+        .expect("back on the host under its name");
+    assert_eq!(back["ifindex"].as_u64(), Some(index as u64));
+    sb.cni("DEL", &netconf("1.1.0", ""), &[]).ok();
+}
+
+/// Without a recorded name and without `deviceID`, DEL cannot know the host
+/// name: it deletes the link rather than guess.
+#[test]
+fn del_without_any_name_deletes_the_link() {
+    let sb = Sandbox::new();
+    let index = sb.allocate("eth0Mvp8");
+    sb.cni("ADD", &netconf("1.1.0", "eth0Mvp8"), &[]).ok();
+    sh(&[
+        "ip",
+        "-n",
+        &sb.pod.name,
+        "link",
+        "set",
+        "net1",
+        "alias",
+        "eth0",
+    ]);
+    sb.cni("DEL", &netconf("1.1.0", ""), &[]).ok();
+    assert!(sb.link(&sb.pod, "net1").is_none());
+    assert!(
+        !common::links_summary(&sb.node.name)
+            .iter()
+            .any(|l| l.0 == index as u64 || l.1 == "eth0" && l.2 == "macvtap"),
+        "nothing named by the pod's alias reached the host"
+    );
+}
+
+/// The ifindex is taken on the host (by a link made meanwhile): moving back
+/// would orphan `/dev/tapN`, so DEL deletes the link and says so.
+#[test]
+fn del_deletes_when_the_ifindex_is_taken_on_the_host() {
+    let sb = Sandbox::new();
+    let index = sb.allocate("eth0Mvp9");
+    let conf = netconf("1.1.0", "eth0Mvp9");
+    sb.cni("ADD", &conf, &[]).ok();
+    sh(&[
+        "ip",
+        "-n",
+        &sb.node.name,
+        "link",
+        "add",
+        "squat0",
+        "index",
+        &index.to_string(),
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "squat1",
+    ]);
+    let run = sb.cni("DEL", &conf, &[]);
+    run.ok();
+    assert!(run.stderr.contains("ifindex is taken"), "{}", run.stderr);
+    assert!(sb.link(&sb.pod, "net1").is_none());
+    let host_name = macvtap_link::link_name_for_device("eth0Mvp9");
+    assert!(sb.link(&sb.node, &host_name).is_none());
+    assert_eq!(
+        sb.link(&sb.node, "squat0").unwrap()["ifindex"].as_u64(),
+        Some(index as u64),
+        "the host's link is untouched"
+    );
+}
+
+/// A link of the same name exists on the host again: DEL leaves it alone and
+/// deletes the pod's.
+#[test]
+fn del_deletes_when_the_name_is_taken_on_the_host() {
+    let sb = Sandbox::new();
+    let index = sb.allocate("eth0Mvp10");
+    let conf = netconf("1.1.0", "eth0Mvp10");
+    sb.cni("ADD", &conf, &[]).ok();
+    let other = sb.allocate("eth0Mvp10");
+    sb.cni("DEL", &conf, &[]).ok();
+    assert!(sb.link(&sb.pod, "net1").is_none());
+    let host = sb
+        .link(&sb.node, &macvtap_link::link_name_for_device("eth0Mvp10"))
+        .unwrap();
+    assert_eq!(host["ifindex"].as_u64(), Some(other as u64));
+    assert!(
+        !common::links_summary(&sb.node.name)
+            .iter()
+            .any(|l| l.0 == index as u64)
     );
 }

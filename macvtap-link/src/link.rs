@@ -116,6 +116,8 @@ pub struct Link {
     pub txqueuelen: u32,
     /// Promiscuity counter.
     pub promiscuity: u32,
+    /// `IFLA_IFALIAS`, the free-text alias (`ip link set ... alias`).
+    pub alias: Option<String>,
 }
 
 impl Link {
@@ -159,6 +161,7 @@ impl Link {
                 LinkAttribute::TxQueueLen(q) => link.txqueuelen = *q,
                 LinkAttribute::Promiscuity(p) => link.promiscuity = *p,
                 LinkAttribute::OperState(s) => link.oper_state = state_name(s),
+                LinkAttribute::IfAlias(a) if !a.is_empty() => link.alias = Some(a.clone()),
                 LinkAttribute::LinkInfo(infos) => {
                     for info in infos {
                         match info {
@@ -230,6 +233,8 @@ pub struct LinkChange {
     pub promisc: Option<bool>,
     /// New name.
     pub name: Option<String>,
+    /// New alias (`IFLA_IFALIAS`); an empty string removes it.
+    pub alias: Option<String>,
 }
 
 impl Handle {
@@ -369,6 +374,9 @@ impl Handle {
         }
         if let Some(n) = &change.name {
             msg.attributes.push(LinkAttribute::IfName(n.clone()));
+        }
+        if let Some(a) = &change.alias {
+            msg.attributes.push(LinkAttribute::IfAlias(a.clone()));
         }
         self.request(RouteNetlinkMessage::SetLink(msg), 0, || {
             self.link_op(&format!("changing link ({change:?})"), name)

@@ -89,7 +89,7 @@ fn floor_add(host: &Handle, pod_ns: &Netns, name: &str) -> Result<()> {
         mac: Some(FLOOR_MAC),
         up: Some(true),
         promisc: Some(false),
-        name: None,
+        ..Default::default()
     };
     pod.set_link(link.index, "net1", &change)?;
     Ok(())
