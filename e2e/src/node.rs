@@ -8,7 +8,9 @@
 use crate::sandbox::TestNs;
 use crate::vm::Reaped;
 use anyhow::{Context, Result, bail, ensure};
-use macvtap_deviceplugin::testkubelet::{PluginClient, TestKubelet, tap_node_lock};
+use macvtap_deviceplugin::testkubelet::{
+    PluginClient, TestKubelet, TestPodResources, tap_node_lock,
+};
 use serde_json::Value;
 use std::io::Write;
 use std::path::PathBuf;
@@ -61,9 +63,15 @@ pub struct Node {
     pub kubelet_dir: tempfile::TempDir,
     /// The test kubelet, once started.
     pub kubelet: Option<TestKubelet>,
+    /// The kubelet's PodResources API, once started.
+    pub pod_resources: Option<TestPodResources>,
     daemon: Option<Reaped>,
     _tap_lock: nix::fcntl::Flock<std::fs::File>,
 }
+
+/// The device plugin flags the node e2e uses: reclaim quickly, so that a
+/// test can watch the link of a deleted pod go away.
+pub const FAST_RECLAIM: [&str; 4] = ["--reclaim-interval", "200ms", "--reclaim-grace", "1s"];
 
 /// A device the test kubelet got from the plugin.
 #[derive(Debug, Clone)]
@@ -97,6 +105,7 @@ impl Node {
             peer,
             kubelet_dir,
             kubelet: None,
+            pod_resources: None,
             daemon: None,
             _tap_lock: lock,
         })
@@ -114,6 +123,72 @@ impl Node {
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         self.kubelet = Some(k);
         Ok(())
+    }
+
+    /// Serves the kubelet's PodResources API on
+    /// `<kubelet dir>/pod-resources/kubelet.sock`, with nothing allocated.
+    pub async fn start_pod_resources(&mut self) -> Result<()> {
+        let socket = self.kubelet_dir.path().join("pod-resources/kubelet.sock");
+        let p = TestPodResources::start(&socket)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        self.pod_resources = Some(p);
+        Ok(())
+    }
+
+    /// Makes PodResources report `ids` of `resource` (full name) as held by
+    /// a pod, as the kubelet does once it has allocated them; `&[]` when the
+    /// pod is gone.
+    pub fn hold(&self, resource: &str, ids: &[&str]) -> Result<()> {
+        self.pod_resources
+            .as_ref()
+            .context("PodResources not started")?
+            .set_allocated(resource, ids);
+        Ok(())
+    }
+
+    /// Checks that CNI DEL gave `device_id`'s macvtap back to the node
+    /// namespace, down, with ifindex `index` (so its `/dev/tapN` still holds).
+    pub fn returned_link(&self, device_id: &str, index: u32) -> Result<()> {
+        let name = macvtap_link::link_name_for_device(device_id);
+        let out = self.ns.ip(&["-j", "link", "show", "dev", &name])?;
+        let v: Value = serde_json::from_str(&out)?;
+        let link = &v[0];
+        ensure!(
+            link["ifindex"].as_u64() == Some(u64::from(index)),
+            "{name} came back with ifindex {} instead of {index}",
+            link["ifindex"]
+        );
+        ensure!(
+            !link["flags"]
+                .as_array()
+                .is_some_and(|f| f.iter().any(|f| f == "UP")),
+            "{name} came back up"
+        );
+        Ok(())
+    }
+
+    /// Waits until the device plugin's reclaim has removed every `mvt…` link
+    /// from the node namespace (after the pod is gone and the grace passed).
+    pub fn wait_for_reclaim(&self) -> Result<()> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left: Vec<String> = self
+                .ns
+                .links()?
+                .into_iter()
+                .filter(|l| l.starts_with("mvt"))
+                .collect();
+            if left.is_empty() {
+                return Ok(());
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "the device plugin did not reclaim {left:?} within {WAIT:?}; daemon log:\n{}",
+                self.daemon_log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Starts the real daemon in the node namespace with `DP_MACVTAP_CONF`
@@ -251,6 +326,17 @@ impl Drop for Node {
                 let _ = self.ns.ip(&["link", "del", &link]);
             }
         }
+    }
+}
+
+impl Allocation {
+    /// The ifindex in `/dev/tap<ifindex>`.
+    pub fn ifindex(&self) -> Result<u32> {
+        self.host_path
+            .to_str()
+            .and_then(|p| p.strip_prefix("/dev/tap"))
+            .and_then(|i| i.parse().ok())
+            .with_context(|| format!("{} is not /dev/tapN", self.host_path.display()))
     }
 }
 

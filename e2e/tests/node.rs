@@ -9,7 +9,7 @@
 
 use anyhow::{Result, ensure};
 use macvtap_e2e::guest::{self, Guest};
-use macvtap_e2e::node::{self, GUEST_IP, Multus, Node, PEER_IP};
+use macvtap_e2e::node::{self, Allocation, FAST_RECLAIM, GUEST_IP, Multus, Node, PEER_IP};
 use macvtap_e2e::sandbox::TestNs;
 use macvtap_e2e::steps::Steps;
 use macvtap_e2e::vm::{GuestNet, Libvirtd, run_qemu};
@@ -37,6 +37,30 @@ fn net(mac: &str, tries: u32) -> GuestNet {
 
 fn nad(version: &str) -> String {
     format!(r#"{{"cniVersion":"{version}","name":"dataplane","type":"macvtap","mtu":1500}}"#)
+}
+
+/// The full name of resource `name`.
+fn resource(name: &str) -> String {
+    format!("{}/{name}", macvtap_link::RESOURCE_PREFIX)
+}
+
+/// A pod deletion as a node does it: CNI DEL (the macvtap goes back to the
+/// node namespace with its ifindex), the pod namespace removed, the kubelet
+/// frees the device (PodResources no longer lists it), and the device
+/// plugin's reclaim removes the link after its grace.
+fn delete_pod(
+    node: &Node,
+    multus: &Multus,
+    pod: TestNs,
+    alloc: &Allocation,
+    resource_name: &str,
+) -> Result<()> {
+    let del = multus.run("DEL", &pod, "net1", Some(&alloc.device_id))?;
+    ensure!(del.ok, "CNI DEL failed: {}", del.json);
+    node.returned_link(&alloc.device_id, alloc.ifindex()?)?;
+    drop(pod);
+    node.hold(&resource(resource_name), &[])?;
+    node.wait_for_reclaim()
 }
 
 /// Checks after teardown: no `mvt…` link on the node, the same `/dev/tap*`
@@ -67,12 +91,14 @@ async fn qemu_vm_pings_through_the_macvtap_and_a_wrong_mac_does_not() -> Result<
     let mut node = Node::new()?;
     let taps_before = node::tap_nodes();
     node.start_kubelet().await?;
-    let dp = node.start_device_plugin(GO_README_CONF, &[])?;
+    node.start_pod_resources().await?;
+    let dp = node.start_device_plugin(GO_README_CONF, &FAST_RECLAIM)?;
     let mut client = node.plugin("dataplane", 50).await?;
     let guest = guest();
 
     steps.step("kubelet Allocate for one device");
     let alloc = Node::allocate(&mut client, "dataplaneMvp0").await?;
+    node.hold(&resource("dataplane"), &["dataplaneMvp0"])?;
     steps.say(format!(
         "{} -> {} ({:.1} ms)",
         alloc.device_id,
@@ -142,10 +168,11 @@ async fn qemu_vm_pings_through_the_macvtap_and_a_wrong_mac_does_not() -> Result<
         "ping worked with the wrong MAC"
     );
 
-    steps.step("teardown as a pod deletion: CNI DEL, pod namespace removed, daemon stopped");
-    let del = multus.run("DEL", &pod, "net1", Some("dataplaneMvp0"))?;
-    ensure!(del.ok, "CNI DEL failed: {}", del.json);
-    drop(pod);
+    steps.step(
+        "teardown as a pod deletion: CNI DEL gives the link back, pod namespace removed, \
+         device freed, link reclaimed, daemon stopped",
+    );
+    delete_pod(&node, &multus, pod, &alloc, "dataplane")?;
     node.stop_device_plugin()?;
     nothing_left(&node, &taps_before, &[dp])?;
     println!("\n{}", steps.summary());
@@ -159,12 +186,14 @@ async fn libvirt_domain_with_an_unmanaged_ethernet_interface_pings() -> Result<(
     let mut node = Node::new()?;
     let taps_before = node::tap_nodes();
     node.start_kubelet().await?;
-    let dp = node.start_device_plugin(GO_README_CONF, &[])?;
+    node.start_pod_resources().await?;
+    let dp = node.start_device_plugin(GO_README_CONF, &FAST_RECLAIM)?;
     let mut client = node.plugin("dataplane", 50).await?;
     let guest = guest();
 
     steps.step("Allocate and CNI ADD (NAD cniVersion 1.0.0)");
     let alloc = Node::allocate(&mut client, "dataplaneMvp7").await?;
+    node.hold(&resource("dataplane"), &["dataplaneMvp7"])?;
     let pod = TestNs::new("pod")?;
     let nad = nad("1.0.0");
     let multus = Multus {
@@ -194,11 +223,11 @@ async fn libvirt_domain_with_an_unmanaged_ethernet_interface_pings() -> Result<(
         run.console
     );
 
-    steps.step("teardown: libvirtd stopped, CNI DEL, pod namespace removed, daemon stopped");
+    steps.step(
+        "teardown: libvirtd stopped, CNI DEL, pod namespace removed, link reclaimed, daemon stopped",
+    );
     drop(libvirtd);
-    let del = multus.run("DEL", &pod, "net1", Some(&alloc.device_id))?;
-    ensure!(del.ok, "CNI DEL failed: {}", del.json);
-    drop(pod);
+    delete_pod(&node, &multus, pod, &alloc, "dataplane")?;
     node.stop_device_plugin()?;
     let mut pids = vec![dp, lv_pid];
     pids.extend(qemus);
@@ -214,12 +243,24 @@ async fn auto_discovery_resource_carries_a_vm() -> Result<()> {
     let mut node = Node::new()?;
     let taps_before = node::tap_nodes();
     node.start_kubelet().await?;
-    let dp = node.start_device_plugin("[]", &["--discover-kinds", "veth"])?;
+    node.start_pod_resources().await?;
+    let dp = node.start_device_plugin(
+        "[]",
+        &[
+            "--discover-kinds",
+            "veth",
+            FAST_RECLAIM[0],
+            FAST_RECLAIM[1],
+            FAST_RECLAIM[2],
+            FAST_RECLAIM[3],
+        ],
+    )?;
     let mut client = node.plugin("lower0", 100).await?;
     let guest = guest();
 
     steps.step("Allocate lower0Mvp3, CNI ADD, QEMU");
     let alloc = Node::allocate(&mut client, "lower0Mvp3").await?;
+    node.hold(&resource("lower0"), &["lower0Mvp3"])?;
     let pod = TestNs::new("pod")?;
     let nad = nad("1.0.0").replace("dataplane", "lower0");
     let multus = Multus {
@@ -248,11 +289,97 @@ async fn auto_discovery_resource_carries_a_vm() -> Result<()> {
     );
 
     steps.step("teardown");
+    delete_pod(&node, &multus, pod, &alloc, "lower0")?;
+    node.stop_device_plugin()?;
+    nothing_left(&node, &taps_before, &[dp])?;
+    println!("\n{}", steps.summary());
+    Ok(())
+}
+
+/// A sandbox that fails after our CNI ran is torn down (CNI DEL while its
+/// namespace lives) and created again with a new namespace; the kubelet never
+/// Allocates again and hands the same `/dev/tapN` to the containers. The
+/// retried ADD gets the same link, and a VM on that `/dev/tapN` pings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recreated_sandbox_gets_the_same_device_and_its_vm_pings() -> Result<()> {
+    let mut steps = Steps::new();
+    steps.step("sandbox node, test kubelet with PodResources, device plugin");
+    let mut node = Node::new()?;
+    let taps_before = node::tap_nodes();
+    node.start_kubelet().await?;
+    node.start_pod_resources().await?;
+    let dp = node.start_device_plugin(GO_README_CONF, &FAST_RECLAIM)?;
+    let mut client = node.plugin("dataplane", 50).await?;
+    let guest = guest();
+
+    steps.step("kubelet Allocate, once for the pod's whole life");
+    let alloc = Node::allocate(&mut client, "dataplaneMvp2").await?;
+    node.hold(&resource("dataplane"), &["dataplaneMvp2"])?;
+    let index = alloc.ifindex()?;
+    steps.say(format!(
+        "{} -> {}",
+        alloc.device_id,
+        alloc.host_path.display()
+    ));
+
+    steps.step("first sandbox: CNI ADD, then a later network fails, so the runtime calls DEL");
+    let nad = nad("1.0.0");
+    let multus = Multus {
+        node: &node.ns,
+        nad_config: &nad,
+        pod: ("default", "virt-launcher-vm-retry"),
+        mac: VM_MAC,
+    };
+    let first = TestNs::new("sandbox-a")?;
+    let add = multus.run("ADD", &first, "net1", Some(&alloc.device_id))?;
+    ensure!(add.ok, "first CNI ADD failed: {} {}", add.json, add.stderr);
+    let del = multus.run("DEL", &first, "net1", Some(&alloc.device_id))?;
+    ensure!(del.ok, "CNI DEL failed: {}", del.json);
+    node.returned_link(&alloc.device_id, index)?;
+    drop(first);
     ensure!(
-        multus.run("DEL", &pod, "net1", Some(&alloc.device_id))?.ok,
-        "CNI DEL failed"
+        alloc.host_path.exists(),
+        "{} vanished with the first sandbox",
+        alloc.host_path.display()
     );
-    drop(pod);
+
+    steps.step("second sandbox, new namespace: the retried CNI ADD");
+    let second = TestNs::new("sandbox-b")?;
+    let add = multus.run("ADD", &second, "net1", Some(&alloc.device_id))?;
+    ensure!(
+        add.ok,
+        "retried CNI ADD failed: {} {}",
+        add.json,
+        add.stderr
+    );
+    let moved: serde_json::Value =
+        serde_json::from_str(&second.ip(&["-j", "link", "show", "dev", "net1"])?)?;
+    ensure!(
+        moved[0]["ifindex"].as_u64() == Some(u64::from(index)),
+        "the retried ADD got ifindex {} instead of {index}",
+        moved[0]["ifindex"]
+    );
+
+    steps.step("QEMU in the new sandbox on the original DeviceSpec's /dev/tapN");
+    let work = tempfile::tempdir()?;
+    let run = tokio::task::block_in_place(|| {
+        run_qemu(
+            &second.name,
+            &alloc.host_path,
+            &guest,
+            &net(VM_MAC, 20),
+            work.path(),
+        )
+    })?;
+    steps.say(run.markers());
+    ensure!(
+        run.ping_ok,
+        "the guest in the re-created sandbox could not ping {PEER_IP}:\n{}",
+        run.console
+    );
+
+    steps.step("teardown as a pod deletion");
+    delete_pod(&node, &multus, second, &alloc, "dataplane")?;
     node.stop_device_plugin()?;
     nothing_left(&node, &taps_before, &[dp])?;
     println!("\n{}", steps.summary());
@@ -263,10 +390,12 @@ async fn auto_discovery_resource_carries_a_vm() -> Result<()> {
 async fn a_pod_without_the_resource_gets_the_cnis_error_and_no_link_moves() -> Result<()> {
     let mut node = Node::new()?;
     node.start_kubelet().await?;
-    node.start_device_plugin(GO_README_CONF, &[])?;
+    node.start_pod_resources().await?;
+    node.start_device_plugin(GO_README_CONF, &FAST_RECLAIM)?;
     let mut client = node.plugin("dataplane", 50).await?;
     // Another pod holds a device: its link must stay where it is.
     Node::allocate(&mut client, "dataplaneMvp1").await?;
+    node.hold(&resource("dataplane"), &["dataplaneMvp1"])?;
     let before = node.ns.links()?;
     let pod = TestNs::new("pod")?;
     let nad = nad("1.0.0");

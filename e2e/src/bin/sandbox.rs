@@ -6,7 +6,7 @@
 
 use anyhow::{Context, Result, ensure};
 use macvtap_e2e::guest;
-use macvtap_e2e::node::{self, GUEST_IP, Multus, Node, PEER_IP};
+use macvtap_e2e::node::{self, FAST_RECLAIM, GUEST_IP, Multus, Node, PEER_IP};
 use macvtap_e2e::sandbox::{TestNs, require_root};
 use macvtap_e2e::steps::Steps;
 use macvtap_e2e::vm::{GuestNet, run_qemu};
@@ -45,9 +45,11 @@ async fn main() -> Result<()> {
 
     s.step("test kubelet and the macvtap device plugin");
     n.start_kubelet().await?;
-    let pid = n.start_device_plugin(CONF, &[])?;
+    n.start_pod_resources().await?;
+    let pid = n.start_device_plugin(CONF, &FAST_RECLAIM)?;
     s.say(format!(
-        "macvtap-deviceplugin (pid {pid}) with DP_MACVTAP_CONF={CONF}"
+        "macvtap-deviceplugin (pid {pid}) with DP_MACVTAP_CONF={CONF} {}",
+        FAST_RECLAIM.join(" ")
     ));
     let mut client = n.plugin("dataplane", 50).await?;
     s.say(
@@ -56,6 +58,8 @@ async fn main() -> Result<()> {
 
     s.step("the kubelet admits a VM pod: Allocate one device");
     let alloc = Node::allocate(&mut client, "dataplaneMvp0").await?;
+    let resource = format!("{}/dataplane", macvtap_link::RESOURCE_PREFIX);
+    n.hold(&resource, &[&alloc.device_id])?;
     let link = macvtap_link::link_name_for_device(&alloc.device_id);
     s.say(format!(
         "device {} -> macvtap {link} on lower0 in the node namespace, {} for the pod ({:.1} ms)",
@@ -105,16 +109,24 @@ async fn main() -> Result<()> {
         run.total.as_secs_f64()
     ));
 
-    s.step("the pod is deleted: CNI DEL, pod namespace removed, device plugin stopped");
+    s.step("the pod is deleted: CNI DEL gives the macvtap back to the node");
     let del = multus.run("DEL", &pod, "net1", Some(&alloc.device_id))?;
     ensure!(del.ok, "CNI DEL failed: {}", del.json);
+    n.returned_link(&alloc.device_id, alloc.ifindex()?)?;
+    s.say(format!(
+        "{link} is back in the node namespace, down, still {} (a re-created sandbox would get it again)",
+        alloc.host_path.display()
+    ));
     drop(pod);
+
+    s.step("the kubelet frees the device; the device plugin reclaims the link after its grace");
+    n.hold(&resource, &[])?;
+    n.wait_for_reclaim()?;
+    s.say(format!("{link} removed by the device plugin"));
+
+    s.step("the device plugin stops");
     n.stop_device_plugin()
         .context("stopping the device plugin")?;
-    ensure!(
-        !n.ns.links()?.iter().any(|l| l.starts_with("mvt")),
-        "a macvtap was left on the node"
-    );
     ensure!(!node::alive(pid), "the device plugin is still running");
     s.say("no macvtap left, the device plugin exited cleanly; the namespaces go next");
     drop(n);
