@@ -95,10 +95,28 @@ fn floor_add(host: &Handle, pod_ns: &Netns, name: &str) -> Result<()> {
     Ok(())
 }
 
-fn floor_del(pod_ns: &Netns) -> Result<()> {
+/// The in-process floor of DEL: the same netlink work as ours, which gives
+/// the link back to the host (get; host look-ups of index and name; down;
+/// move + rename keeping the ifindex; get; MAC/promisc/down).
+fn floor_del(host_ns: &Netns, host: &Handle, pod_ns: &Netns, host_name: &str) -> Result<()> {
     let pod = Handle::in_netns(pod_ns)?;
     let link = pod.get_link("net1")?.context("floor net1 missing")?;
-    pod.del_link(link.index, "net1")?;
+    ensure!(host.get_link_by_index(link.index)?.is_none(), "index taken");
+    ensure!(host.get_link(host_name)?.is_none(), "name taken");
+    let down = LinkChange {
+        up: Some(false),
+        ..Default::default()
+    };
+    pod.set_link(link.index, "net1", &down)?;
+    pod.set_link_ns(link.index, "net1", host_ns, host_name)?;
+    let back = host.get_link(host_name)?.context("floor link not back")?;
+    let reset = LinkChange {
+        mac: Some(FLOOR_MAC),
+        promisc: Some(false),
+        up: Some(false),
+        ..Default::default()
+    };
+    host.set_link(back.index, host_name, &reset)?;
     Ok(())
 }
 
@@ -139,6 +157,7 @@ pub fn per_command(
 
     node.node.run(|| {
         let host = Handle::current()?;
+        let host_ns = Netns::current()?;
         let lower = host.get_link("lower0")?.context("lower0 missing")?;
         let ours_dev = "benchMvp0";
         let floor_dev = "benchMvp1";
@@ -197,7 +216,7 @@ pub fn per_command(
                                         "DEL",
                                     )?;
                                 }
-                                floor_del(&floor_ns)?;
+                                floor_del(&host_ns, &host, &floor_ns, &floor_link)?;
                             }
                         }
                         t.elapsed()
@@ -219,6 +238,14 @@ pub fn per_command(
                     samples[who][c].push(took);
                 }
             }
+            // DEL gave both macvtaps back; the device plugin's reclaim would
+            // remove them once their pod is gone. Not measured.
+            for name in [&ours_link, &floor_link] {
+                let back = host
+                    .get_link(name)?
+                    .context("DEL did not give the link back")?;
+                host.del_link(back.index, name)?;
+            }
         }
         Ok(())
     })?;
@@ -226,7 +253,8 @@ pub fn per_command(
     let what = format!(
         "Wall time of each CNI command, {n} interleaved rounds{}. `floor` is the same \
          netlink work issued in-process by `macvtap-link` with no exec (move+rename, \
-         MTU/MAC/up; get+delete; get+list addresses for CHECK){}. `go-macvlan` is Debian's \
+         MTU/MAC/up; for DEL the same give-back as ours: get, host look-ups, down, move+rename \
+         back, MAC/promisc; get+list addresses for CHECK){}. The Go plugin's DEL deletes its link. `go-macvlan` is Debian's \
          Go macvlan plugin doing the same commands: it creates its link directly in the pod \
          namespace and so skips the namespace move (about 16 ms of RCU waiting on this kernel) \
          that a macvtap made at Allocate time cannot skip; compare ours with the floor.",
@@ -345,7 +373,7 @@ pub fn concurrent(plugins: &Plugins, count: usize, report: &mut Report) -> Resul
     // No MAC: siblings on one NIC may not share one.
     let args = "IgnoreUnknown=true".to_string();
     let mut md = String::from(
-        "| plugin | ADD wall ms | ADD failures | DEL wall ms | DEL failures | links left |\n| --- | ---: | ---: | ---: | ---: | ---: |\n",
+        "| plugin | ADD wall ms | ADD failures | DEL wall ms | DEL failures | links left in pods | links back on the node |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
     for who in ["ours", "go-macvlan"] {
         let (add_ms, add_fail, del_ms, del_fail) = node.node.run(|| {
@@ -408,25 +436,29 @@ pub fn concurrent(plugins: &Plugins, count: usize, report: &mut Report) -> Resul
         for p in &pods {
             left += p.links()?.iter().filter(|l| *l != "lo").count();
         }
-        left += node
+        let returned: Vec<String> = node
             .node
             .links()?
-            .iter()
+            .into_iter()
             .filter(|l| l.starts_with("mvt"))
-            .count();
+            .collect();
         md.push_str(&format!(
-            "| {who} | {add_ms:.0} | {add_fail} | {del_ms:.0} | {del_fail} | {left} |\n"
+            "| {who} | {add_ms:.0} | {add_fail} | {del_ms:.0} | {del_fail} | {left} | {} |\n",
+            returned.len()
         ));
-        if left > 0 {
-            // Clean up so the next plugin starts from an empty node.
-            for p in &pods {
-                let _ = p.ip(&["link", "del", "net1"]);
-            }
+        // Clean up so the next plugin starts from an empty node: links left
+        // in pods, and the links our DEL gave back (the device plugin's
+        // reclaim removes those once their pods are gone).
+        for p in &pods {
+            let _ = p.ip(&["link", "del", "net1"]);
+        }
+        for l in &returned {
+            let _ = node.node.ip(&["link", "del", l]);
         }
     }
     report.section(
         &format!("{count} concurrent ADDs, then {count} concurrent DELs"),
-        &format!("All {count} ADDs start at once, each for its own pod namespace; then all DELs. Wall time of each burst, failed commands, and links left anywhere afterwards."),
+        &format!("All {count} ADDs start at once, each for its own pod namespace; then all DELs. Wall time of each burst, failed commands, links left in the pods afterwards, and links back on the node (our DEL gives every macvtap back to the host; the Go plugin deletes its links)."),
     );
     report.text(&md);
     Ok(())
