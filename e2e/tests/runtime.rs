@@ -24,7 +24,7 @@ use macvtap_e2e::runtime::{
 };
 use macvtap_e2e::sandbox::{TestNs, require_root};
 use macvtap_e2e::steps::Steps;
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -422,4 +422,103 @@ async fn kubelet_dir_overlay_runs_under_runc() -> Result<()> {
         },
     )
     .await
+}
+
+/// The translation itself, without root: the base DaemonSet's containers
+/// become the OCI configs containerd would write.
+#[test]
+fn the_base_daemonset_translates_as_containerd_translates_it() {
+    let docs = render(&repo_root().join("manifests/base")).unwrap();
+    let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
+    let pod = ds["spec"]["template"]["spec"].clone();
+    let host = tempfile::tempdir().unwrap();
+    for d in [
+        "var/lib/kubelet/device-plugins",
+        "var/lib/kubelet/pod-resources",
+        "opt/cni/bin",
+    ] {
+        std::fs::create_dir_all(host.path().join(d)).unwrap();
+    }
+    let cms: Vec<Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == "ConfigMap")
+        .cloned()
+        .collect();
+    let sb = PodSandbox::new(
+        Path::new("/run/netns/node"),
+        host.path(),
+        &host.path().join("pod"),
+        cms,
+    )
+    .unwrap();
+    let image = macvtap_e2e::runtime::ImageConfig {
+        entrypoint: vec!["/macvtap-deviceplugin".into()],
+        user: "65532:65532".into(),
+        ..Default::default()
+    };
+    let dests = |v: &Value| -> Vec<String> {
+        v["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["destination"].as_str().unwrap().to_string())
+            .collect()
+    };
+
+    let init = sb
+        .oci_config(&pod, &pod["initContainers"][0], "init", &image, "/cg")
+        .unwrap();
+    let d = dests(&init);
+    assert_eq!(
+        init["mounts"][1]["type"], "tmpfs",
+        "no volume at /dev: a tmpfs"
+    );
+    assert!(d.contains(&"/dev/termination-log".to_string()), "{d:?}");
+    assert_eq!(init["process"]["capabilities"]["effective"], json!([]));
+    assert_eq!(init["process"]["args"][1], "install-cni");
+
+    let dp = sb
+        .oci_config(&pod, &pod["containers"][0], "dp", &image, "/cg")
+        .unwrap();
+    assert_eq!(
+        dests(&dp),
+        [
+            "/proc",
+            "/sys",
+            "/sys/fs/cgroup",
+            "/dev",
+            "/etc/hosts",
+            "/tmp/termination-log",
+            "/etc/hostname",
+            "/etc/resolv.conf",
+            "/dev/shm",
+            "/var/lib/kubelet/device-plugins",
+            "/var/lib/kubelet/pod-resources",
+        ],
+        "defaults without /dev/*, then the supplied mounts by depth"
+    );
+    let dev = &dp["mounts"][3];
+    assert_eq!(dev["source"], "/dev", "the real /dev");
+    assert_eq!(dev["options"], json!(["rbind", "rprivate", "ro"]));
+    let caps = json!(["CAP_NET_ADMIN"]);
+    for set in ["bounding", "effective", "permitted"] {
+        assert_eq!(dp["process"]["capabilities"][set], caps, "{set}");
+    }
+    assert_eq!(dp["process"]["noNewPrivileges"], true);
+    assert_eq!(dp["process"]["user"]["uid"], 0, "runAsUser over USER");
+    assert!(dp["process"].get("oomScoreAdj").is_none());
+    assert_eq!(dp["root"]["readonly"], true);
+    assert_eq!(
+        dp["linux"]["namespaces"][3],
+        json!({"type": "network", "path": "/run/netns/node"})
+    );
+    assert_eq!(dp["linux"]["resources"]["memory"]["limit"], 64 << 20);
+    assert_eq!(dp["linux"]["resources"]["cpu"]["quota"], 20_000);
+    assert!(
+        dp["process"]["env"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("DP_MACVTAP_CONF=[]")),
+        "envFrom the ConfigMap"
+    );
 }
