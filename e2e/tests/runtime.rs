@@ -13,6 +13,10 @@
 //! `/dev/tapN` exists, answers the manifest's probes, runs with exactly the
 //! capabilities the manifest declares, and on SIGTERM exits 0 within 2 s
 //! with its socket removed. Every failure names the manifest field at fault.
+//!
+//! `oom_score_adj` is not set: the kubelet would give this
+//! `system-node-critical` pod -997, but lowering it needs
+//! `CAP_SYS_RESOURCE`, which this sandbox's bounding set does not have.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
@@ -359,6 +363,34 @@ async fn daemonset_runs_under_runc(variant: &str, layout: Layout) -> Result<()> 
         );
     }
     steps.say(format!("CapEff = CapPrm = CapBnd = {declared:?}"));
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let line = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(|v| v.split_whitespace().collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    let want_nnp = if c["securityContext"]["allowPrivilegeEscalation"] == false {
+        "1"
+    } else {
+        "0"
+    };
+    ensure!(
+        line("NoNewPrivs:") == [want_nnp],
+        "{field}.securityContext.allowPrivilegeEscalation: the daemon's NoNewPrivs is {:?}",
+        line("NoNewPrivs:")
+    );
+    let want_uid = c["securityContext"]["runAsUser"]
+        .as_u64()
+        .unwrap_or(65532)
+        .to_string();
+    ensure!(
+        line("Uid:").first() == Some(&want_uid.as_str()),
+        "{field}.securityContext.runAsUser: the daemon runs as uid {:?}",
+        line("Uid:")
+    );
+    steps.say(format!("uid {want_uid}, NoNewPrivs {want_nnp}"));
 
     steps.step("SIGTERM (runc kill): exit 0 and sockets removed");
     let socket = node.plugin_dir().join(&reg.endpoint);
