@@ -258,6 +258,77 @@ fn depth(path: &str) -> usize {
     path.trim_end_matches('/').split('/').count()
 }
 
+/// The process's uid, gid and additional gids: `runAsUser`/`runAsGroup` of
+/// the container, else of the pod, else the image's `USER`; with no
+/// `/etc/passwd` in the image the group is 0 unless given (containerd
+/// `WithUser`, `WithAdditionalGIDs`).
+fn user(sc: &Value, psc: &Value, image: &ImageConfig) -> Result<(u64, u64, Vec<u64>)> {
+    let (image_uid, image_gid) = match image.user.split_once(':') {
+        Some((u, g)) => (u.to_string(), Some(g.to_string())),
+        None => (image.user.clone(), None),
+    };
+    let run_as_user = sc["runAsUser"].as_u64().or(psc["runAsUser"].as_u64());
+    let uid = match run_as_user {
+        Some(u) => u,
+        None if image_uid.is_empty() => 0,
+        None => image_uid
+            .parse()
+            .with_context(|| format!("the image's USER {:?} is not numeric", image.user))?,
+    };
+    let gid = match sc["runAsGroup"].as_u64().or(psc["runAsGroup"].as_u64()) {
+        Some(g) => g,
+        None if run_as_user.is_none() => match image_gid {
+            Some(g) => g.parse().context("the image's USER group is not numeric")?,
+            None => 0,
+        },
+        None => 0,
+    };
+    let mut gids = vec![gid];
+    for g in psc["supplementalGroups"].as_array().into_iter().flatten() {
+        gids.extend(g.as_u64());
+    }
+    gids.extend(psc["fsGroup"].as_u64());
+    Ok((uid, gid, gids))
+}
+
+/// `linux.resources`: the deny-all device rule of containerd's default
+/// spec, and CPU and memory as the kubelet computes them
+/// (`calculateLinuxResources`) and containerd writes them (`WithResources`).
+fn resources(container: &Value, field: &str) -> Result<Value> {
+    let res = &container["resources"];
+    let rfield = format!("{field}.resources");
+    let mut memory = json!({});
+    if let Some(q) = res["limits"].get("memory") {
+        let limit = memory_bytes(q, &format!("{rfield}.limits.memory"))?;
+        memory["limit"] = json!(limit);
+        // Swap equal to the limit, so the container cannot swap, where
+        // the swap controller exists.
+        if Path::new("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes").exists() {
+            memory["swap"] = json!(limit);
+        }
+    }
+    let mut cpu = json!({});
+    let request = res["requests"]
+        .get("cpu")
+        .or(res["limits"].get("cpu"))
+        .map(|q| milli_cpu(q, &format!("{rfield}.requests.cpu")))
+        .transpose()?;
+    if let Some(m) = request {
+        cpu["shares"] = json!((m * 1024 / 1000).max(2));
+    }
+    if let Some(q) = res["limits"].get("cpu") {
+        let m = milli_cpu(q, &format!("{rfield}.limits.cpu"))?;
+        cpu["period"] = json!(100_000);
+        cpu["quota"] = json!((m * 100_000 / 1000).max(1000));
+    }
+
+    Ok(json!({
+        "devices": [{"allow": false, "access": "rwm"}],
+        "memory": memory,
+        "cpu": cpu,
+    }))
+}
+
 /// The parts of an image config that shape a container's process.
 #[derive(Debug, Clone, Default)]
 pub struct ImageConfig {
@@ -508,9 +579,6 @@ impl PodSandbox {
             pod["hostNetwork"] == true,
             "spec.template.spec.hostNetwork: this runtime runs host-network pods only"
         );
-        let name = container["name"]
-            .as_str()
-            .with_context(|| format!("{field}.name"))?;
         let sc = &container["securityContext"];
         let psc = &pod["securityContext"];
         ensure!(
@@ -536,39 +604,71 @@ impl PodSandbox {
             "{field}.command: nothing to run (no command and no image entrypoint)"
         );
 
-        // User: runAsUser/runAsGroup of the container, else the pod's, else
-        // the image's USER; no /etc/passwd in the image, so the group is 0
-        // unless given (containerd `WithUser`, `WithAdditionalGIDs`).
-        let (image_uid, image_gid) = match image.user.split_once(':') {
-            Some((u, g)) => (u.to_string(), Some(g.to_string())),
-            None => (image.user.clone(), None),
-        };
-        let run_as_user = sc["runAsUser"].as_u64().or(psc["runAsUser"].as_u64());
-        let uid = match run_as_user {
-            Some(u) => u,
-            None if image_uid.is_empty() => 0,
-            None => image_uid
-                .parse()
-                .with_context(|| format!("the image's USER {:?} is not numeric", image.user))?,
-        };
-        let gid = match sc["runAsGroup"].as_u64().or(psc["runAsGroup"].as_u64()) {
-            Some(g) => g,
-            None if run_as_user.is_none() => match image_gid {
-                Some(g) => g.parse().context("the image's USER group is not numeric")?,
-                None => 0,
-            },
-            None => 0,
-        };
-        let mut gids = vec![gid];
-        for g in psc["supplementalGroups"].as_array().into_iter().flatten() {
-            gids.extend(g.as_u64());
-        }
-        gids.extend(psc["fsGroup"].as_u64());
-
+        let (uid, gid, gids) = user(sc, psc, image)?;
         let caps = capabilities(sc, &format!("{field}.securityContext"))?;
         let no_new_privs = sc["allowPrivilegeEscalation"] == false;
         let read_only_root = sc["readOnlyRootFilesystem"] == true;
 
+        let mounts = self.mounts(pod, container, field, read_only_root)?;
+
+        let resources = resources(container, field)?;
+
+        let mut namespaces = vec![json!({"type": "mount"})];
+        if pod["hostPID"] != true {
+            namespaces.push(json!({"type": "pid"}));
+        }
+        if pod["hostIPC"] != true {
+            namespaces.push(json!({"type": "ipc"}));
+        }
+        // hostNetwork: the node's network namespace, and the node's UTS
+        // namespace (containerd leaves both out for host-network sandboxes;
+        // here the node is a network namespace of its own).
+        namespaces.push(json!({"type": "network", "path": self.netns}));
+
+        let cwd = if image.working_dir.is_empty() {
+            "/".to_string()
+        } else {
+            image.working_dir.clone()
+        };
+        Ok(json!({
+            "ociVersion": "1.0.2-dev",
+            "process": {
+                "terminal": false,
+                "user": {"uid": uid, "gid": gid, "additionalGids": gids},
+                "args": argv,
+                "env": self.env(container, field, image)?,
+                "cwd": cwd,
+                "capabilities": {
+                    "bounding": caps, "effective": caps, "permitted": caps,
+                },
+                "noNewPrivileges": no_new_privs,
+            },
+            "root": {"path": "rootfs", "readonly": read_only_root},
+            "mounts": mounts,
+            "linux": {
+                "namespaces": namespaces,
+                "maskedPaths": MASKED_PATHS,
+                "readonlyPaths": READONLY_PATHS,
+                "cgroupsPath": cgroup,
+                "resources": resources,
+            },
+        }))
+    }
+
+    /// The container's mounts as containerd's `WithMounts` lays them out:
+    /// the defaults not taken by a supplied mount, then the supplied ones
+    /// (the kubelet's volumeMounts, hosts file and termination message file,
+    /// then containerd's own) sorted by path depth.
+    fn mounts(
+        &self,
+        pod: &Value,
+        container: &Value,
+        field: &str,
+        read_only_root: bool,
+    ) -> Result<Vec<Value>> {
+        let name = container["name"]
+            .as_str()
+            .with_context(|| format!("{field}.name"))?;
         // Mounts the kubelet asks for: volumeMounts, the pod's hosts file,
         // the termination message file.
         struct Bind {
@@ -691,80 +791,7 @@ impl PodSandbox {
                 "options": ["rbind", "rprivate", if b.ro { "ro" } else { "rw" }],
             }));
         }
-
-        // Resources (kubelet `calculateLinuxResources`, containerd
-        // `WithResources`).
-        let res = &container["resources"];
-        let rfield = format!("{field}.resources");
-        let mut memory = json!({});
-        if let Some(q) = res["limits"].get("memory") {
-            let limit = memory_bytes(q, &format!("{rfield}.limits.memory"))?;
-            memory["limit"] = json!(limit);
-            // Swap equal to the limit, so the container cannot swap, where
-            // the swap controller exists.
-            if Path::new("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes").exists() {
-                memory["swap"] = json!(limit);
-            }
-        }
-        let mut cpu = json!({});
-        let request = res["requests"]
-            .get("cpu")
-            .or(res["limits"].get("cpu"))
-            .map(|q| milli_cpu(q, &format!("{rfield}.requests.cpu")))
-            .transpose()?;
-        if let Some(m) = request {
-            cpu["shares"] = json!((m * 1024 / 1000).max(2));
-        }
-        if let Some(q) = res["limits"].get("cpu") {
-            let m = milli_cpu(q, &format!("{rfield}.limits.cpu"))?;
-            cpu["period"] = json!(100_000);
-            cpu["quota"] = json!((m * 100_000 / 1000).max(1000));
-        }
-
-        let mut namespaces = vec![json!({"type": "mount"})];
-        if pod["hostPID"] != true {
-            namespaces.push(json!({"type": "pid"}));
-        }
-        if pod["hostIPC"] != true {
-            namespaces.push(json!({"type": "ipc"}));
-        }
-        // hostNetwork: the node's network namespace, and the node's UTS
-        // namespace (containerd leaves both out for host-network sandboxes;
-        // here the node is a network namespace of its own).
-        namespaces.push(json!({"type": "network", "path": self.netns}));
-
-        let cwd = if image.working_dir.is_empty() {
-            "/".to_string()
-        } else {
-            image.working_dir.clone()
-        };
-        Ok(json!({
-            "ociVersion": "1.0.2-dev",
-            "process": {
-                "terminal": false,
-                "user": {"uid": uid, "gid": gid, "additionalGids": gids},
-                "args": argv,
-                "env": self.env(container, field, image)?,
-                "cwd": cwd,
-                "capabilities": {
-                    "bounding": caps, "effective": caps, "permitted": caps,
-                },
-                "noNewPrivileges": no_new_privs,
-            },
-            "root": {"path": "rootfs", "readonly": read_only_root},
-            "mounts": mounts,
-            "linux": {
-                "namespaces": namespaces,
-                "maskedPaths": MASKED_PATHS,
-                "readonlyPaths": READONLY_PATHS,
-                "cgroupsPath": cgroup,
-                "resources": {
-                    "devices": [{"allow": false, "access": "rwm"}],
-                    "memory": memory,
-                    "cpu": cpu,
-                },
-            },
-        }))
+        Ok(mounts)
     }
 }
 
