@@ -15,13 +15,23 @@ for tool in kind kubectl; do
   command -v "$tool" >/dev/null || { echo "$tool is required" >&2; exit 1; }
 done
 
+# A kind node's /dev is a tmpfs that the node container got at start, not
+# devtmpfs, so the /dev/tapN of a macvtap made later never appears in it and
+# pods fail with "lstat /dev/tapN: no such file or directory"
+# (kubevirt/macvtap-cni#39). Mounting the host's /dev over the node's /dev
+# gives the node (and the DaemonSet's hostPath /dev) the host's devtmpfs.
+# Recreate an older cluster (kind delete cluster --name $CLUSTER) to get it.
 if ! kind get clusters | grep -qx "$CLUSTER"; then
   kind create cluster --name "$CLUSTER" --config - <<KIND
 kind: Cluster
 apiVersion: kind.x-k8s.io/v1alpha4
 nodes:
   - role: control-plane
+    extraMounts:
+      - {hostPath: /dev, containerPath: /dev}
   - role: worker
+    extraMounts:
+      - {hostPath: /dev, containerPath: /dev}
 KIND
 fi
 export KUBECONFIG=${KUBECONFIG:-$HOME/.kube/config}

@@ -21,6 +21,8 @@ packages=(
   libvirt-daemon-driver-qemu
   libvirt-clients               # virsh
   iperf3                        # data path benchmarks
+  runc                          # runs the DaemonSet's containers as a node's runtime does
+  podman                        # builds the image from the static binaries (hack/build-image.sh --prebuilt)
 )
 missing=()
 for p in "${packages[@]}"; do

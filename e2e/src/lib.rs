@@ -8,6 +8,7 @@ pub mod cpio;
 pub mod guest;
 pub mod kustomize;
 pub mod node;
+pub mod runtime;
 pub mod sandbox;
 pub mod steps;
 pub mod vm;

@@ -90,7 +90,7 @@ fn the_containerfile_puts_the_binaries_where_the_daemonset_runs_them() {
     let ds = std::fs::read_to_string(root().join("manifests/base/daemonset.yaml")).unwrap();
     for path in ["/macvtap-deviceplugin", "/macvtap"] {
         assert!(
-            cf.contains(&format!("COPY --from=build /out{path} {path}")),
+            cf.contains(&format!("COPY --from=binaries /out{path} {path}")),
             "Containerfile copies {path}"
         );
     }

@@ -323,3 +323,44 @@ fn the_daemonset_is_what_a_node_critical_daemon_needs() {
     assert_eq!(caps.add.unwrap(), vec!["NET_ADMIN".to_string()]);
     assert_eq!(caps.drop.unwrap(), vec!["ALL".to_string()]);
 }
+
+/// Whether `path` is `dir` or lies below it.
+fn is_at_or_under(path: &str, dir: &str) -> bool {
+    let dir = dir.trim_end_matches('/');
+    path == dir || path.starts_with(&format!("{dir}/"))
+}
+
+#[test]
+fn no_termination_log_lies_in_a_read_only_mount() {
+    // The kubelet bind-mounts every container's termination message file at
+    // `terminationMessagePath` (default `/dev/termination-log`); a runtime
+    // cannot create that mount point inside a read-only volume, and the
+    // container then never starts. `tests/runtime.rs` proves it under runc.
+    for (dir, docs) in renderings() {
+        let spec = daemonset(&docs).spec.template.spec.unwrap();
+        let all = spec
+            .init_containers
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .chain(spec.containers.clone());
+        for c in all {
+            let path = c
+                .termination_message_path
+                .clone()
+                .unwrap_or_else(|| "/dev/termination-log".into());
+            for m in c.volume_mounts.clone().unwrap_or_default() {
+                assert!(
+                    !(m.read_only == Some(true) && is_at_or_under(&path, &m.mount_path)),
+                    "{dir}: container {}: terminationMessagePath {path} lies in the read-only \
+                     volumeMount {} at {}; set terminationMessagePath outside it",
+                    c.name,
+                    m.name,
+                    m.mount_path
+                );
+            }
+        }
+    }
+    assert!(is_at_or_under("/dev/termination-log", "/dev"));
+    assert!(!is_at_or_under("/devices/x", "/dev"));
+}

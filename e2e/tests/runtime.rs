@@ -1,0 +1,556 @@
+//! The DaemonSet run by a real container runtime, exactly as a node runs it:
+//! each kustomization (base and both overlays) is rendered, its pod spec is
+//! translated into OCI configs the way the kubelet and containerd translate
+//! it (`macvtap_e2e::runtime`), and Debian's `runc` runs the init container
+//! and then the daemon from the image that `hack/build-image.sh --prebuilt`
+//! builds out of the static binaries. The node is a network namespace with
+//! a veth as its NIC, a temp dir stands for the host's file system (with
+//! the kubelet and CNI dirs of the distribution the variant is for), `/dev`
+//! is the real `/dev`, and the test kubelet plays the kubelet.
+//!
+//! Checked: the init container installs the CNI binary (identical bytes);
+//! the daemon registers, lists healthy devices, Allocates a device whose
+//! `/dev/tapN` exists, answers the manifest's probes, runs with exactly the
+//! capabilities the manifest declares, and on SIGTERM exits 0 within 2 s
+//! with its socket removed. Every failure names the manifest field at fault.
+//!
+//! `oom_score_adj` is not set: the kubelet would give this
+//! `system-node-critical` pod -997, but lowering it needs
+//! `CAP_SYS_RESOURCE`, which this sandbox's bounding set does not have.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use macvtap_deviceplugin::testkubelet::{TestKubelet, TestPodResources, tap_node_lock};
+use macvtap_e2e::kustomize::render;
+use macvtap_e2e::runtime::{
+    Image, PodSandbox, RuncContainer, cap_mask, cap_names, capabilities, http_get, process_caps,
+    repo_root, unique_id,
+};
+use macvtap_e2e::sandbox::{TestNs, require_root};
+use macvtap_e2e::steps::Steps;
+use serde_json::{Value, json};
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// What users put in the ConfigMap (README, "Choose the resources"), naming
+/// this node's NIC: auto-discovery would skip a veth.
+const CONF: &str = r#"[{"name":"dataplane","lowerDevice":"lower0","mode":"bridge","capacity":4}]"#;
+const RESOURCE: &str = "macvtap.network.kubevirt.io/dataplane";
+const CAPACITY: usize = 4;
+/// Deadline for a container to finish or the daemon to answer (not a
+/// latency target: the cold start is measured and printed).
+const WAIT: Duration = Duration::from_secs(20);
+/// The kubelet gives a container 30 s after SIGTERM; ours must need < 2 s.
+const STOP_WITHIN: Duration = Duration::from_secs(2);
+
+/// Where a distribution keeps the kubelet's dir and the CNI binaries.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    kubelet_root: &'static str,
+    cni_bin: &'static str,
+}
+
+/// The node: its network namespace with NIC `lower0`, a temp dir standing
+/// for the host's `/`, the test kubelet and PodResources API. Dropping it
+/// removes every macvtap made on it, the namespace and the dirs.
+struct TestNode {
+    kubelet: Option<TestKubelet>,
+    pod_resources: Option<TestPodResources>,
+    ns: TestNs,
+    host: tempfile::TempDir,
+    layout: Layout,
+    _tap_lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+impl TestNode {
+    fn new(layout: Layout) -> Result<Self> {
+        require_root()?;
+        // Fresh namespaces number links from 1; see `tap_node_lock`.
+        let lock = tap_node_lock().map_err(|e| anyhow!("{e}"))?;
+        let ns = TestNs::new("rtnode")?;
+        ns.ip(&[
+            "link", "add", "lower0", "type", "veth", "peer", "name", "peer0",
+        ])?;
+        ns.ip(&["link", "set", "lower0", "up"])?;
+        ns.ip(&["link", "set", "peer0", "up"])?;
+        let host = tempfile::tempdir()?;
+        let node = Self {
+            kubelet: None,
+            pod_resources: None,
+            ns,
+            host,
+            layout,
+            _tap_lock: lock,
+        };
+        // What the kubelet and the CNI installation make on a real node.
+        for dir in [
+            format!("{}/device-plugins", layout.kubelet_root),
+            format!("{}/pod-resources", layout.kubelet_root),
+            layout.cni_bin.to_string(),
+        ] {
+            std::fs::create_dir_all(node.host_path(&dir))?;
+        }
+        Ok(node)
+    }
+
+    /// A host path of this node (under the temp dir; `/dev` is not used here).
+    fn host_path(&self, path: &str) -> PathBuf {
+        self.host.path().join(path.trim_start_matches('/'))
+    }
+
+    fn plugin_dir(&self) -> PathBuf {
+        self.host_path(&format!("{}/device-plugins", self.layout.kubelet_root))
+    }
+
+    async fn start_kubelet(&mut self) -> Result<()> {
+        self.kubelet = Some(
+            TestKubelet::start(&self.plugin_dir())
+                .await
+                .map_err(|e| anyhow!("{e}"))?,
+        );
+        let sock = self.host_path(&format!(
+            "{}/pod-resources/kubelet.sock",
+            self.layout.kubelet_root
+        ));
+        self.pod_resources = Some(
+            TestPodResources::start(&sock)
+                .await
+                .map_err(|e| anyhow!("{e}"))?,
+        );
+        Ok(())
+    }
+}
+
+impl Drop for TestNode {
+    fn drop(&mut self) {
+        // Delete our macvtaps while the tap-node lock is held, so the next
+        // test cannot meet a stale /dev/tapN.
+        for link in self.ns.links().unwrap_or_default() {
+            if link.starts_with("mvt") {
+                let _ = self.ns.ip(&["link", "del", &link]);
+            }
+        }
+    }
+}
+
+/// The static binaries, built as `tests/image.rs` builds them.
+fn build_static(out: &Path) -> Result<()> {
+    let status = Command::new(repo_root().join("hack/build-static.sh"))
+        .arg("")
+        .arg(out)
+        .status()
+        .context("running hack/build-static.sh")?;
+    ensure!(status.success(), "hack/build-static.sh failed");
+    Ok(())
+}
+
+/// The port a probe's `httpGet.port` names: a number, or a `ports[].name`.
+fn probe_port(c: &Value, probe: &str, field: &str) -> Result<(u16, String)> {
+    let get = &c[probe]["httpGet"];
+    let path = get["path"].as_str().unwrap_or("/").to_string();
+    let port = match &get["port"] {
+        Value::Number(n) => n.as_u64().context("port")?,
+        Value::String(name) => c["ports"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["name"] == name.as_str())
+            .and_then(|p| p["containerPort"].as_u64())
+            .with_context(|| {
+                format!("{field}.{probe}.httpGet.port names port {name:?}, which {field}.ports does not have")
+            })?,
+        other => bail!("{field}.{probe}.httpGet.port: {other} is not a port"),
+    };
+    Ok((u16::try_from(port)?, path))
+}
+
+async fn daemonset_runs_under_runc(variant: &str, layout: Layout) -> Result<()> {
+    require_root()?;
+    let mut steps = Steps::new();
+    steps.step("static binaries (hack/build-static.sh), image (hack/build-image.sh --prebuilt)");
+    let bins = tempfile::tempdir()?;
+    tokio::task::block_in_place(|| build_static(bins.path()))?;
+    let image = tokio::task::block_in_place(|| Image::build(bins.path()))?;
+    steps.say(format!(
+        "image: ENTRYPOINT {:?}, USER {:?}",
+        image.config.entrypoint, image.config.user
+    ));
+
+    steps.step(&format!(
+        "render manifests/{variant}; the ConfigMap names the node's NIC lower0"
+    ));
+    let mut docs = render(&repo_root().join("manifests").join(variant))?;
+    let mut found_cm = false;
+    for d in docs.iter_mut().filter(|d| {
+        d["kind"] == "ConfigMap" && d["metadata"]["name"] == "macvtap-deviceplugin-config"
+    }) {
+        d["data"]["DP_MACVTAP_CONF"] = Value::from(CONF);
+        found_cm = true;
+    }
+    ensure!(
+        found_cm,
+        "{variant}: no ConfigMap macvtap-deviceplugin-config"
+    );
+    let ds = docs
+        .iter()
+        .find(|d| d["kind"] == "DaemonSet")
+        .context("no DaemonSet in the rendering")?;
+    let pod = ds["spec"]["template"]["spec"].clone();
+    let config_maps: Vec<Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == "ConfigMap")
+        .cloned()
+        .collect();
+
+    steps.step(&format!(
+        "node: netns with NIC lower0, kubelet dir {}, CNI dir {}, test kubelet",
+        layout.kubelet_root, layout.cni_bin
+    ));
+    let mut node = TestNode::new(layout)?;
+    let pod_dir = node.host.path().join("pod");
+    let sandbox = PodSandbox::new(
+        Path::new(&node.ns.path()),
+        node.host.path(),
+        &pod_dir,
+        config_maps,
+    )?;
+    node.start_kubelet().await?;
+
+    for c in pod["initContainers"].as_array().into_iter().flatten() {
+        let name = c["name"].as_str().context("initContainers[].name")?;
+        let field = format!("spec.template.spec.initContainers[{name}]");
+        steps.step(&format!("init container {name} under runc"));
+        let id = unique_id(name);
+        let config = sandbox.oci_config(&pod, c, &field, &image.config, &format!("/{id}"))?;
+        let mut ctr =
+            RuncContainer::create(&id, &config, &image, &pod_dir.join(format!("{name}.log")))?;
+        ctr.start()?;
+        let status = tokio::task::block_in_place(|| ctr.wait(WAIT))?;
+        ensure!(
+            status.is_some_and(|s| s.success()),
+            "{field} did not exit 0 ({}); check its command, args, securityContext and \
+             volumeMounts. Its output:\n{}",
+            status.map_or("still running".to_string(), |s| s.to_string()),
+            ctr.log()
+        );
+    }
+    let installed = node.host_path(&format!("{}/macvtap", layout.cni_bin));
+    let want = std::fs::read(bins.path().join("macvtap"))?;
+    ensure!(
+        std::fs::read(&installed).ok().as_ref() == Some(&want),
+        "the init container did not install the CNI binary as {}/macvtap: check \
+         initContainers[].args --target-dir, its volumeMounts and volumes[cni-bin].hostPath.path",
+        layout.cni_bin
+    );
+    steps.say(format!(
+        "{}/macvtap: {} bytes, identical to the image's",
+        layout.cni_bin,
+        want.len()
+    ));
+
+    let c = pod["containers"]
+        .as_array()
+        .and_then(|a| a.first())
+        .context("spec.template.spec.containers is empty")?;
+    let name = c["name"].as_str().context("containers[].name")?;
+    let field = format!("spec.template.spec.containers[{name}]");
+    steps.step(&format!(
+        "daemon container {name} under runc, until it registers"
+    ));
+    let id = unique_id(name);
+    let config = sandbox.oci_config(&pod, c, &field, &image.config, &format!("/{id}"))?;
+    let mut dp = RuncContainer::create(&id, &config, &image, &pod_dir.join(format!("{name}.log")))?;
+    let kubelet = node.kubelet.as_ref().context("kubelet")?;
+    let t0 = Instant::now();
+    dp.start()?;
+    let hint = format!(
+        "Check its args (--kubelet-dir), volumeMounts (device-plugins), envFrom and \
+         terminationMessagePath (kubelet dir {})",
+        layout.kubelet_root
+    );
+    let registered = kubelet.wait_for_registration(RESOURCE, 0, WAIT);
+    tokio::pin!(registered);
+    let reg = loop {
+        tokio::select! {
+            r = &mut registered => break r.map_err(|e| anyhow!(
+                "{field} did not register {RESOURCE} with the kubelet: {e}. {hint}. \
+                 runc and daemon output:\n{}",
+                dp.log()
+            ))?,
+            // Fail at once, not at the deadline, when the container is gone.
+            () = tokio::time::sleep(Duration::from_millis(20)) => {
+                if let Some(status) = dp.exited()? {
+                    bail!(
+                        "{field} exited ({status}) before it registered {RESOURCE}. {hint}. \
+                         runc and daemon output:\n{}",
+                        dp.log()
+                    );
+                }
+            }
+        }
+    };
+    let cold = t0.elapsed();
+    steps.say(format!(
+        "cold start ({variant}), runc run to registration: {:.0} ms",
+        cold.as_secs_f64() * 1e3
+    ));
+
+    steps.step("kubelet: ListAndWatch, Allocate one device");
+    let mut client = kubelet
+        .connect(&reg.endpoint)
+        .await
+        .map_err(|e| anyhow!("{e}"))?;
+    let mut watch = client.list_and_watch().await?;
+    watch
+        .wait_until(WAIT, |d| {
+            d.len() == CAPACITY && d.iter().all(|d| d.health == "Healthy")
+        })
+        .await
+        .map_err(|e| anyhow!("{field}: no {CAPACITY} healthy devices: {e}\n{}", dp.log()))?;
+    let resp = client
+        .allocate(&["dataplaneMvp0"])
+        .await
+        .map_err(|e| anyhow!("{field}: Allocate failed: {e}\n{}", dp.log()))?;
+    let spec = resp
+        .container_responses
+        .first()
+        .and_then(|r| r.devices.first())
+        .context("Allocate returned no DeviceSpec")?;
+    node.pod_resources
+        .as_ref()
+        .context("pod resources")?
+        .set_allocated(RESOURCE, &["dataplaneMvp0"]);
+    let tap = Path::new(&spec.host_path);
+    ensure!(
+        std::fs::metadata(tap).is_ok_and(|m| m.file_type().is_char_device()),
+        "{} is not a char device after Allocate: the daemon must see the host's /dev \
+         (volumes[dev].hostPath and {field}.volumeMounts[dev])",
+        tap.display()
+    );
+    steps.say(format!("dataplaneMvp0 -> {} (char device)", tap.display()));
+
+    steps.step("probes: GET on the manifest's probe ports, inside the node namespace");
+    for probe in ["readinessProbe", "livenessProbe"] {
+        let (port, path) = probe_port(c, probe, &field)?;
+        let deadline = Instant::now() + WAIT;
+        let line = loop {
+            let r = tokio::task::block_in_place(|| http_get(&node.ns, port, &path));
+            match r {
+                Ok(l) if l.contains(" 200 ") || Instant::now() >= deadline => break l,
+                Err(e) if Instant::now() >= deadline => break format!("{e:#}"),
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        };
+        ensure!(
+            line.contains(" 200 "),
+            "{field}.{probe}: GET {path} on port {port} answered {line:?}: check args \
+             --metrics-addr and ports"
+        );
+        steps.say(format!("{probe}: GET :{port}{path} -> {line}"));
+    }
+
+    steps.step("capabilities of the running daemon (/proc/PID/status)");
+    let declared = capabilities(&c["securityContext"], &format!("{field}.securityContext"))?;
+    let want_mask = cap_mask(&declared)?;
+    let pid = dp.pid()?;
+    for (key, mask) in process_caps(pid)? {
+        ensure!(
+            mask == want_mask,
+            "{field}.securityContext.capabilities declares {declared:?}, but the daemon's {key} is {:?}",
+            cap_names(mask)
+        );
+    }
+    steps.say(format!("CapEff = CapPrm = CapBnd = {declared:?}"));
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let line = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(|v| v.split_whitespace().collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    let want_nnp = if c["securityContext"]["allowPrivilegeEscalation"] == false {
+        "1"
+    } else {
+        "0"
+    };
+    ensure!(
+        line("NoNewPrivs:") == [want_nnp],
+        "{field}.securityContext.allowPrivilegeEscalation: the daemon's NoNewPrivs is {:?}",
+        line("NoNewPrivs:")
+    );
+    let want_uid = c["securityContext"]["runAsUser"]
+        .as_u64()
+        .unwrap_or(65532)
+        .to_string();
+    ensure!(
+        line("Uid:").first() == Some(&want_uid.as_str()),
+        "{field}.securityContext.runAsUser: the daemon runs as uid {:?}",
+        line("Uid:")
+    );
+    steps.say(format!("uid {want_uid}, NoNewPrivs {want_nnp}"));
+
+    steps.step("SIGTERM (runc kill): exit 0 and sockets removed");
+    let socket = node.plugin_dir().join(&reg.endpoint);
+    ensure!(socket.exists(), "{} exists while serving", socket.display());
+    let t = Instant::now();
+    dp.kill("TERM")?;
+    let status = tokio::task::block_in_place(|| dp.wait(STOP_WITHIN))?;
+    ensure!(
+        status.is_some_and(|s| s.success()),
+        "{field} did not exit 0 within {STOP_WITHIN:?} of SIGTERM ({}):\n{}",
+        status.map_or("still running".to_string(), |s| s.to_string()),
+        dp.log()
+    );
+    steps.say(format!(
+        "exited 0 after {:.0} ms",
+        t.elapsed().as_secs_f64() * 1e3
+    ));
+    ensure!(
+        !socket.exists(),
+        "{field} left its socket {} behind",
+        socket.display()
+    );
+    println!(
+        "COLD START {variant}: runc run to registration {:.0} ms",
+        cold.as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn base_daemonset_runs_under_runc() -> Result<()> {
+    daemonset_runs_under_runc(
+        "base",
+        Layout {
+            kubelet_root: "/var/lib/kubelet",
+            cni_bin: "/opt/cni/bin",
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openshift_overlay_runs_under_runc() -> Result<()> {
+    daemonset_runs_under_runc(
+        "overlays/openshift",
+        Layout {
+            kubelet_root: "/var/lib/kubelet",
+            cni_bin: "/var/lib/cni/bin",
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_dir_overlay_runs_under_runc() -> Result<()> {
+    daemonset_runs_under_runc(
+        "overlays/kubelet-dir",
+        Layout {
+            kubelet_root: "/var/lib/k0s/kubelet",
+            cni_bin: "/opt/cni/bin",
+        },
+    )
+    .await
+}
+
+/// The translation itself, without root: the base DaemonSet's containers
+/// become the OCI configs containerd would write.
+#[test]
+fn the_base_daemonset_translates_as_containerd_translates_it() {
+    let docs = render(&repo_root().join("manifests/base")).unwrap();
+    let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
+    let pod = ds["spec"]["template"]["spec"].clone();
+    let host = tempfile::tempdir().unwrap();
+    for d in [
+        "var/lib/kubelet/device-plugins",
+        "var/lib/kubelet/pod-resources",
+        "opt/cni/bin",
+    ] {
+        std::fs::create_dir_all(host.path().join(d)).unwrap();
+    }
+    let cms: Vec<Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == "ConfigMap")
+        .cloned()
+        .collect();
+    let sb = PodSandbox::new(
+        Path::new("/run/netns/node"),
+        host.path(),
+        &host.path().join("pod"),
+        cms,
+    )
+    .unwrap();
+    let image = macvtap_e2e::runtime::ImageConfig {
+        entrypoint: vec!["/macvtap-deviceplugin".into()],
+        user: "65532:65532".into(),
+        ..Default::default()
+    };
+    let dests = |v: &Value| -> Vec<String> {
+        v["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["destination"].as_str().unwrap().to_string())
+            .collect()
+    };
+
+    let init = sb
+        .oci_config(&pod, &pod["initContainers"][0], "init", &image, "/cg")
+        .unwrap();
+    let d = dests(&init);
+    assert_eq!(
+        init["mounts"][1]["type"], "tmpfs",
+        "no volume at /dev: a tmpfs"
+    );
+    assert!(d.contains(&"/dev/termination-log".to_string()), "{d:?}");
+    assert_eq!(init["process"]["capabilities"]["effective"], json!([]));
+    assert_eq!(init["process"]["args"][1], "install-cni");
+
+    let dp = sb
+        .oci_config(&pod, &pod["containers"][0], "dp", &image, "/cg")
+        .unwrap();
+    assert_eq!(
+        dests(&dp),
+        [
+            "/proc",
+            "/sys",
+            "/sys/fs/cgroup",
+            "/dev",
+            "/etc/hosts",
+            "/tmp/termination-log",
+            "/etc/hostname",
+            "/etc/resolv.conf",
+            "/dev/shm",
+            "/var/lib/kubelet/device-plugins",
+            "/var/lib/kubelet/pod-resources",
+        ],
+        "defaults without /dev/*, then the supplied mounts by depth"
+    );
+    let dev = &dp["mounts"][3];
+    assert_eq!(dev["source"], "/dev", "the real /dev");
+    assert_eq!(dev["options"], json!(["rbind", "rprivate", "ro"]));
+    let caps = json!(["CAP_NET_ADMIN"]);
+    for set in ["bounding", "effective", "permitted"] {
+        assert_eq!(dp["process"]["capabilities"][set], caps, "{set}");
+    }
+    assert_eq!(dp["process"]["noNewPrivileges"], true);
+    assert_eq!(dp["process"]["user"]["uid"], 0, "runAsUser over USER");
+    assert!(dp["process"].get("oomScoreAdj").is_none());
+    assert_eq!(dp["root"]["readonly"], true);
+    assert_eq!(
+        dp["linux"]["namespaces"][3],
+        json!({"type": "network", "path": "/run/netns/node"})
+    );
+    assert_eq!(dp["linux"]["resources"]["memory"]["limit"], 64 << 20);
+    assert_eq!(dp["linux"]["resources"]["cpu"]["quota"], 20_000);
+    assert!(
+        dp["process"]["env"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("DP_MACVTAP_CONF=[]")),
+        "envFrom the ConfigMap"
+    );
+}
