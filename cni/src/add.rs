@@ -10,7 +10,9 @@ use crate::del;
 use crate::env::{CniEnv, Command};
 use crate::error::{Error, Result};
 use crate::ipam;
+use crate::podresources;
 use crate::result::{CniResult, Interface, parse_cidr};
+use crate::settings::NodeSettings;
 use crate::tap;
 use macvtap_link::{Handle, Link, LinkChange, Netns, link_name_for_device};
 use nix::errno::Errno;
@@ -18,7 +20,12 @@ use std::net::IpAddr;
 use tracing::{info, warn};
 
 /// Runs ADD and returns the result to print.
-pub fn add(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<CniResult> {
+pub fn add(
+    env: &CniEnv,
+    conf: &NetConf,
+    settings: &NodeSettings,
+    stdin: &[u8],
+) -> Result<CniResult> {
     if conf.device_id.is_empty() {
         return Err(Error::NoDeviceId);
     }
@@ -32,6 +39,7 @@ pub fn add(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<CniResult> {
     if let Some(t) = &ipam_type {
         ipam::find_plugin(env, t)?;
     }
+    podresources::check_ownership(env, conf, settings)?;
 
     let link_name = link_name_for_device(&conf.device_id);
     let host_ns = Netns::current()?;

@@ -129,6 +129,39 @@ pub enum Error {
         /// Why it was refused.
         reason: String,
     },
+    /// The node settings file exists but cannot be used.
+    #[error("{0}")]
+    NodeSettings(String),
+    /// The kubelet says the pod does not hold the device.
+    #[error(
+        "device {device_id} is not allocated to pod {pod}: {held}; refusing to hand over \
+         another pod's device (is the NetworkAttachmentDefinition missing its \
+         k8s.v1.cni.cncf.io/resourceName annotation, or does its config carry a deviceID?)"
+    )]
+    DeviceNotAllocated {
+        /// The device ID from the config.
+        device_id: String,
+        /// `namespace/name` of the pod.
+        pod: String,
+        /// What the pod holds, as a phrase.
+        held: String,
+    },
+    /// The kubelet's PodResources API could not be asked, and the node
+    /// settings say to refuse then.
+    #[error(
+        "cannot check that device {device_id} is allocated to pod {pod}: the kubelet's \
+         PodResources API at {socket} did not answer ({msg}); podResourcesCheck is enforce"
+    )]
+    PodResourcesUnavailable {
+        /// The device ID from the config.
+        device_id: String,
+        /// `namespace/name` of the pod.
+        pod: String,
+        /// The socket asked.
+        socket: String,
+        /// What went wrong.
+        msg: String,
+    },
     /// A failure that left nothing behind and may go away on a retry.
     #[error("{0} (everything was rolled back; a retry may succeed)")]
     TryAgain(Box<Error>),
@@ -143,7 +176,9 @@ impl Error {
             Error::InvalidEnv { .. } => 4,
             Error::Io { .. } | Error::LogFileRefused { .. } => 5,
             Error::Decode(_) => 6,
-            Error::InvalidConfig(_) => 7,
+            Error::InvalidConfig(_) | Error::NodeSettings(_) => 7,
+            Error::PodResourcesUnavailable { .. } => 11,
+            Error::DeviceNotAllocated { .. } => 109,
             Error::TryAgain(_) => 11,
             Error::NoDeviceId => 100,
             Error::DeviceLinkMissing { .. } => 101,

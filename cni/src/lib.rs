@@ -20,7 +20,9 @@ pub mod escape;
 pub mod grpc;
 pub mod ipam;
 pub mod logfile;
+pub mod podresources;
 pub mod result;
+pub mod settings;
 pub mod status;
 pub mod tap;
 pub mod version;
@@ -29,6 +31,7 @@ use config::NetConf;
 use env::{CniEnv, Command};
 use error::{Error, Result};
 use serde_json::{Value, json};
+use settings::NodeSettings;
 use std::collections::HashMap;
 use version::{LATEST, SUPPORTED_VERSIONS, Version};
 
@@ -41,9 +44,15 @@ pub struct Outcome {
     pub exit_code: i32,
 }
 
-/// Runs one plugin invocation with environment `vars` and `stdin`.
+/// Runs one plugin invocation with environment `vars` and `stdin`, with the
+/// node settings found from `vars` (see [`settings`]).
 pub fn run(vars: &HashMap<String, String>, stdin: &[u8]) -> Outcome {
-    match dispatch(vars, stdin) {
+    run_with(&settings::load(vars), vars, stdin)
+}
+
+/// [`run`] with node settings already loaded.
+pub fn run_with(settings: &NodeSettings, vars: &HashMap<String, String>, stdin: &[u8]) -> Outcome {
+    match dispatch(settings, vars, stdin) {
         Ok(stdout) => Outcome {
             stdout,
             exit_code: 0,
@@ -58,7 +67,11 @@ pub fn run(vars: &HashMap<String, String>, stdin: &[u8]) -> Outcome {
     }
 }
 
-fn dispatch(vars: &HashMap<String, String>, stdin: &[u8]) -> Result<Option<String>> {
+fn dispatch(
+    settings: &NodeSettings,
+    vars: &HashMap<String, String>,
+    stdin: &[u8],
+) -> Result<Option<String>> {
     if vars.get("CNI_COMMAND").map(String::as_str) == Some("VERSION") {
         return Ok(Some(version_report(stdin).to_string()));
     }
@@ -72,9 +85,16 @@ fn dispatch(vars: &HashMap<String, String>, stdin: &[u8]) -> Result<Option<Strin
         netns = %env.netns,
         "invoked"
     );
+    if let Some(problem) = &settings.problem {
+        if env.command == Command::Add {
+            // The settings hold the ownership check: never fall back silently.
+            return Err(Error::NodeSettings(problem.clone()));
+        }
+        tracing::warn!("{problem}; using the defaults");
+    }
     match env.command {
         Command::Add => {
-            let result = add::add(&env, &conf, stdin)?;
+            let result = add::add(&env, &conf, settings, stdin)?;
             Ok(Some(result.to_value(conf.version).to_string()))
         }
         Command::Del => del::del(&env, &conf, stdin).map(|()| None),

@@ -5,14 +5,14 @@
 //! them create or append to any file on the node (`/root/.ssh/authorized_keys`).
 //! So a `logFile` is accepted only beneath one directory that only the node's
 //! administrator chooses (`MACVTAP_CNI_LOG_DIR` in the runtime's environment,
-//! default `/var/log/macvtap-cni`), resolved without following any symlink,
+//! else `logDir` in the node settings file, default `/var/log/macvtap-cni`;
+//! see `settings`), resolved without following any symlink,
 //! created 0600, and only if it is a regular file of ours with one link.
 
 use crate::error::{Error, Result};
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat, openat2};
 use nix::sys::stat::Mode;
-use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
@@ -27,13 +27,6 @@ pub const LOG_DIR_ENV: &str = "MACVTAP_CNI_LOG_DIR";
 
 /// The mode a new log file is created with.
 pub const LOG_FILE_MODE: u32 = 0o600;
-
-/// The log directory: `MACVTAP_CNI_LOG_DIR` when set, else the default.
-pub fn log_dir(vars: &HashMap<String, String>) -> PathBuf {
-    vars.get(LOG_DIR_ENV)
-        .filter(|d| !d.is_empty())
-        .map_or_else(|| PathBuf::from(DEFAULT_LOG_DIR), PathBuf::from)
-}
 
 /// Opens `requested` (the NetConf's `logFile`, absolute or relative to
 /// `dir`) for appending, if it lies beneath `dir`; otherwise says why not.
@@ -321,10 +314,7 @@ mod tests {
     }
 
     #[test]
-    fn the_directory_comes_only_from_the_environment() {
-        assert_eq!(log_dir(&HashMap::new()), PathBuf::from(DEFAULT_LOG_DIR));
-        let vars = HashMap::from([(LOG_DIR_ENV.to_string(), "/run/mvt-logs".to_string())]);
-        assert_eq!(log_dir(&vars), PathBuf::from("/run/mvt-logs"));
+    fn a_relative_directory_is_refused() {
         assert!(refusal(Path::new("relative"), "x.log").contains("absolute"));
     }
 }

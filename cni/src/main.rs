@@ -4,6 +4,7 @@
 
 use macvtap_cni::escape::EscapingWriter;
 use macvtap_cni::logfile;
+use macvtap_cni::settings::{self, NodeSettings};
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use tracing_subscriber::filter::LevelFilter;
@@ -22,11 +23,12 @@ fn main() {
             )
         })
         .collect();
-    init_logging(&vars, &stdin);
+    let settings = settings::load(&vars);
+    init_logging(&vars, &settings, &stdin);
     if let Err(e) = read {
         tracing::warn!("reading stdin: {e}");
     }
-    let outcome = macvtap_cni::run(&vars, &stdin);
+    let outcome = macvtap_cni::run_with(&settings, &vars, &stdin);
     if let Some(out) = outcome.stdout {
         let mut stdout = std::io::stdout().lock();
         // A runtime that closed our stdout cannot be told anything else.
@@ -41,14 +43,14 @@ fn main() {
 /// too; a `logFile` that is refused gets one warning on stderr and no file.
 /// Every line is escaped as it is written (see `escape`). The level comes
 /// from `MACVTAP_CNI_LOG_LEVEL` (error, warn, info, debug, trace; default info).
-fn init_logging(vars: &HashMap<String, String>, stdin: &[u8]) {
+fn init_logging(vars: &HashMap<String, String>, settings: &NodeSettings, stdin: &[u8]) {
     let level = vars
         .get("MACVTAP_CNI_LOG_LEVEL")
         .and_then(|l| l.parse::<tracing::Level>().ok())
         .unwrap_or(tracing::Level::INFO);
     let mut refused = None;
     let file = macvtap_cni::config::log_file(stdin).and_then(|requested| {
-        match logfile::open_log_file(&logfile::log_dir(vars), &requested) {
+        match logfile::open_log_file(&settings.log_dir, &requested) {
             Ok(f) => Some(f),
             Err(e) => {
                 refused = Some(e);

@@ -3,6 +3,8 @@
 //! binary the way a container runtime does.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod kubelet;
+
 use serde_json::Value;
 use std::io::Write;
 use std::process::{Command, Stdio};

@@ -1,0 +1,205 @@
+//! ADD hands over only a device the kubelet allocated to the pod: the
+//! plugin asks the PodResources API (a test kubelet here) before it touches
+//! anything. Needs root (each test runs the real plugin in a fresh node
+//! namespace).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::kubelet::{PodResourcesKubelet, settings_file};
+use common::{Sandbox, netconf};
+
+const DP: &str = "macvtap.network.kubevirt.io/dataplane";
+
+fn pod_args(ns: &str, name: &str) -> String {
+    format!(
+        "IgnoreUnknown=true;K8S_POD_NAMESPACE={ns};K8S_POD_NAME={name};\
+         K8S_POD_INFRA_CONTAINER_ID=abc;K8S_POD_UID=0b5f6e8e-1111-2222-3333-444455556666"
+    )
+}
+
+#[test]
+fn a_device_allocated_to_the_pod_is_handed_over() {
+    let sb = Sandbox::new();
+    let kubelet = PodResourcesKubelet::start();
+    kubelet.add_pod("tenant-a", "virt-launcher-a", &[(DP, &["dataplaneMvp1"])]);
+    let index = sb.allocate("dataplaneMvp1");
+    let settings = kubelet.settings("enforce");
+    let run = sb.cni(
+        "ADD",
+        &netconf("1.0.0", "dataplaneMvp1"),
+        &[
+            ("CNI_ARGS", &pod_args("tenant-a", "virt-launcher-a")),
+            ("MACVTAP_CNI_SETTINGS", settings.to_str().unwrap()),
+        ],
+    );
+    run.ok();
+    assert_eq!(
+        sb.link(&sb.pod, "net1").unwrap()["ifindex"].as_u64(),
+        Some(index as u64)
+    );
+}
+
+#[test]
+fn another_pods_device_is_refused_and_stays_where_it_is() {
+    let sb = Sandbox::new();
+    let kubelet = PodResourcesKubelet::start();
+    kubelet.add_pod("tenant-a", "virt-launcher-a", &[(DP, &["dataplaneMvp1"])]);
+    kubelet.add_pod(
+        "tenant-b",
+        "thief",
+        &[
+            (DP, &["dataplaneMvp2"]),
+            ("nvidia.com/gpu", &["dataplaneMvp1"]),
+        ],
+    );
+    sb.allocate("dataplaneMvp1");
+    let before = sb.node_links();
+    // Both modes refuse once the kubelet has answered.
+    for check in ["warn", "enforce"] {
+        let settings = kubelet.settings(check);
+        let run = sb.cni(
+            "ADD",
+            &netconf("1.0.0", "dataplaneMvp1"),
+            &[
+                ("CNI_ARGS", &pod_args("tenant-b", "thief")),
+                ("MACVTAP_CNI_SETTINGS", settings.to_str().unwrap()),
+            ],
+        );
+        let msg = run.fails_with(109);
+        assert!(msg.contains("tenant-b/thief"), "{msg}");
+        assert!(msg.contains("dataplaneMvp1"), "{msg}");
+        assert!(
+            msg.contains("dataplaneMvp2 (macvtap.network.kubevirt.io/dataplane)"),
+            "names what the pod holds, and only macvtap devices: {msg}"
+        );
+        assert_eq!(sb.node_links(), before, "{check}: the host is untouched");
+        assert!(sb.link(&sb.pod, "net1").is_none());
+    }
+}
+
+#[test]
+fn a_device_allocated_to_no_pod_is_refused() {
+    let sb = Sandbox::new();
+    let kubelet = PodResourcesKubelet::start();
+    sb.allocate("dataplaneMvp4");
+    let before = sb.node_links();
+    let settings = kubelet.settings("warn");
+    let run = sb.cni(
+        "ADD",
+        &netconf("1.0.0", "dataplaneMvp4"),
+        &[
+            ("CNI_ARGS", &pod_args("tenant-c", "unknown")),
+            ("MACVTAP_CNI_SETTINGS", settings.to_str().unwrap()),
+        ],
+    );
+    let msg = run.fails_with(109);
+    assert!(msg.contains("lists no such pod"), "{msg}");
+    assert_eq!(sb.node_links(), before);
+}
+
+#[test]
+fn an_unreachable_kubelet_refuses_in_enforce_and_warns_in_warn() {
+    let sb = Sandbox::new();
+    sb.allocate("dataplaneMvp5");
+    let dir = tempfile::tempdir().unwrap();
+    let no_kubelet = dir.path().join("no-kubelet");
+    let before = sb.node_links();
+
+    let enforce = settings_file(dir.path(), &no_kubelet, "enforce");
+    let run = sb.cni(
+        "ADD",
+        &netconf("1.0.0", "dataplaneMvp5"),
+        &[
+            ("CNI_ARGS", &pod_args("tenant-a", "vm")),
+            ("MACVTAP_CNI_SETTINGS", enforce.to_str().unwrap()),
+        ],
+    );
+    let msg = run.fails_with(11);
+    assert!(msg.contains("pod-resources/kubelet.sock"), "{msg}");
+    assert!(msg.contains("enforce"), "{msg}");
+    assert_eq!(sb.node_links(), before);
+
+    let warn = settings_file(dir.path(), &no_kubelet, "warn");
+    let run = sb.cni(
+        "ADD",
+        &netconf("1.0.0", "dataplaneMvp5"),
+        &[
+            ("CNI_ARGS", &pod_args("tenant-a", "vm")),
+            ("MACVTAP_CNI_SETTINGS", warn.to_str().unwrap()),
+        ],
+    );
+    run.ok();
+    assert!(
+        run.stderr.contains("did not answer") && run.stderr.contains("podResourcesCheck is warn"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn a_pod_missing_from_cni_args_is_refused_in_enforce_and_warned_in_warn() {
+    let sb = Sandbox::new();
+    let kubelet = PodResourcesKubelet::start();
+    kubelet.add_pod("tenant-a", "vm", &[(DP, &["dataplaneMvp6"])]);
+    sb.allocate("dataplaneMvp6");
+    let enforce = kubelet.settings("enforce");
+    let run = sb.cni(
+        "ADD",
+        &netconf("1.0.0", "dataplaneMvp6"),
+        &[
+            ("CNI_ARGS", "IgnoreUnknown=true;K8S_POD_NAMESPACE=tenant-a"),
+            ("MACVTAP_CNI_SETTINGS", enforce.to_str().unwrap()),
+        ],
+    );
+    let msg = run.fails_with(4);
+    assert!(msg.contains("K8S_POD_NAME"), "{msg}");
+    let warn = kubelet.settings("warn");
+    let run = sb.cni(
+        "ADD",
+        &netconf("1.0.0", "dataplaneMvp6"),
+        &[("MACVTAP_CNI_SETTINGS", warn.to_str().unwrap())],
+    );
+    run.ok();
+    assert!(run.stderr.contains("names no pod"), "{}", run.stderr);
+}
+
+#[test]
+fn a_broken_settings_file_refuses_add_but_not_del() {
+    let sb = Sandbox::new();
+    sb.allocate("dataplaneMvp7");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("macvtap.settings.json");
+    std::fs::write(&path, r#"{"podResourcesCheck":"enforced"}"#).unwrap();
+    let conf = netconf("1.0.0", "dataplaneMvp7");
+    let env = [("MACVTAP_CNI_SETTINGS", path.to_str().unwrap())];
+    let msg = sb.cni("ADD", &conf, &env).fails_with(7);
+    assert!(msg.contains("macvtap.settings.json"), "{msg}");
+    sb.cni("DEL", &conf, &env).ok();
+}
+
+/// A busy node's List answer spans many HTTP/2 frames and more than the
+/// default flow-control window: it is read whole.
+#[test]
+fn a_large_pod_list_is_read_whole() {
+    let sb = Sandbox::new();
+    let kubelet = PodResourcesKubelet::start();
+    let ids: Vec<String> = (0..100).map(|i| format!("otherMvp{i}")).collect();
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    for i in 0..1500 {
+        kubelet.add_pod("busy", &format!("pod-{i}"), &[(DP, &ids[..20])]);
+    }
+    kubelet.add_pod("tenant-a", "last", &[(DP, &["dataplaneMvp8"])]);
+    sb.allocate("dataplaneMvp8");
+    let settings = kubelet.settings("enforce");
+    sb.cni(
+        "ADD",
+        &netconf("1.0.0", "dataplaneMvp8"),
+        &[
+            ("CNI_ARGS", &pod_args("tenant-a", "last")),
+            ("MACVTAP_CNI_SETTINGS", settings.to_str().unwrap()),
+        ],
+    )
+    .ok();
+}
