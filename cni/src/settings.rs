@@ -23,7 +23,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// The settings file's name beside the binary.
-pub const SETTINGS_FILE: &str = "macvtap.settings.json";
+pub const SETTINGS_FILE: &str = macvtap_link::CNI_SETTINGS_FILE;
 
 /// The environment variable that names another settings file.
 pub const SETTINGS_ENV: &str = "MACVTAP_CNI_SETTINGS";

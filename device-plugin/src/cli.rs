@@ -2,6 +2,7 @@
 
 use crate::config::ENV_VAR;
 use crate::daemon::Options;
+use crate::install::PodResourcesCheck;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -82,6 +83,15 @@ pub struct InstallArgs {
     /// File name in the target dir (the NetConf's `type`).
     #[arg(long, default_value = "macvtap")]
     pub name: String,
+    /// The kubelet's root dir as the node sees it, written into the CNI's
+    /// node settings (`macvtap.settings.json` beside the binary): the CNI
+    /// asks `<dir>/pod-resources/kubelet.sock` whether a device is the pod's.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/kubelet")]
+    pub kubelet_dir: PathBuf,
+    /// What the CNI's ADD does when that socket cannot be asked: `warn` and
+    /// go on, or `enforce` (refuse; the runtime retries).
+    #[arg(long, value_enum, default_value = "warn")]
+    pub pod_resources_check: PodResourcesCheck,
 }
 
 impl Args {

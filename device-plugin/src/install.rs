@@ -9,6 +9,7 @@
 //! one, never a partial file, and never `ETXTBSY`.
 
 use crate::error::{Error, Result};
+use macvtap_link::CNI_SETTINGS_FILE;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -35,6 +36,80 @@ pub fn install_cni(source: &Path, target_dir: &Path, name: &str) -> Result<Insta
     if name.is_empty() || name.contains('/') || name.starts_with('.') {
         return Err(err(format!("{name:?} is not a plain file name")));
     }
+    let bytes =
+        std::fs::read(source).map_err(|e| err(format!("reading {}: {e}", source.display())))?;
+    let done = install_bytes(target_dir, name, &bytes, 0o755)?;
+    let target = target_dir.join(name);
+    match done {
+        Installed::Unchanged => info!(target = %target.display(), "CNI binary already up to date"),
+        Installed::Replaced => {
+            info!(source = %source.display(), target = %target.display(), bytes = bytes.len(), "installed the CNI binary")
+        }
+    }
+    Ok(done)
+}
+
+/// Writes the CNI's node settings file beside the installed binary
+/// (`target_dir/macvtap.settings.json`, mode 0644), atomically: the
+/// kubelet's root dir as the node sees it, and what ADD does when the
+/// kubelet's PodResources API cannot be asked (`warn` or `enforce`).
+pub fn install_settings(
+    target_dir: &Path,
+    kubelet_dir: &Path,
+    check: PodResourcesCheck,
+) -> Result<Installed> {
+    if !kubelet_dir.is_absolute() {
+        return Err(Error::Install {
+            target_dir: target_dir.to_path_buf(),
+            msg: format!(
+                "the kubelet dir {} is not an absolute path",
+                kubelet_dir.display()
+            ),
+        });
+    }
+    let text = serde_json::json!({
+        "kubeletDir": kubelet_dir,
+        "podResourcesCheck": check.as_str(),
+    })
+    .to_string();
+    let done = install_bytes(target_dir, CNI_SETTINGS_FILE, text.as_bytes(), 0o644)?;
+    info!(
+        target = %target_dir.join(CNI_SETTINGS_FILE).display(),
+        kubelet_dir = %kubelet_dir.display(),
+        pod_resources_check = check.as_str(),
+        "CNI node settings in place"
+    );
+    Ok(done)
+}
+
+/// What the CNI's ADD does when it cannot ask the kubelet whether a device
+/// is the pod's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PodResourcesCheck {
+    /// Log a warning and go on.
+    Warn,
+    /// Refuse the ADD (code 11, the runtime retries).
+    Enforce,
+}
+
+impl PodResourcesCheck {
+    /// The value as the settings file writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PodResourcesCheck::Warn => "warn",
+            PodResourcesCheck::Enforce => "enforce",
+        }
+    }
+}
+
+/// Puts `bytes` at `target_dir/name` with `mode`: a temp file in the same
+/// dir, fsync, rename, fsync of the dir. Refuses a target dir that does not
+/// exist (a missing hostPath mount, not something to create).
+fn install_bytes(target_dir: &Path, name: &str, bytes: &[u8], mode: u32) -> Result<Installed> {
+    let err = |msg: String| Error::Install {
+        target_dir: target_dir.to_path_buf(),
+        msg,
+    };
     match std::fs::metadata(target_dir) {
         Ok(m) if m.is_dir() => {}
         Ok(_) => return Err(err("it is not a directory".into())),
@@ -44,36 +119,32 @@ pub fn install_cni(source: &Path, target_dir: &Path, name: &str) -> Result<Insta
             )));
         }
     }
-    let bytes =
-        std::fs::read(source).map_err(|e| err(format!("reading {}: {e}", source.display())))?;
     let target = target_dir.join(name);
     if std::fs::read(&target).is_ok_and(|old| old == bytes) {
-        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755))
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(mode))
             .map_err(|e| err(format!("chmod {}: {e}", target.display())))?;
-        info!(target = %target.display(), "CNI binary already up to date");
         return Ok(Installed::Unchanged);
     }
     let tmp = target_dir.join(format!(".{name}.tmp.{}", std::process::id()));
-    let result = write_synced(&tmp, &bytes)
+    let result = write_synced(&tmp, bytes, mode)
         .and_then(|()| std::fs::rename(&tmp, &target))
         .and_then(|()| File::open(target_dir)?.sync_all());
     if let Err(e) = result {
         let _ = std::fs::remove_file(&tmp);
         return Err(err(format!("writing {}: {e}", target.display())));
     }
-    info!(source = %source.display(), target = %target.display(), bytes = bytes.len(), "installed the CNI binary");
     Ok(Installed::Replaced)
 }
 
-fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+fn write_synced(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
     let _ = std::fs::remove_file(path);
     let mut f = OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode(0o755)
+        .mode(mode)
         .open(path)?;
     f.write_all(bytes)?;
-    f.set_permissions(std::fs::Permissions::from_mode(0o755))?;
+    f.set_permissions(std::fs::Permissions::from_mode(mode))?;
     f.sync_all()
 }
 
@@ -112,6 +183,27 @@ mod tests {
             "{e}"
         );
         assert!(!Path::new("/nonexistent").exists());
+    }
+
+    #[test]
+    fn writes_the_cni_settings_the_cni_reads() {
+        let dst = tempfile::tempdir().unwrap();
+        let kubelet = Path::new("/var/lib/k0s/kubelet");
+        assert_eq!(
+            install_settings(dst.path(), kubelet, PodResourcesCheck::Enforce).unwrap(),
+            Installed::Replaced
+        );
+        assert_eq!(
+            install_settings(dst.path(), kubelet, PodResourcesCheck::Enforce).unwrap(),
+            Installed::Unchanged
+        );
+        let path = dst.path().join("macvtap.settings.json");
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(v["kubeletDir"], "/var/lib/k0s/kubelet");
+        assert_eq!(v["podResourcesCheck"], "enforce");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o644);
+        assert!(install_settings(dst.path(), Path::new("rel"), PodResourcesCheck::Warn).is_err());
     }
 
     #[test]

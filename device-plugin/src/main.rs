@@ -9,7 +9,9 @@ fn main() -> ExitCode {
     let args = Args::parse();
     logging::init(args.log_format);
     if let Some(Command::InstallCni(i)) = &args.command {
-        return match install::install_cni(&i.source, &i.target_dir, &i.name) {
+        return match install::install_cni(&i.source, &i.target_dir, &i.name).and_then(|_| {
+            install::install_settings(&i.target_dir, &i.kubelet_dir, i.pod_resources_check)
+        }) {
             Ok(_) => ExitCode::SUCCESS,
             Err(e) => {
                 tracing::error!("{e}");

@@ -37,11 +37,18 @@ fn install_is_idempotent() {
     for _ in 0..2 {
         assert!(install(Path::new("/bin/true"), dir.path()).status.success());
     }
-    let names: Vec<_> = std::fs::read_dir(dir.path())
+    let mut names: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
-    assert_eq!(names, ["macvtap"]);
+    names.sort();
+    assert_eq!(names, ["macvtap", "macvtap.settings.json"], "no temp file left");
+    let settings: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(dir.path().join("macvtap.settings.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(settings["kubeletDir"], "/var/lib/kubelet");
+    assert_eq!(settings["podResourcesCheck"], "warn");
     assert_eq!(
         std::fs::read(dir.path().join("macvtap")).unwrap(),
         std::fs::read("/bin/true").unwrap()

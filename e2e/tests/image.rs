@@ -95,7 +95,7 @@ fn the_containerfile_puts_the_binaries_where_the_daemonset_runs_them() {
         );
     }
     assert!(ds.contains(r#"command: ["/macvtap-deviceplugin"]"#));
-    assert!(ds.contains(r#""--source", "/macvtap""#));
+    assert!(ds.contains("- --source=/macvtap"));
     assert!(cf.contains("hack/build-static.sh x86_64-unknown-linux-musl /out"));
     assert!(cf.contains("USER 65532"), "non-root by default");
 }

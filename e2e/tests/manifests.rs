@@ -254,6 +254,16 @@ fn host_paths_match_the_binaries_flags_and_defaults() {
         let init = &spec.init_containers.clone().unwrap()[0];
         let init_args = init.args.clone().unwrap();
         let target = flag(&init_args, "--target-dir").expect("install-cni --target-dir");
+        assert_eq!(
+            flag(&init_args, "--kubelet-dir").as_deref(),
+            Some(kubelet_dir.as_str()),
+            "{dir}: the CNI's settings name the daemon's kubelet dir"
+        );
+        assert_eq!(
+            flag(&init_args, "--pod-resources-check").as_deref(),
+            Some("enforce"),
+            "{dir}: the CNI checks device ownership"
+        );
         let init_mount = &init.volume_mounts.clone().unwrap()[0];
         assert_eq!(init_mount.name, "cni-bin");
         assert_eq!(

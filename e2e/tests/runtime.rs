@@ -249,6 +249,22 @@ async fn daemonset_runs_under_runc(variant: &str, layout: Layout) -> Result<()> 
         layout.cni_bin,
         want.len()
     ));
+    let settings_path = node.host_path(&format!("{}/macvtap.settings.json", layout.cni_bin));
+    let settings: serde_json::Value = std::fs::read(&settings_path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .with_context(|| {
+            format!(
+                "the init container did not write the CNI's node settings {}/macvtap.settings.json: \
+                 check initContainers[].args --kubelet-dir and --pod-resources-check",
+                layout.cni_bin
+            )
+        })?;
+    ensure!(
+        settings["podResourcesCheck"] == "enforce" && settings["kubeletDir"].is_string(),
+        "the CNI's node settings are {settings}: check initContainers[].args"
+    );
+    steps.say(format!("{}/macvtap.settings.json: {settings}", layout.cni_bin));
 
     let c = pod["containers"]
         .as_array()

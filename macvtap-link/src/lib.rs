@@ -16,7 +16,7 @@ pub mod netlink;
 pub mod netns;
 pub mod tapdev;
 
-pub use device::{RESOURCE_PREFIX, device_id, link_name_for_device};
+pub use device::{CNI_SETTINGS_FILE, RESOURCE_PREFIX, device_id, link_name_for_device};
 pub use error::{Error, Result};
 pub use link::{Link, LinkChange, MacvtapMode};
 pub use netlink::Handle;
