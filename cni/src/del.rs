@@ -172,11 +172,7 @@ fn give_back(
         );
         return delete(pod, link, env);
     }
-    let down = LinkChange {
-        up: Some(false),
-        ..Default::default()
-    };
-    pod.set_link(link.index, &env.ifname, &down)?;
+    // No separate "down" first: moving a link to another namespace closes it.
     if let Err(e) = pod.set_link_ns(link.index, &env.ifname, host_ns, host_name) {
         // The kernel moves before it renames: a failed rename leaves the
         // link in the host under its pod name. Never leave it there.

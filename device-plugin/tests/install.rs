@@ -42,11 +42,14 @@ fn install_is_idempotent() {
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
     names.sort();
-    assert_eq!(names, ["macvtap", "macvtap.settings.json"], "no temp file left");
-    let settings: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(dir.path().join("macvtap.settings.json")).unwrap(),
-    )
-    .unwrap();
+    assert_eq!(
+        names,
+        ["macvtap", "macvtap.settings.json"],
+        "no temp file left"
+    );
+    let settings: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("macvtap.settings.json")).unwrap())
+            .unwrap();
     assert_eq!(settings["kubeletDir"], "/var/lib/kubelet");
     assert_eq!(settings["podResourcesCheck"], "warn");
     assert_eq!(

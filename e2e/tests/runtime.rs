@@ -264,7 +264,10 @@ async fn daemonset_runs_under_runc(variant: &str, layout: Layout) -> Result<()> 
         settings["podResourcesCheck"] == "enforce" && settings["kubeletDir"].is_string(),
         "the CNI's node settings are {settings}: check initContainers[].args"
     );
-    steps.say(format!("{}/macvtap.settings.json: {settings}", layout.cni_bin));
+    steps.say(format!(
+        "{}/macvtap.settings.json: {settings}",
+        layout.cni_bin
+    ));
 
     let c = pod["containers"]
         .as_array()

@@ -26,6 +26,21 @@ pub struct Plugins {
 // Siblings on one NIC may not share a MAC: each implementation gets its own.
 const MAC: &str = "02:00:c0:00:02:aa";
 const GO_MAC: &str = "02:00:c0:00:02:ac";
+const CHECKED_MAC: &str = "02:00:c0:00:02:ad";
+
+/// What the `ours+check` series needs: the node settings file that points
+/// our plugin at a PodResources server (the test kubelet's) listing the pod
+/// `default/test-pod` with the device [`CHECKED_DEVICE`].
+#[derive(Debug, Clone)]
+pub struct OwnershipCheck {
+    /// The settings file (`MACVTAP_CNI_SETTINGS`), `podResourcesCheck: enforce`.
+    pub settings: PathBuf,
+    /// `CNI_ARGS` pod identity of the pod holding the device.
+    pub pod_args: String,
+}
+
+/// The device the PodResources server lists for the `ours+check` series.
+pub const CHECKED_DEVICE: &str = "benchMvp2";
 const FLOOR_MAC: [u8; 6] = [0x02, 0x00, 0xc0, 0x00, 0x02, 0xab];
 
 /// The node: `lower0` in `node`, three pod namespaces.
@@ -34,6 +49,7 @@ struct Node {
     ours: TestNs,
     floor: TestNs,
     go: TestNs,
+    checked: TestNs,
     _peer: TestNs,
 }
 
@@ -51,6 +67,7 @@ impl Node {
             ours: TestNs::new("bo")?,
             floor: TestNs::new("bf")?,
             go: TestNs::new("bg")?,
+            checked: TestNs::new("bc")?,
             _peer: peer,
         })
     }
@@ -96,18 +113,13 @@ fn floor_add(host: &Handle, pod_ns: &Netns, name: &str) -> Result<()> {
 }
 
 /// The in-process floor of DEL: the same netlink work as ours, which gives
-/// the link back to the host (get; host look-ups of index and name; down;
-/// move + rename keeping the ifindex; get; MAC/promisc/down).
+/// the link back to the host (get; host look-ups of index and name; move +
+/// rename keeping the ifindex, which closes the link; get; MAC/promisc/down).
 fn floor_del(host_ns: &Netns, host: &Handle, pod_ns: &Netns, host_name: &str) -> Result<()> {
     let pod = Handle::in_netns(pod_ns)?;
     let link = pod.get_link("net1")?.context("floor net1 missing")?;
     ensure!(host.get_link_by_index(link.index)?.is_none(), "index taken");
     ensure!(host.get_link(host_name)?.is_none(), "name taken");
-    let down = LinkChange {
-        up: Some(false),
-        ..Default::default()
-    };
-    pod.set_link(link.index, "net1", &down)?;
     pod.set_link_ns(link.index, "net1", host_ns, host_name)?;
     let back = host.get_link(host_name)?.context("floor link not back")?;
     let reset = LinkChange {
@@ -132,6 +144,7 @@ fn floor_check(pod_ns: &Netns) -> Result<()> {
 /// interleaved, `n` rounds. Runs with the calling thread in the node netns.
 pub fn per_command(
     plugins: &Plugins,
+    check: &OwnershipCheck,
     n: usize,
     with_ipam: bool,
     report: &mut Report,
@@ -143,7 +156,7 @@ pub fn per_command(
                "ranges": [[{"subnet": "192.0.2.0/24"}]]})
     });
     let suffix = if with_ipam { " +host-local" } else { "" };
-    const WHO: [&str; 3] = ["ours", "floor", "go-macvlan"];
+    const WHO: [&str; 4] = ["ours", "floor", "go-macvlan", "ours+check"];
     const CMDS: [&str; 3] = ["ADD", "CHECK", "DEL"];
     // samples[who][command]
     let mut samples: Vec<Vec<Samples>> = WHO
@@ -165,31 +178,52 @@ pub fn per_command(
         let floor_link = link_name_for_device(floor_dev);
         let floor_ns = Netns::open(node.floor.path())?;
         let floor_ipam_conf = json!({"cniVersion": "1.0.0", "name": "bench-floor", "ipam": ipam});
-        // (plugin, config, CNI_ARGS, pod netns) of the two executed plugins.
+        let checked_link = link_name_for_device(CHECKED_DEVICE);
+        let settings = check.settings.display().to_string();
+        // (plugin, config, CNI_ARGS, pod netns, extra env) of the executed
+        // plugins, indexed by WHO (the floor's slot is unused).
+        let none: Vec<(&str, &str)> = Vec::new();
         let plugins_run = [
             (
                 &plugins.ours,
                 ours_conf(ours_dev, ipam.as_ref()),
                 format!("IgnoreUnknown=true;MAC={MAC}"),
                 node.ours.path(),
+                none.clone(),
+            ),
+            (
+                &plugins.ours,
+                ours_conf(ours_dev, ipam.as_ref()),
+                String::new(),
+                node.floor.path(),
+                none.clone(),
             ),
             (
                 &plugins.go_macvlan,
                 go_conf(ipam.as_ref()),
                 format!("IgnoreUnknown=true;MAC={GO_MAC}"),
                 node.go.path(),
+                none.clone(),
+            ),
+            (
+                &plugins.ours,
+                ours_conf(CHECKED_DEVICE, ipam.as_ref()),
+                format!("IgnoreUnknown=true;{};MAC={CHECKED_MAC}", check.pod_args),
+                node.checked.path(),
+                vec![("MACVTAP_CNI_SETTINGS", settings.as_str())],
             ),
         ];
         for round in 0..n {
             // The device plugin's part, not measured.
             host.add_macvtap(&ours_link, lower.index, MacvtapMode::Bridge, None)?;
             host.add_macvtap(&floor_link, lower.index, MacvtapMode::Bridge, None)?;
-            // ADD results, for CHECK's prevResult: [ours, go].
-            let mut added = [String::new(), String::new()];
+            host.add_macvtap(&checked_link, lower.index, MacvtapMode::Bridge, None)?;
+            // ADD results, for CHECK's prevResult, indexed by WHO.
+            let mut added = [String::new(), String::new(), String::new(), String::new()];
             for (c, cmd) in CMDS.iter().enumerate() {
                 // Rotate the order so no implementation always runs first.
-                for k in 0..3 {
-                    let who = (round + k) % 3;
+                for k in 0..WHO.len() {
+                    let who = (round + k) % WHO.len();
                     let took = if who == 1 {
                         let t = Instant::now();
                         match *cmd {
@@ -221,17 +255,16 @@ pub fn per_command(
                         }
                         t.elapsed()
                     } else {
-                        let slot = if who == 0 { 0 } else { 1 };
-                        let (plugin, conf, args, netns) = &plugins_run[slot];
+                        let (plugin, conf, args, netns, env) = &plugins_run[who];
                         let stdin = if *cmd == "CHECK" {
-                            with_prev(conf.clone(), &added[slot])?
+                            with_prev(conf.clone(), &added[who])?
                         } else {
                             conf.to_string()
                         };
-                        let r = exec::cni(plugin, cmd, netns, "net1", args, &stdin)?;
+                        let r = exec::cni_with_env(plugin, cmd, netns, "net1", args, &stdin, env)?;
                         ensure!(r.ok, "{} {cmd} failed: {}", WHO[who], r.stdout);
                         if *cmd == "ADD" {
-                            added[slot] = r.stdout;
+                            added[who] = r.stdout;
                         }
                         r.took
                     };
@@ -240,7 +273,7 @@ pub fn per_command(
             }
             // DEL gave both macvtaps back; the device plugin's reclaim would
             // remove them once their pod is gone. Not measured.
-            for name in [&ours_link, &floor_link] {
+            for name in [&ours_link, &floor_link, &checked_link] {
                 let back = host
                     .get_link(name)?
                     .context("DEL did not give the link back")?;
@@ -253,11 +286,13 @@ pub fn per_command(
     let what = format!(
         "Wall time of each CNI command, {n} interleaved rounds{}. `floor` is the same \
          netlink work issued in-process by `macvtap-link` with no exec (move+rename, \
-         MTU/MAC/up; for DEL the same give-back as ours: get, host look-ups, down, move+rename \
-         back, MAC/promisc; get+list addresses for CHECK){}. The Go plugin's DEL deletes its link. `go-macvlan` is Debian's \
+         MTU/MAC/up; for DEL the same give-back as ours: get, host look-ups, move+rename back, \
+         MAC/promisc/down; get+list addresses for CHECK){}. The Go plugin's DEL deletes its link. `go-macvlan` is Debian's \
          Go macvlan plugin doing the same commands: it creates its link directly in the pod \
          namespace and so skips the namespace move (about 16 ms of RCU waiting on this kernel) \
-         that a macvtap made at Allocate time cannot skip; compare ours with the floor.",
+         that a macvtap made at Allocate time cannot skip; compare ours with the floor. `ours+check` is our plugin as the manifests install it: ADD \
+         first asks the kubelet's PodResources API (a test kubelet's, on a unix socket) whether \
+         the pod holds the device (`podResourcesCheck: enforce`).",
         if with_ipam {
             " with the reference host-local IPAM"
         } else {
@@ -272,13 +307,14 @@ pub fn per_command(
     report.section(&format!("CNI per command{suffix}"), &what);
     let mut panels = Vec::new();
     for (c, cmd) in CMDS.iter().enumerate() {
-        let (o, f, g) = (
+        let (o, f, g, k) = (
             samples[0][c].clone(),
             samples[1][c].clone(),
             samples[2][c].clone(),
+            samples[3][c].clone(),
         );
         let fp = f.p50();
-        report.latency_table(&[
+        let mut rows = vec![
             Row {
                 series: f.clone(),
                 reference: None,
@@ -287,12 +323,23 @@ pub fn per_command(
                 series: o.clone(),
                 reference: Some(("floor".into(), fp)),
             },
-            Row {
-                series: g.clone(),
+        ];
+        let mut series = vec![o, f, g.clone()];
+        // The PodResources check runs on ADD only; the other commands of
+        // the series are the same as ours.
+        if *cmd == "ADD" {
+            rows.push(Row {
+                series: k.clone(),
                 reference: Some(("floor".into(), fp)),
-            },
-        ]);
-        panels.push((format!("CNI {cmd}{suffix}"), vec![o, f, g]));
+            });
+            series.push(k);
+        }
+        rows.push(Row {
+            series: g,
+            reference: Some(("floor".into(), fp)),
+        });
+        report.latency_table(&rows);
+        panels.push((format!("CNI {cmd}{suffix}"), series));
     }
     Ok(panels)
 }

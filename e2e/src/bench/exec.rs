@@ -26,6 +26,19 @@ pub fn cni(
     args: &str,
     stdin: &str,
 ) -> Result<Exec> {
+    cni_with_env(plugin, command, netns, ifname, args, stdin, &[])
+}
+
+/// [`cni`] with `env` added to the plugin's environment.
+pub fn cni_with_env(
+    plugin: &Path,
+    command: &str,
+    netns: &str,
+    ifname: &str,
+    args: &str,
+    stdin: &str,
+    env: &[(&str, &str)],
+) -> Result<Exec> {
     let start = Instant::now();
     let mut child = Command::new(plugin)
         .env_clear()
@@ -39,6 +52,7 @@ pub fn cni(
         .env("CNI_PATH", "/usr/lib/cni")
         .env("CNI_ARGS", args)
         .env("MACVTAP_CNI_LOG_LEVEL", "warn")
+        .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

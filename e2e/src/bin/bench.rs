@@ -2,6 +2,7 @@
 //! `BENCHMARKS.md` and `benchmarks.svg`. Use `hack/bench.sh`.
 
 use anyhow::{Context, Result};
+use macvtap_deviceplugin::testkubelet::TestPodResources;
 use macvtap_e2e::bench::{cni, datapath, dp, plot, report::Report, sizes};
 use std::path::PathBuf;
 
@@ -34,8 +35,28 @@ async fn main() -> Result<()> {
     let want = |s: &str| only.is_empty() || only.split(',').any(|o| o == s);
     let mut panels = Vec::new();
     if want("cni") {
-        panels.extend(cni::per_command(&plugins, n, false, &mut report)?);
-        panels.extend(cni::per_command(&plugins, n, true, &mut report)?);
+        // The test kubelet's PodResources server, for ADD's ownership check.
+        let kubelet_dir = tempfile::tempdir()?;
+        let pod_resources =
+            TestPodResources::start(&kubelet_dir.path().join("pod-resources/kubelet.sock"))
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+        pod_resources.set_allocated(
+            &format!("{}/bench", macvtap_link::RESOURCE_PREFIX),
+            &[cni::CHECKED_DEVICE],
+        );
+        let settings = kubelet_dir.path().join("macvtap.settings.json");
+        std::fs::write(
+            &settings,
+            serde_json::json!({"kubeletDir": kubelet_dir.path(), "podResourcesCheck": "enforce"})
+                .to_string(),
+        )?;
+        let check = cni::OwnershipCheck {
+            settings,
+            pod_args: "K8S_POD_NAMESPACE=default;K8S_POD_NAME=test-pod".into(),
+        };
+        panels.extend(cni::per_command(&plugins, &check, n, false, &mut report)?);
+        panels.extend(cni::per_command(&plugins, &check, n, true, &mut report)?);
     }
     if want("version") {
         let version = cni::version(&plugins, n.max(200) * 2, &mut report)?;
