@@ -126,7 +126,10 @@ impl Reclaimer {
         self.first_seen.retain(|k, _| ids.contains(k));
         let mut due = Vec::new();
         for l in leaked {
-            let since = *self.first_seen.entry(identity(l)).or_insert(now);
+            let since = *self.first_seen.entry(identity(l)).or_insert_with(|| {
+                debug!(ifname = %l.name, ifindex = l.index, "a link looks leaked; it is deleted when it still does after the grace period");
+                now
+            });
             if now.duration_since(since) < self.grace {
                 continue;
             }
@@ -170,6 +173,7 @@ impl Reclaimer {
             .forget_older_than(self.grace.max(Duration::from_secs(1)), Instant::now());
         let leaked = leaked_links(&links, &lowers, &allocated);
         let due = self.due(&leaked, Instant::now());
+        debug!(leaked = leaked.len(), due = due.len(), "reclaim round done");
         if due.is_empty() {
             return Ok(0);
         }
