@@ -409,4 +409,65 @@ mod tests {
         let e = allocate(&req, &cfg).unwrap_err();
         assert_eq!(e.grpc_code(), tonic::Code::InvalidArgument);
     }
+
+    const MOUNTINFO: &str = "\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+23 22 0:5 / /dev rw,nosuid shared:2 - devtmpfs udev rw,size=4030216k,mode=755
+40 22 0:33 / /kind/node\\040dev rw shared:20 - tmpfs tmpfs rw
+41 22 0:34 / /var/dev rw shared:21 - tmpfs tmpfs rw
+42 41 0:5 / /var/dev rw shared:2 - devtmpfs udev rw
+";
+
+    #[test]
+    fn a_dev_that_is_not_devtmpfs_is_named_as_the_cause() {
+        assert_eq!(missing_tap_node_cause(Path::new("/dev"), MOUNTINFO), None);
+        let cause = missing_tap_node_cause(Path::new("/kind/node dev"), MOUNTINFO).unwrap();
+        assert!(cause.contains("tmpfs mount, not devtmpfs"), "{cause}");
+        assert!(cause.contains("kubevirt/macvtap-cni#39"), "{cause}");
+        // The top mount of a mount point counts.
+        assert_eq!(
+            missing_tap_node_cause(Path::new("/var/dev"), MOUNTINFO),
+            None
+        );
+        // Below / only: the root file system, not devtmpfs.
+        assert!(
+            missing_tap_node_cause(Path::new("/srv/dev"), MOUNTINFO)
+                .unwrap()
+                .contains("ext4")
+        );
+    }
+
+    #[test]
+    fn only_a_macvtap_on_the_lower_nic_in_the_mode_is_reused() {
+        let lower = Link {
+            index: 2,
+            name: "eth0".into(),
+            ..Default::default()
+        };
+        let good = Link {
+            index: 9,
+            name: "mvt0".into(),
+            kind: Some("macvtap".into()),
+            lower_index: Some(2),
+            macvtap_mode: Some(MacvtapMode::Bridge),
+            ..Default::default()
+        };
+        assert_eq!(unusable_reason(&good, &lower, MacvtapMode::Bridge), None);
+        let e = unusable_reason(&good, &lower, MacvtapMode::Vepa).unwrap();
+        assert!(e.contains("mode is bridge, not vepa"), "{e}");
+        let other = Link {
+            lower_index: Some(3),
+            ..good.clone()
+        };
+        assert!(unusable_reason(&other, &lower, MacvtapMode::Bridge).is_some());
+        let macvlan = Link {
+            kind: Some("macvlan".into()),
+            ..good
+        };
+        assert!(
+            unusable_reason(&macvlan, &lower, MacvtapMode::Bridge)
+                .unwrap()
+                .contains("macvlan")
+        );
+    }
 }
