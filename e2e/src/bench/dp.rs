@@ -365,11 +365,19 @@ async fn misbehaving_kubelet(bin: &Path, report: &mut Report) -> Result<(String,
     let mut hung_down = Samples::new("NIC down -> Unhealthy while Register hangs");
     {
         let k = node.kubelet.as_ref().context("kubelet")?;
+        let h = Handle::in_netns(&Netns::open(node.ns.path())?)?;
+        let lower1 = h.get_link("lower1")?.context("lower1")?;
         for _ in 0..tries {
             for (up, state) in [(false, "Unhealthy"), (true, "Healthy")] {
                 let t = Instant::now();
-                node.ns
-                    .ip(&["link", "set", "lower1", if up { "up" } else { "down" }])?;
+                h.set_link(
+                    lower1.index,
+                    "lower1",
+                    &LinkChange {
+                        up: Some(up),
+                        ..Default::default()
+                    },
+                )?;
                 k.wait_resource(&b, WAIT, |v| {
                     !v.devices.is_empty() && v.devices.iter().all(|d| d.health == state)
                 })
