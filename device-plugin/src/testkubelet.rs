@@ -851,6 +851,34 @@ pub fn tap_node_lock() -> TestResult<nix::fcntl::Flock<std::fs::File>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kubelet_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
+
+    /// Real kubelets (1.26 and later) dial plugins with `:authority
+    /// localhost`; so does every dial of this kubelet ([`connect_unix`]).
+    #[tokio::test]
+    async fn dials_send_authority_localhost() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.sock");
+        let listener = bind_unix(&path).unwrap();
+        let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+        let service = PodResourcesService {
+            allocated: Arc::new(Mutex::new(Vec::new())),
+        };
+        let record = Recorder {
+            seen: seen.clone(),
+            inner: PodResourcesListerServer::new(service),
+        };
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .serve_with_incoming(record, UnixListenerStream::new(listener)),
+        );
+        let channel = connect_unix(&path, DIAL_TIMEOUT).await.unwrap();
+        PodResourcesListerClient::new(channel)
+            .list(ListPodResourcesRequest {})
+            .await
+            .unwrap();
+        assert_eq!(*lock(&seen), ["localhost"]);
+    }
 
     #[test]
     fn extended_resource_names_are_told_as_the_kubelet_does() {
@@ -871,6 +899,39 @@ mod tests {
             "macvtap.network.kubevirt.io/",
         ] {
             assert!(!is_extended_resource_name(bad), "{bad}");
+        }
+    }
+
+    /// Records the `:authority` of every request, then serves it.
+    #[derive(Clone)]
+    struct Recorder<S> {
+        seen: Arc<Mutex<Vec<String>>>,
+        inner: S,
+    }
+
+    impl<S: tonic::server::NamedService> tonic::server::NamedService for Recorder<S> {
+        const NAME: &'static str = S::NAME;
+    }
+
+    impl<S, B> tower::Service<tonic::codegen::http::Request<B>> for Recorder<S>
+    where
+        S: tower::Service<tonic::codegen::http::Request<B>>,
+    {
+        type Response = S::Response;
+        type Error = S::Error;
+        type Future = S::Future;
+
+        fn poll_ready(
+            &mut self,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), Self::Error>> {
+            self.inner.poll_ready(cx)
+        }
+
+        fn call(&mut self, req: tonic::codegen::http::Request<B>) -> Self::Future {
+            let authority = req.uri().authority().map(|a| a.to_string());
+            lock(&self.seen).push(authority.unwrap_or_default());
+            self.inner.call(req)
         }
     }
 }
