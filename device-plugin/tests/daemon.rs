@@ -380,7 +380,9 @@ const B: &str = "macvtap.network.kubevirt.io/b";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nic_down_shows_on_another_resource_while_a_register_hangs() {
-    let node = node_with_a_hung_registration("hanghealth", &[]).await;
+    // A Register timeout far beyond the test's deadline: if the hung call
+    // held up the loop, the health change would not show in time.
+    let node = node_with_a_hung_registration("hanghealth", &["--register-timeout=60s"]).await;
     let k = node.kubelet();
     let t = Instant::now();
     node.ns.ip(&["link", "set", "eth2", "down"]);
@@ -403,7 +405,8 @@ async fn nic_down_shows_on_another_resource_while_a_register_hangs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_while_a_register_hangs_exits_and_removes_sockets() {
-    let mut node = node_with_a_hung_registration("hangterm", &[]).await;
+    // As above: a blocked loop would exit only after the 60 s timeout.
+    let mut node = node_with_a_hung_registration("hangterm", &["--register-timeout=60s"]).await;
     let t = Instant::now();
     node.daemon().signal(Signal::SIGTERM);
     let status = node.daemon().wait_exit(DEADLINE).expect("exits");
