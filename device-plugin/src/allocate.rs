@@ -11,9 +11,9 @@ use kubelet_proto::v1beta1::{
     AllocateRequest, AllocateResponse, ContainerAllocateResponse, DeviceSpec,
 };
 use macvtap_link::tapdev::{parse_major_minor, tap_dev_in_netns, tap_node_path, wait_for_tap_node};
-use macvtap_link::{Handle, Link, Netns, link_name_for_device};
+use macvtap_link::{Handle, Link, MacvtapMode, Netns, link_name_for_device};
 use nix::errno::Errno;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use tracing::{info, warn};
 
 /// Where the kernel's tap nodes live, on the host and in the container.
@@ -87,11 +87,15 @@ fn allocate_with(
         let mut resp = ContainerAllocateResponse::default();
         for id in &c.devices_ids {
             match create_device(handle, netns, cfg, &lower, id, Path::new(DEV_DIR)) {
-                Ok((link, spec)) => {
-                    created.push(link);
-                    resp.devices.push(spec);
+                Ok(made) => {
+                    if made.created {
+                        created.push(made.link);
+                    }
+                    resp.devices.push(made.spec);
                 }
                 Err(e) => {
+                    // Only links made by this request go; a reused link may
+                    // already be in a container's hands.
                     for l in &created {
                         delete_quietly(handle, l);
                     }
@@ -104,9 +108,47 @@ fn allocate_with(
     Ok(out)
 }
 
-/// Creates the macvtap for device `id` and checks its tap node. Any link of
-/// the same name is replaced (the kubelet retries Allocate); if a check
-/// fails after creation the new link is deleted again.
+/// The macvtap of one device, ready to hand out.
+#[derive(Debug, Clone)]
+pub struct PreparedDevice {
+    /// The link in the host namespace.
+    pub link: Link,
+    /// What the kubelet passes to the container.
+    pub spec: DeviceSpec,
+    /// Whether this call created the link (false: an existing one was reused).
+    pub created: bool,
+}
+
+/// Why an existing link of a device cannot be reused, or `None` if it is a
+/// macvtap on `lower` in `mode` and can be.
+pub fn unusable_reason(link: &Link, lower: &Link, mode: MacvtapMode) -> Option<String> {
+    if !link.is_macvtap() {
+        return Some(format!(
+            "it is a {} link, not a macvtap",
+            link.kind.as_deref().unwrap_or("plain")
+        ));
+    }
+    if link.lower_in_other_netns || link.lower_index != Some(lower.index) {
+        return Some(format!("its lower device is not {}", lower.name));
+    }
+    if link.macvtap_mode != Some(mode) {
+        return Some(format!(
+            "its mode is {}, not {mode}",
+            link.macvtap_mode.map_or("unknown", |m| m.as_str())
+        ));
+    }
+    None
+}
+
+/// Makes sure the macvtap for device `id` exists and checks its tap node.
+///
+/// Allocate is idempotent per device: the kubelet allocates an init
+/// container's devices again for the app container, and may repeat an
+/// Allocate around restarts, while the first container already holds
+/// `/dev/tapN`. So a link of the device's name that is a macvtap on `lower`
+/// in the configured mode is reused and answered with its current tap node;
+/// only a missing or wrong link is (re)created. If the node check fails
+/// after creating a link, that link is deleted again.
 pub fn create_device(
     handle: &Handle,
     netns: &Netns,
@@ -114,7 +156,7 @@ pub fn create_device(
     lower: &Link,
     id: &str,
     dev_dir: &Path,
-) -> Result<(Link, DeviceSpec)> {
+) -> Result<PreparedDevice> {
     let name = link_name_for_device(id);
     let wrap = |source| Error::Device {
         device_id: id.to_string(),
@@ -122,21 +164,35 @@ pub fn create_device(
         source,
     };
     if let Some(old) = handle.get_link(&name).map_err(wrap)? {
-        info!(device_id = id, ifname = %name, "replacing an existing link for a repeated Allocate");
-        match handle.del_link(old.index, &name) {
-            Err(e) if e.errno() != Some(Errno::ENODEV) => return Err(wrap(e)),
-            _ => {}
+        match unusable_reason(&old, lower, cfg.mode) {
+            None => {
+                let node = tap_node_path(dev_dir, old.index);
+                check_node(netns, &name, old.index, &node, dev_dir)
+                    .map_err(|e| e.for_device(id, &name))?;
+                let path = node.to_string_lossy().into_owned();
+                info!(device_id = id, ifname = %name, tap = %path, "reusing the device's existing macvtap");
+                return Ok(PreparedDevice {
+                    link: old,
+                    spec: device_spec(path),
+                    created: false,
+                });
+            }
+            Some(why) => {
+                info!(device_id = id, ifname = %name, reason = %why, "replacing the device's existing link");
+                match handle.del_link(old.index, &name) {
+                    Err(e) if e.errno() != Some(Errno::ENODEV) => return Err(wrap(e)),
+                    _ => {}
+                }
+            }
         }
     }
     let link = handle
         .add_macvtap(&name, lower.index, cfg.mode, Some(lower.txqueuelen))
         .map_err(wrap)?;
     let node = tap_node_path(dev_dir, link.index);
-    let checked = tap_dev(netns, &name, link.index, Path::new(SYSFS))
-        .and_then(|dev| wait_for_tap_node(&node, dev, TAP_NODE_TRIES));
-    if let Err(e) = checked {
+    if let Err(e) = check_node(netns, &name, link.index, &node, dev_dir) {
         delete_quietly(handle, &link);
-        return Err(wrap(e));
+        return Err(e.for_device(id, &name));
     }
     let path = node.to_string_lossy().into_owned();
     info!(
@@ -147,14 +203,142 @@ pub fn create_device(
         tap = %path,
         "created macvtap"
     );
-    Ok((
+    Ok(PreparedDevice {
         link,
-        DeviceSpec {
-            container_path: path.clone(),
-            host_path: path,
-            permissions: "rw".into(),
-        },
+        spec: device_spec(path),
+        created: true,
+    })
+}
+
+fn device_spec(path: String) -> DeviceSpec {
+    DeviceSpec {
+        container_path: path.clone(),
+        host_path: path,
+        permissions: "rw".into(),
+    }
+}
+
+/// A failed tap node check, before it is tied to a device.
+enum NodeError {
+    Link(macvtap_link::Error),
+    /// The node never appeared, and `cause` says why.
+    Missing {
+        node: PathBuf,
+        cause: String,
+    },
+}
+
+impl NodeError {
+    fn for_device(self, id: &str, name: &str) -> Error {
+        match self {
+            NodeError::Link(source) => Error::Device {
+                device_id: id.to_string(),
+                link: name.to_string(),
+                source,
+            },
+            NodeError::Missing { node, cause } => Error::TapNodeMissing {
+                device_id: id.to_string(),
+                link: name.to_string(),
+                node,
+                cause,
+            },
+        }
+    }
+}
+
+/// Waits for the link's tap node to be its char device. When it never
+/// appears and `dev_dir` is not devtmpfs, the error says so.
+fn check_node(
+    netns: &Netns,
+    name: &str,
+    ifindex: u32,
+    node: &Path,
+    dev_dir: &Path,
+) -> std::result::Result<(), NodeError> {
+    let dev = tap_dev(netns, name, ifindex, Path::new(SYSFS)).map_err(NodeError::Link)?;
+    match wait_for_tap_node(node, dev, TAP_NODE_TRIES) {
+        Ok(()) => Ok(()),
+        Err(e) if node.symlink_metadata().is_err() => {
+            let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+            match missing_tap_node_cause(dev_dir, &mountinfo) {
+                Some(cause) => Err(NodeError::Missing {
+                    node: node.to_path_buf(),
+                    cause,
+                }),
+                None => Err(NodeError::Link(e)),
+            }
+        }
+        Err(e) => Err(NodeError::Link(e)),
+    }
+}
+
+/// Why tap nodes cannot appear in `dev_dir`, judged from `mountinfo` (the
+/// text of `/proc/self/mountinfo`): the kernel creates `/dev/tapN` only on
+/// devtmpfs, and a kind node's `/dev` is a plain tmpfs unless the host's
+/// `/dev` is mounted into it (kubevirt/macvtap-cni#39). `None` when
+/// `dev_dir` is devtmpfs or its mount cannot be told.
+pub fn missing_tap_node_cause(dev_dir: &Path, mountinfo: &str) -> Option<String> {
+    let dir = dev_dir
+        .canonicalize()
+        .unwrap_or_else(|_| dev_dir.to_path_buf());
+    let fstype = mount_fstype(mountinfo, &dir)?;
+    if fstype == "devtmpfs" {
+        return None;
+    }
+    Some(format!(
+        "{} is a {fstype} mount, not devtmpfs, so the kernel never creates tap nodes in it; \
+         mount the host's /dev (devtmpfs) there, as a kind node needs (kubevirt/macvtap-cni#39)",
+        dev_dir.display()
     ))
+}
+
+/// The file system type of the mount that holds `path` (the mount point
+/// that is the longest prefix of it), from mountinfo text.
+fn mount_fstype(mountinfo: &str, path: &Path) -> Option<String> {
+    let mut best: Option<(usize, String)> = None;
+    for line in mountinfo.lines() {
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let Some(point) = left.split_whitespace().nth(4) else {
+            continue;
+        };
+        let point = unescape_mountinfo(point);
+        let Some(fstype) = right.split_whitespace().next() else {
+            continue;
+        };
+        if path.starts_with(&point) {
+            let depth = Path::new(&point).components().count();
+            // Later lines of the same mount point are mounts on top.
+            if best.as_ref().is_none_or(|(d, _)| depth >= *d) {
+                best = Some((depth, fstype.to_string()));
+            }
+        }
+    }
+    best.map(|(_, t)| t)
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space).
+fn unescape_mountinfo(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && bytes[i + 1..i + 4]
+                .iter()
+                .all(|b| (b'0'..=b'7').contains(b))
+        {
+            let v = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `major:minor` of macvtap `name`'s char device. Read from `sysfs` when it
@@ -224,5 +408,66 @@ mod tests {
         assert!(e.to_string().contains("\"eth0Mvp2\""), "{e}");
         let e = allocate(&req, &cfg).unwrap_err();
         assert_eq!(e.grpc_code(), tonic::Code::InvalidArgument);
+    }
+
+    const MOUNTINFO: &str = "\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+23 22 0:5 / /dev rw,nosuid shared:2 - devtmpfs udev rw,size=4030216k,mode=755
+40 22 0:33 / /kind/node\\040dev rw shared:20 - tmpfs tmpfs rw
+41 22 0:34 / /var/dev rw shared:21 - tmpfs tmpfs rw
+42 41 0:5 / /var/dev rw shared:2 - devtmpfs udev rw
+";
+
+    #[test]
+    fn a_dev_that_is_not_devtmpfs_is_named_as_the_cause() {
+        assert_eq!(missing_tap_node_cause(Path::new("/dev"), MOUNTINFO), None);
+        let cause = missing_tap_node_cause(Path::new("/kind/node dev"), MOUNTINFO).unwrap();
+        assert!(cause.contains("tmpfs mount, not devtmpfs"), "{cause}");
+        assert!(cause.contains("kubevirt/macvtap-cni#39"), "{cause}");
+        // The top mount of a mount point counts.
+        assert_eq!(
+            missing_tap_node_cause(Path::new("/var/dev"), MOUNTINFO),
+            None
+        );
+        // Below / only: the root file system, not devtmpfs.
+        assert!(
+            missing_tap_node_cause(Path::new("/srv/dev"), MOUNTINFO)
+                .unwrap()
+                .contains("ext4")
+        );
+    }
+
+    #[test]
+    fn only_a_macvtap_on_the_lower_nic_in_the_mode_is_reused() {
+        let lower = Link {
+            index: 2,
+            name: "eth0".into(),
+            ..Default::default()
+        };
+        let good = Link {
+            index: 9,
+            name: "mvt0".into(),
+            kind: Some("macvtap".into()),
+            lower_index: Some(2),
+            macvtap_mode: Some(MacvtapMode::Bridge),
+            ..Default::default()
+        };
+        assert_eq!(unusable_reason(&good, &lower, MacvtapMode::Bridge), None);
+        let e = unusable_reason(&good, &lower, MacvtapMode::Vepa).unwrap();
+        assert!(e.contains("mode is bridge, not vepa"), "{e}");
+        let other = Link {
+            lower_index: Some(3),
+            ..good.clone()
+        };
+        assert!(unusable_reason(&other, &lower, MacvtapMode::Bridge).is_some());
+        let macvlan = Link {
+            kind: Some("macvlan".into()),
+            ..good
+        };
+        assert!(
+            unusable_reason(&macvlan, &lower, MacvtapMode::Bridge)
+                .unwrap()
+                .contains("macvlan")
+        );
     }
 }

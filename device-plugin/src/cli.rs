@@ -61,6 +61,11 @@ pub struct Args {
     /// How long a link must be allocated to no pod before it is deleted.
     #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = parse_duration)]
     pub reclaim_grace: Duration,
+
+    /// How long one Register call to the kubelet may take before it is
+    /// given up and retried (it never holds up anything else).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub register_timeout: Duration,
 }
 
 /// One-off tasks of the binary.
@@ -119,6 +124,7 @@ impl Args {
             reclaim_interval: self.reclaim_interval,
             reclaim_grace: self.reclaim_grace,
             sysfs: PathBuf::from("/sys"),
+            register_timeout: self.register_timeout,
         })
     }
 }

@@ -1,13 +1,26 @@
 //! The daemon: keeps one served and registered plugin per resource, in step
 //! with the configuration, the node's NICs and the kubelet.
 //!
-//! One loop owns all plugin state and reacts to:
+//! One loop owns all plugin state and never waits on the kubelet. It reacts to:
 //! - link snapshots from [`crate::links`] (health, NUMA, auto-discovery);
 //! - inotify events in the device-plugins directory (a new `kubelet.sock`
 //!   means a restarted kubelet: re-serve where our socket was deleted, and
 //!   register again) and in the config file's directory (live reload);
-//! - timers (registration retries with backoff, a socket existence check);
-//! - SIGTERM/SIGINT (stop serving, remove our sockets, return).
+//! - ListAndWatch streams opening and ending ([`StreamEvent`]s from the
+//!   servers): a registered resource whose stream ended, or that got none
+//!   within [`STREAM_WAIT`] of registering, registers again (the kubelet
+//!   never reopens a stream itself);
+//! - results of Register calls, each running in its own task (at most one
+//!   per resource), so a hung kubelet delays nothing else;
+//! - timers (registration retries with backoff, stream deadlines, a socket
+//!   existence check);
+//! - SIGTERM/SIGINT (abort registrations, stop serving, remove our sockets,
+//!   return).
+//!
+//! A replaced server is stopped in the background, and the next Register
+//! of its resource waits for that stop: kubelets up to 1.36 disconnect the
+//! newest client of a resource when an older stream ends, so the old stream
+//! must be over before the new registration exists.
 
 use crate::config::{self, Resolved, ResourceConfig, Resources, Source, Sources};
 use crate::devices::device_list;
@@ -17,9 +30,9 @@ use crate::fswatch::{DirWatcher, FsEvent};
 use crate::health::nic_is_healthy;
 use crate::links::{Links, spawn_link_watcher};
 use crate::metrics::Metrics;
-use crate::reclaim::{Reclaimer, reclaim_loop};
+use crate::reclaim::{AllocationClock, Reclaimer, reclaim_loop};
 use crate::registration::register;
-use crate::server::{PluginServer, ResourceState};
+use crate::server::{PluginServer, ResourceState, ServerContext, StreamEvent};
 use crate::topology::numa_node;
 use kubelet_proto::v1beta1::{HEALTHY, KUBELET_SOCKET};
 use nix::sys::inotify::WatchDescriptor;
@@ -30,7 +43,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
@@ -40,8 +54,15 @@ const SOCKET_CHECK: Duration = Duration::from_secs(5);
 /// First and longest wait between registration attempts.
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
-/// How long one Register call may take.
-const REGISTER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the kubelet has, after Register returned, to open ListAndWatch
+/// (real kubelets open it before Register returns).
+pub const STREAM_WAIT: Duration = Duration::from_secs(2);
+/// A stream that lived this long ends the backoff of quick stream losses.
+const STABLE_STREAM: Duration = Duration::from_secs(1);
+/// How long a replaced server's connections get to finish.
+const RESTART_WAIT: Duration = Duration::from_secs(2);
+/// How long the servers' connections get to finish at shutdown.
+const SHUTDOWN_WAIT: Duration = Duration::from_millis(300);
 
 /// Everything the daemon needs, from flags and environment.
 #[derive(Debug, Clone)]
@@ -64,6 +85,8 @@ pub struct Options {
     pub reclaim_grace: Duration,
     /// Where sysfs is mounted (`/sys`).
     pub sysfs: PathBuf,
+    /// How long one Register call (connect and call) may take.
+    pub register_timeout: Duration,
 }
 
 impl Options {
@@ -96,6 +119,8 @@ pub fn load_config(opts: &Options) -> Result<(Resolved, Option<String>)> {
 struct Plugin {
     state: watch::Sender<ResourceState>,
     server: Option<PluginServer>,
+    /// Stops of replaced servers; the next Register waits for them.
+    stopping: Vec<JoinHandle<()>>,
     registered: bool,
     /// Made by auto-discovery (kept, unhealthy, when its NIC vanishes).
     discovered: bool,
@@ -104,27 +129,107 @@ struct Plugin {
     said_waiting: bool,
     /// Failed registration attempts since the last success.
     failures: u32,
+    /// The Register call in flight: its attempt number and task.
+    registering: Option<(u64, JoinHandle<()>)>,
+    /// Live ListAndWatch streams on the current server.
+    streams: usize,
+    /// Since when the current server has had a live stream.
+    stream_since: Option<Instant>,
+    /// After a Register: by when a stream must have opened.
+    stream_deadline: Option<Instant>,
+    /// Registrations lost in a row soon after they were made.
+    losses: u32,
+    /// A Register timed out or was abandoned, so the kubelet may still
+    /// complete it: a second stream on one server is then a second
+    /// registration.
+    suspect_duplicates: bool,
 }
 
 impl Plugin {
+    fn new(state: ResourceState, discovered: bool) -> Self {
+        let (tx, _) = watch::channel(state);
+        Self {
+            state: tx,
+            server: None,
+            stopping: Vec::new(),
+            registered: false,
+            discovered,
+            retry_at: None,
+            backoff: RETRY_MIN,
+            said_waiting: false,
+            failures: 0,
+            registering: None,
+            streams: 0,
+            stream_since: None,
+            stream_deadline: None,
+            losses: 0,
+            suspect_duplicates: false,
+        }
+    }
+
     fn config(&self) -> ResourceConfig {
         self.state.borrow().config.clone()
     }
 
+    /// Registers again as soon as possible, abandoning a Register in flight.
     fn want_registration(&mut self, now: Instant) {
+        self.abandon_registration();
         self.registered = false;
+        self.stream_deadline = None;
         self.retry_at = Some(now);
         self.backoff = RETRY_MIN;
     }
+
+    fn abandon_registration(&mut self) {
+        if let Some((_, task)) = self.registering.take() {
+            task.abort();
+            self.suspect_duplicates = true;
+        }
+    }
+
+    /// The registration is gone (its stream ended, or never opened):
+    /// register again, at once the first time, with backoff when it keeps
+    /// happening soon after registering.
+    fn registration_lost(&mut self, now: Instant) -> Duration {
+        if self
+            .stream_since
+            .is_some_and(|t| now.duration_since(t) >= STABLE_STREAM)
+        {
+            self.losses = 0;
+        }
+        let delay = if self.losses == 0 {
+            Duration::ZERO
+        } else {
+            (RETRY_MIN * 2u32.saturating_pow(self.losses - 1)).min(RETRY_MAX)
+        };
+        self.losses = self.losses.saturating_add(1);
+        self.registered = false;
+        self.stream_since = None;
+        self.stream_deadline = None;
+        self.retry_at = Some(now + delay);
+        self.backoff = RETRY_MIN;
+        delay
+    }
+}
+
+/// The outcome of one Register task.
+struct RegistrationDone {
+    name: String,
+    attempt: u64,
+    result: Result<()>,
 }
 
 struct Daemon {
     opts: Options,
-    metrics: Arc<Metrics>,
+    ctx: ServerContext,
     plugins: BTreeMap<String, Plugin>,
     resolved: Resolved,
     file_text: Option<String>,
     configs_tx: watch::Sender<Vec<ResourceConfig>>,
+    registrations: mpsc::UnboundedSender<RegistrationDone>,
+    next_attempt: u64,
+    /// Stops of removed resources' servers, awaited (briefly) at shutdown.
+    background: Vec<JoinHandle<()>>,
 }
 
 /// Runs the daemon until SIGTERM or SIGINT. Errors are startup errors
@@ -156,28 +261,42 @@ pub async fn run(opts: Options) -> Result<()> {
     };
 
     let (configs_tx, configs_rx) = watch::channel(Vec::new());
+    let clock = AllocationClock::default();
     let reclaim = tokio::spawn(reclaim_loop(
-        Reclaimer::new(opts.pod_resources_socket(), opts.reclaim_grace),
+        Reclaimer::new(
+            opts.pod_resources_socket(),
+            opts.reclaim_grace,
+            clock.clone(),
+        ),
         opts.reclaim_interval,
         configs_rx,
         metrics.clone(),
     ));
+    let (streams_tx, mut stream_events) = mpsc::unbounded_channel();
+    let (reg_tx, mut reg_done) = mpsc::unbounded_channel();
     let mut d = Daemon {
         opts,
-        metrics,
+        ctx: ServerContext {
+            metrics,
+            streams: streams_tx,
+            clock,
+        },
         plugins: BTreeMap::new(),
         resolved,
         file_text,
         configs_tx,
+        registrations: reg_tx,
+        next_attempt: 0,
+        background: Vec::new(),
     };
     let links = links_rx.borrow_and_update().clone();
-    d.reconcile(&links).await;
-    d.register_due().await;
+    d.reconcile(&links);
+    d.start_due_registrations();
     let mut next_socket_check = Instant::now() + SOCKET_CHECK;
 
     loop {
         let wake = d
-            .next_retry()
+            .next_timer()
             .unwrap_or(next_socket_check)
             .min(next_socket_check);
         tokio::select! {
@@ -188,7 +307,7 @@ pub async fn run(opts: Options) -> Result<()> {
                     return Err(Error::Task("the link event thread stopped".into()));
                 }
                 let links = links_rx.borrow_and_update().clone();
-                d.reconcile(&links).await;
+                d.reconcile(&links);
             }
             events = fs_events.recv() => {
                 let Some(events) = events else {
@@ -206,11 +325,13 @@ pub async fn run(opts: Options) -> Result<()> {
                             warn!("the config file's directory went away; live reload stops");
                         } else {
                             let links = links_rx.borrow().clone();
-                            d.reload_config(&links).await;
+                            d.reload_config(&links);
                         }
                     }
                 }
             }
+            Some(ev) = stream_events.recv() => d.stream_event(ev),
+            Some(done) = reg_done.recv() => d.registration_done(done),
             _ = tokio::time::sleep_until(wake) => {}
         }
         let now = Instant::now();
@@ -224,7 +345,8 @@ pub async fn run(opts: Options) -> Result<()> {
             }
             d.check_sockets();
         }
-        d.register_due().await;
+        d.check_stream_deadlines(now);
+        d.start_due_registrations();
     }
 
     reclaim.abort();
@@ -277,7 +399,7 @@ impl Daemon {
     }
 
     /// Brings the plugins in line with the configuration and the links.
-    async fn reconcile(&mut self, links: &Links) {
+    fn reconcile(&mut self, links: &Links) {
         let wanted = self.wanted(links);
         let gone: Vec<String> = self
             .plugins
@@ -286,13 +408,15 @@ impl Daemon {
             .cloned()
             .collect();
         for name in gone {
-            if let Some(p) = self.plugins.remove(&name) {
+            if let Some(mut p) = self.plugins.remove(&name) {
                 let resource = p.config().resource_name();
                 info!(%resource, "resource removed");
-                if let Some(s) = p.server {
-                    s.stop(true).await;
+                p.abandon_registration();
+                if let Some(s) = p.server.take() {
+                    self.background
+                        .push(tokio::spawn(s.stop(true, RESTART_WAIT)));
                 }
-                self.metrics.resource_removed(&resource);
+                self.ctx.metrics.resource_removed(&resource);
             }
         }
         let now = Instant::now();
@@ -310,7 +434,7 @@ impl Daemon {
             } else {
                 (0, cfg.capacity as u64)
             };
-            self.metrics.set_devices(&resource, nh, nu);
+            self.ctx.metrics.set_devices(&resource, nh, nu);
             match self.plugins.get_mut(&cfg.name) {
                 Some(p) => {
                     p.discovered = discovered;
@@ -343,17 +467,7 @@ impl Daemon {
                 }
                 None => {
                     info!(%resource, lower = %cfg.lower_device, mode = %cfg.mode, capacity = cfg.capacity, healthy, ?numa, "resource added");
-                    let (tx, _) = watch::channel(state);
-                    let mut p = Plugin {
-                        state: tx,
-                        server: None,
-                        registered: false,
-                        discovered,
-                        retry_at: None,
-                        backoff: RETRY_MIN,
-                        said_waiting: false,
-                        failures: 0,
-                    };
+                    let mut p = Plugin::new(state, discovered);
                     p.want_registration(now);
                     self.plugins.insert(cfg.name.clone(), p);
                 }
@@ -377,7 +491,6 @@ impl Daemon {
             self.kubelet_restarted();
         } else if ev.is_delete() {
             let now = Instant::now();
-            let metrics = self.metrics.clone();
             let dir = self.opts.plugin_dir();
             for p in self.plugins.values_mut() {
                 let cfg = p.config();
@@ -385,7 +498,7 @@ impl Daemon {
                     && p.server.as_ref().is_some_and(|s| !s.socket_is_ours())
                 {
                     info!(resource = %cfg.resource_name(), "our socket was deleted; serving again");
-                    restart_server(p, &dir, &metrics);
+                    restart_server(p, &dir, &self.ctx);
                     p.want_registration(now);
                 }
             }
@@ -399,6 +512,8 @@ impl Daemon {
         self.check_sockets();
         for p in self.plugins.values_mut() {
             p.want_registration(now);
+            // The old kubelet's pending registrations died with it.
+            p.suspect_duplicates = false;
         }
     }
 
@@ -410,29 +525,36 @@ impl Daemon {
             let lost = p.server.as_ref().is_some_and(|s| !s.socket_is_ours());
             if lost {
                 info!(resource = %p.config().resource_name(), "our socket is gone; serving again");
-                restart_server(p, &dir, &self.metrics);
+                restart_server(p, &dir, &self.ctx);
                 p.want_registration(now);
             }
         }
     }
 
-    fn next_retry(&self) -> Option<Instant> {
-        self.plugins.values().filter_map(|p| p.retry_at).min()
+    /// The earliest registration retry or stream deadline.
+    fn next_timer(&self) -> Option<Instant> {
+        self.plugins
+            .values()
+            .flat_map(|p| [p.retry_at, p.stream_deadline])
+            .flatten()
+            .min()
     }
 
-    /// Serves and registers every plugin whose retry time has come.
-    async fn register_due(&mut self) {
+    /// Starts a Register task for every plugin whose retry time has come and
+    /// that has none in flight. The task first waits for replaced servers
+    /// of the resource to stop.
+    fn start_due_registrations(&mut self) {
         let now = Instant::now();
         let dir = self.opts.plugin_dir();
         let kubelet_sock = dir.join(KUBELET_SOCKET);
-        for p in self.plugins.values_mut() {
-            if p.retry_at.is_none_or(|t| t > now) {
+        for (name, p) in self.plugins.iter_mut() {
+            if p.registering.is_some() || p.retry_at.is_none_or(|t| t > now) {
                 continue;
             }
             let cfg = p.config();
             let resource = cfg.resource_name();
             if p.server.is_none() {
-                restart_server(p, &dir, &self.metrics);
+                restart_server(p, &dir, &self.ctx);
                 if p.server.is_none() {
                     p.retry_at = Some(now + RETRY_MAX);
                     continue;
@@ -446,34 +568,128 @@ impl Daemon {
                 p.retry_at = Some(now + RETRY_MAX);
                 continue;
             }
-            match register(&kubelet_sock, &cfg, REGISTER_TIMEOUT).await {
-                Ok(()) => {
-                    info!(%resource, endpoint = %cfg.socket_name(), "registered with the kubelet");
-                    self.metrics.registration(&resource, true);
-                    p.registered = true;
-                    p.retry_at = None;
-                    p.backoff = RETRY_MIN;
-                    p.said_waiting = false;
-                    p.failures = 0;
+            p.retry_at = None;
+            self.next_attempt += 1;
+            let attempt = self.next_attempt;
+            let stopping = std::mem::take(&mut p.stopping);
+            let done = self.registrations.clone();
+            let sock = kubelet_sock.clone();
+            let timeout = self.opts.register_timeout;
+            let name = name.clone();
+            debug!(%resource, attempt, "registering");
+            let task = tokio::spawn(async move {
+                for old in stopping {
+                    let _ = old.await;
                 }
-                Err(e) => {
-                    self.metrics.registration(&resource, false);
-                    let retry_in_ms = p.backoff.as_millis() as u64;
-                    // Say it at once, then about once a minute while it goes on.
-                    if p.failures % 12 == 0 {
-                        warn!(%resource, error = %e, retry_in_ms, failures = p.failures + 1, "registration failed");
-                    } else {
-                        debug!(%resource, error = %e, retry_in_ms, "registration failed again");
-                    }
-                    p.failures += 1;
-                    p.retry_at = Some(Instant::now() + p.backoff);
-                    p.backoff = (p.backoff * 2).min(RETRY_MAX);
+                let result = register(&sock, &cfg, timeout).await;
+                let _ = done.send(RegistrationDone {
+                    name,
+                    attempt,
+                    result,
+                });
+            });
+            p.registering = Some((attempt, task));
+        }
+    }
+
+    /// Applies the outcome of a Register task, unless it was abandoned.
+    fn registration_done(&mut self, done: RegistrationDone) {
+        let Some(p) = self.plugins.get_mut(&done.name) else {
+            return;
+        };
+        if p.registering.as_ref().map(|(a, _)| *a) != Some(done.attempt) {
+            return;
+        }
+        p.registering = None;
+        let cfg = p.config();
+        let resource = cfg.resource_name();
+        let now = Instant::now();
+        match done.result {
+            Ok(()) => {
+                info!(%resource, endpoint = %cfg.socket_name(), "registered with the kubelet");
+                self.ctx.metrics.registration(&resource, true);
+                p.registered = true;
+                p.retry_at = None;
+                p.backoff = RETRY_MIN;
+                p.said_waiting = false;
+                p.failures = 0;
+                if p.streams == 0 {
+                    p.stream_deadline = Some(now + STREAM_WAIT);
                 }
+            }
+            Err(e) => {
+                self.ctx.metrics.registration(&resource, false);
+                if matches!(&e, Error::Grpc { status, .. } if status.code() == tonic::Code::DeadlineExceeded)
+                {
+                    // The kubelet may still complete this one.
+                    p.suspect_duplicates = true;
+                }
+                let retry_in_ms = p.backoff.as_millis() as u64;
+                // Say it at once, then about once a minute while it goes on.
+                if p.failures % 12 == 0 {
+                    warn!(%resource, error = %e, retry_in_ms, failures = p.failures + 1, "registration failed");
+                } else {
+                    debug!(%resource, error = %e, retry_in_ms, "registration failed again");
+                }
+                p.failures += 1;
+                p.retry_at = Some(now + p.backoff);
+                p.backoff = (p.backoff * 2).min(RETRY_MAX);
             }
         }
     }
 
-    async fn reload_config(&mut self, links: &Links) {
+    /// Counts the live ListAndWatch streams of each current server and
+    /// registers again when a registered resource has none left.
+    fn stream_event(&mut self, ev: StreamEvent) {
+        let now = Instant::now();
+        let dir = self.opts.plugin_dir();
+        let Some(p) = self
+            .plugins
+            .values_mut()
+            .find(|p| p.server.as_ref().is_some_and(|s| s.id() == ev.server))
+        else {
+            // A replaced or removed server.
+            return;
+        };
+        let resource = p.config().resource_name();
+        if ev.opened {
+            p.streams += 1;
+            p.stream_deadline = None;
+            if p.streams == 1 {
+                p.stream_since = Some(now);
+            }
+            debug!(%resource, streams = p.streams, "ListAndWatch stream opened");
+            if p.streams > 1 && p.suspect_duplicates {
+                warn!(%resource, streams = p.streams, "a second ListAndWatch stream: a registration that timed out was completed late by the kubelet; serving anew and registering once more");
+                p.suspect_duplicates = false;
+                restart_server(p, &dir, &self.ctx);
+                p.want_registration(now);
+                p.suspect_duplicates = false;
+            }
+            return;
+        }
+        p.streams = p.streams.saturating_sub(1);
+        debug!(%resource, streams = p.streams, "ListAndWatch stream ended");
+        if p.streams == 0 && p.registered && p.registering.is_none() {
+            let lived_ms = p
+                .stream_since
+                .map_or(0, |t| now.duration_since(t).as_millis() as u64);
+            let delay = p.registration_lost(now);
+            info!(%resource, lived_ms, retry_in_ms = delay.as_millis() as u64, "the kubelet's ListAndWatch stream ended, so the kubelet counts no devices until the plugin registers again; registering again");
+        }
+    }
+
+    /// Registers again where the kubelet opened no stream in time.
+    fn check_stream_deadlines(&mut self, now: Instant) {
+        for p in self.plugins.values_mut() {
+            if p.stream_deadline.is_some_and(|t| t <= now) && p.streams == 0 {
+                let delay = p.registration_lost(now);
+                warn!(resource = %p.config().resource_name(), wait_ms = STREAM_WAIT.as_millis() as u64, retry_in_ms = delay.as_millis() as u64, "the kubelet opened no ListAndWatch stream after the registration; registering again");
+            }
+        }
+    }
+
+    fn reload_config(&mut self, links: &Links) {
         let Some(path) = self.opts.config_file.clone() else {
             return;
         };
@@ -501,40 +717,55 @@ impl Daemon {
                 let before: Vec<String> = self.plugins.keys().cloned().collect();
                 info!(file = %path.display(), resources = ?r.resources, "config file changed; applying");
                 self.resolved = r;
-                self.reconcile(links).await;
+                self.reconcile(links);
                 let after: Vec<String> = self.plugins.keys().cloned().collect();
                 let added: Vec<_> = after.iter().filter(|n| !before.contains(n)).collect();
                 let removed: Vec<_> = before.iter().filter(|n| !after.contains(n)).collect();
                 info!(?added, ?removed, "config change applied");
-                self.metrics.config_reload(true);
-                self.register_due().await;
+                self.ctx.metrics.config_reload(true);
             }
             Err(e) => {
                 error!(error = %e, "config file changed but is invalid; keeping the current configuration");
-                self.metrics.config_reload(false);
+                self.ctx.metrics.config_reload(false);
             }
         }
     }
 
+    /// Abandons registrations and stops every server at once, removing
+    /// our sockets; bounded by [`SHUTDOWN_WAIT`] (plus the socket removals).
     async fn shutdown(self) {
-        for (_, p) in self.plugins {
-            if let Some(s) = p.server {
-                s.stop(true).await;
+        let mut stops = Vec::new();
+        for (_, mut p) in self.plugins {
+            p.abandon_registration();
+            for old in p.stopping {
+                old.abort();
             }
+            if let Some(s) = p.server {
+                stops.push(tokio::spawn(s.stop(true, SHUTDOWN_WAIT)));
+            }
+        }
+        for b in self.background {
+            b.abort();
+        }
+        for s in stops {
+            let _ = s.await;
         }
         info!("stopped");
     }
 }
 
-fn restart_server(p: &mut Plugin, dir: &Path, metrics: &Arc<Metrics>) {
+/// Serves the plugin anew on its socket. The old server (if any) stops in
+/// the background; the next Register waits for it.
+fn restart_server(p: &mut Plugin, dir: &Path, ctx: &ServerContext) {
     let cfg = p.config();
     let path = dir.join(cfg.socket_name());
-    // The old server's socket is gone; dropping the handle without stop()
-    // would leave its task running, so stop it in the background.
     if let Some(old) = p.server.take() {
-        tokio::spawn(old.stop(false));
+        p.stopping.push(tokio::spawn(old.stop(false, RESTART_WAIT)));
     }
-    match PluginServer::start(&path, p.state.subscribe(), metrics.clone()) {
+    p.streams = 0;
+    p.stream_since = None;
+    p.stream_deadline = None;
+    match PluginServer::start(&path, p.state.subscribe(), ctx.clone()) {
         Ok(s) => p.server = Some(s),
         Err(e) => error!(resource = %cfg.resource_name(), error = %e, "cannot serve"),
     }

@@ -62,6 +62,18 @@ pub enum Error {
         /// What failed underneath.
         source: macvtap_link::Error,
     },
+    /// A device's tap node never appeared, for a reason found on the node.
+    #[error("device {device_id} (link {link}): {node} did not appear: {cause}")]
+    TapNodeMissing {
+        /// The device ID.
+        device_id: String,
+        /// The macvtap link name.
+        link: String,
+        /// The node that was expected, e.g. `/dev/tap7`.
+        node: PathBuf,
+        /// Why it cannot appear.
+        cause: String,
+    },
     /// A netlink or namespace operation of the shared link library failed.
     #[error(transparent)]
     Link(#[from] macvtap_link::Error),
@@ -94,6 +106,7 @@ impl Error {
         match self {
             Error::UnknownDevice { .. } => tonic::Code::InvalidArgument,
             Error::LowerDeviceMissing { .. } => tonic::Code::FailedPrecondition,
+            Error::TapNodeMissing { .. } => tonic::Code::FailedPrecondition,
             Error::Config { .. } => tonic::Code::InvalidArgument,
             _ => tonic::Code::Internal,
         }

@@ -2,9 +2,14 @@
 //!
 //! The kubelet calls Allocate before the pod's sandbox exists; if the pod
 //! then goes away before the CNI moves the link, the link stays in the host
-//! namespace. Every interval, the `mvt…` macvtaps on our NICs are compared
-//! with the device IDs the PodResources API says are allocated; links that
-//! belong to no allocated device for longer than a grace period are deleted.
+//! namespace. Every interval, the `mvt…` macvtaps on our NICs are listed,
+//! then compared with the device IDs the PodResources API says are allocated
+//! (in that order: a link listed before the question existed before the
+//! answer). A link that has belonged to no allocated device for longer than
+//! a grace period is deleted, unless its device was allocated within the
+//! grace period: a pod just admitted is not in PodResources yet, and its
+//! container starts only after the CNI took the link. The clock is kept per
+//! link identity (name and ifindex), so a recreated link starts over.
 
 use crate::config::ResourceConfig;
 use crate::error::{Error, Result};
@@ -17,9 +22,40 @@ use macvtap_link::{Handle, Link, RESOURCE_PREFIX, link_name_for_device};
 use nix::errno::Errno;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
+
+/// When each device link was last handed out by Allocate, shared by the
+/// plugin servers (which write) and the reclaimer (which reads).
+#[derive(Debug, Clone, Default)]
+pub struct AllocationClock {
+    last: Arc<Mutex<HashMap<String, Instant>>>,
+}
+
+impl AllocationClock {
+    /// Records that the link named `link` was allocated at `now`.
+    pub fn allocated(&self, link: &str, now: Instant) {
+        let mut m = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        m.insert(link.to_string(), now);
+    }
+
+    /// When the link named `link` was last allocated.
+    pub fn last_allocated(&self, link: &str) -> Option<Instant> {
+        let m = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        m.get(link).copied()
+    }
+
+    /// Forgets allocations older than `age` at `now`, keeping the map small.
+    pub fn forget_older_than(&self, age: Duration, now: Instant) {
+        let mut m = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        m.retain(|_, t| now.duration_since(*t) < age);
+    }
+}
+
+/// A link as the reclaimer tells links apart: a link deleted and created
+/// again under the same name has another ifindex, and starts over.
+type LinkIdentity = (String, u32);
 
 /// The device IDs of our resources that the kubelet reports as allocated.
 pub fn allocated_ids(resp: &ListPodResourcesResponse) -> HashSet<String> {
@@ -63,35 +99,51 @@ pub fn leaked_links(
 pub struct Reclaimer {
     socket: PathBuf,
     grace: Duration,
-    first_seen: HashMap<String, Instant>,
+    first_seen: HashMap<LinkIdentity, Instant>,
+    clock: AllocationClock,
     said_socket_absent: bool,
 }
 
 impl Reclaimer {
     /// A reclaimer asking the PodResources API on `socket`, deleting links
-    /// that have looked leaked for longer than `grace`.
-    pub fn new(socket: PathBuf, grace: Duration) -> Self {
+    /// that have looked leaked for longer than `grace` and whose device was
+    /// not allocated (per `clock`) within `grace` either.
+    pub fn new(socket: PathBuf, grace: Duration, clock: AllocationClock) -> Self {
         Self {
             socket,
             grace,
             first_seen: HashMap::new(),
+            clock,
             said_socket_absent: false,
         }
     }
 
     /// Records the links that look leaked now and returns those that have
-    /// looked leaked for longer than the grace period.
+    /// looked leaked for longer than the grace period and were not
+    /// allocated within it.
     pub fn due(&mut self, leaked: &[Link], now: Instant) -> Vec<Link> {
-        let names: HashSet<&str> = leaked.iter().map(|l| l.name.as_str()).collect();
-        self.first_seen.retain(|n, _| names.contains(n.as_str()));
-        leaked
-            .iter()
-            .filter(|l| {
-                let since = *self.first_seen.entry(l.name.clone()).or_insert(now);
-                now.duration_since(since) >= self.grace
-            })
-            .cloned()
-            .collect()
+        let ids: HashSet<LinkIdentity> = leaked.iter().map(identity).collect();
+        self.first_seen.retain(|k, _| ids.contains(k));
+        let mut due = Vec::new();
+        for l in leaked {
+            let since = *self.first_seen.entry(identity(l)).or_insert_with(|| {
+                debug!(ifname = %l.name, ifindex = l.index, "a link looks leaked; it is deleted when it still does after the grace period");
+                now
+            });
+            if now.duration_since(since) < self.grace {
+                continue;
+            }
+            if let Some(at) = self.clock.last_allocated(&l.name) {
+                let ago = now.saturating_duration_since(at);
+                if ago < self.grace {
+                    debug!(ifname = %l.name, ifindex = l.index, allocated_ms_ago = ago.as_millis() as u64,
+                        "keeping a link that looks leaked: its device was allocated within the grace period");
+                    continue;
+                }
+            }
+            due.push(l.clone());
+        }
+        due
     }
 
     /// One round: ask the kubelet, list links, delete what is due. Returns
@@ -111,21 +163,25 @@ impl Reclaimer {
             return Ok(0);
         }
         self.said_socket_absent = false;
-        let allocated = list_allocated(&self.socket, Duration::from_secs(5)).await?;
-        let lowers: HashSet<String> = resources.iter().map(|r| r.lower_device.clone()).collect();
+        // Links first: every link listed existed before PodResources answers.
         let links = tokio::task::spawn_blocking(|| Handle::current()?.list_links())
             .await
             .map_err(|e| Error::Task(format!("listing links: {e}")))??;
+        let allocated = list_allocated(&self.socket, Duration::from_secs(5)).await?;
+        let lowers: HashSet<String> = resources.iter().map(|r| r.lower_device.clone()).collect();
+        self.clock
+            .forget_older_than(self.grace.max(Duration::from_secs(1)), Instant::now());
         let leaked = leaked_links(&links, &lowers, &allocated);
         let due = self.due(&leaked, Instant::now());
+        debug!(leaked = leaked.len(), due = due.len(), "reclaim round done");
         if due.is_empty() {
             return Ok(0);
         }
         let deleted = tokio::task::spawn_blocking(move || delete_links(&due))
             .await
             .map_err(|e| Error::Task(format!("deleting links: {e}")))??;
-        for name in &deleted {
-            self.first_seen.remove(name);
+        for id in &deleted {
+            self.first_seen.remove(id);
         }
         metrics.leaked_links_removed(deleted.len() as u64);
         Ok(deleted.len())
@@ -149,14 +205,18 @@ pub async fn list_allocated(socket: &Path, timeout: Duration) -> Result<HashSet<
     Ok(allocated_ids(resp.get_ref()))
 }
 
-fn delete_links(links: &[Link]) -> Result<Vec<String>> {
+fn identity(l: &Link) -> LinkIdentity {
+    (l.name.clone(), l.index)
+}
+
+fn delete_links(links: &[Link]) -> Result<Vec<LinkIdentity>> {
     let handle = Handle::current()?;
     let mut deleted = Vec::new();
     for l in links {
         match handle.del_link(l.index, &l.name) {
             Ok(()) => {
                 info!(ifname = %l.name, "deleted a leaked macvtap (allocated to no pod)");
-                deleted.push(l.name.clone());
+                deleted.push(identity(l));
             }
             Err(e) if e.errno() == Some(Errno::ENODEV) => {}
             Err(e) => warn!(ifname = %l.name, error = %e, "could not delete a leaked macvtap"),
@@ -249,7 +309,11 @@ mod tests {
 
     #[test]
     fn links_are_due_only_after_the_grace_period() {
-        let mut r = Reclaimer::new("/nonexistent".into(), Duration::from_secs(60));
+        let mut r = Reclaimer::new(
+            "/nonexistent".into(),
+            Duration::from_secs(60),
+            AllocationClock::default(),
+        );
         let l = vec![link(11, "mvt000000000001", "macvtap", Some(2))];
         let t0 = Instant::now();
         assert!(r.due(&l, t0).is_empty());
@@ -258,5 +322,41 @@ mod tests {
         // A link that stops looking leaked starts over.
         assert!(r.due(&[], t0 + Duration::from_secs(62)).is_empty());
         assert!(r.due(&l, t0 + Duration::from_secs(63)).is_empty());
+    }
+
+    #[test]
+    fn a_recreated_link_starts_over() {
+        let mut r = Reclaimer::new(
+            "/nonexistent".into(),
+            Duration::from_secs(60),
+            AllocationClock::default(),
+        );
+        let t0 = Instant::now();
+        assert!(
+            r.due(&[link(11, "mvt000000000001", "macvtap", Some(2))], t0)
+                .is_empty()
+        );
+        // Same name, new ifindex: a new link, whose clock starts now.
+        let again = vec![link(12, "mvt000000000001", "macvtap", Some(2))];
+        assert!(r.due(&again, t0 + Duration::from_secs(61)).is_empty());
+        assert_eq!(r.due(&again, t0 + Duration::from_secs(122)).len(), 1);
+    }
+
+    #[test]
+    fn a_link_allocated_within_the_grace_period_is_kept() {
+        let clock = AllocationClock::default();
+        let mut r = Reclaimer::new(
+            "/nonexistent".into(),
+            Duration::from_secs(60),
+            clock.clone(),
+        );
+        let l = vec![link(11, "mvt000000000001", "macvtap", Some(2))];
+        let t0 = Instant::now();
+        assert!(r.due(&l, t0).is_empty());
+        // Looked leaked for 100 s, but allocated again 10 s ago.
+        clock.allocated("mvt000000000001", t0 + Duration::from_secs(90));
+        assert!(r.due(&l, t0 + Duration::from_secs(100)).is_empty());
+        assert!(r.due(&l, t0 + Duration::from_secs(149)).is_empty());
+        assert_eq!(r.due(&l, t0 + Duration::from_secs(151)).len(), 1);
     }
 }

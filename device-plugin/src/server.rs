@@ -2,28 +2,55 @@
 //!
 //! The service only forwards: options and ListAndWatch answers come from the
 //! resource's snapshot in a `watch` channel (every message is the full list),
-//! Allocate runs [`crate::allocate::allocate`] on a blocking thread.
+//! Allocate runs [`crate::allocate::allocate`] on a blocking thread. Each
+//! ListAndWatch stream that opens or ends is reported to the daemon as a
+//! [`StreamEvent`], and each Allocate restarts its devices' leak clocks.
 
 use crate::allocate;
 use crate::config::ResourceConfig;
 use crate::error::{Error, Result};
 use crate::grpc::bind_unix;
 use crate::metrics::Metrics;
+use crate::reclaim::AllocationClock;
 use kubelet_proto::v1beta1::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use kubelet_proto::v1beta1::{
     AllocateRequest, AllocateResponse, Device, DevicePluginOptions, Empty, ListAndWatchResponse,
     PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
     PreferredAllocationResponse,
 };
+use macvtap_link::link_name_for_device;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
 use tonic::{Request, Response, Status};
 use tracing::{debug, info, warn};
+
+/// A ListAndWatch stream of one server that opened or ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamEvent {
+    /// The [`PluginServer::id`] of the server.
+    pub server: u64,
+    /// True when the stream opened, false when it ended.
+    pub opened: bool,
+}
+
+/// What a server shares with the rest of the daemon.
+#[derive(Debug, Clone)]
+pub struct ServerContext {
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+    /// Where ListAndWatch streams opening and ending are reported.
+    pub streams: mpsc::UnboundedSender<StreamEvent>,
+    /// The leak clock Allocate restarts.
+    pub clock: AllocationClock,
+}
+
+static NEXT_SERVER_ID: AtomicU64 = AtomicU64::new(1);
 
 /// What the kubelet sees of one resource, kept current by the daemon.
 #[derive(Debug, Clone, PartialEq)]
@@ -53,22 +80,26 @@ pub fn list_and_watch_response(state: &ResourceState) -> ListAndWatchResponse {
 /// The gRPC service of one resource.
 #[derive(Debug, Clone)]
 pub struct PluginService {
+    id: u64,
     state: watch::Receiver<ResourceState>,
     stop: watch::Receiver<bool>,
-    metrics: Arc<Metrics>,
+    ctx: ServerContext,
 }
 
 impl PluginService {
-    /// A service answering from `state`; its streams end when `stop` turns true.
+    /// A service of server `id` answering from `state`; its streams end
+    /// when `stop` turns true.
     pub fn new(
+        id: u64,
         state: watch::Receiver<ResourceState>,
         stop: watch::Receiver<bool>,
-        metrics: Arc<Metrics>,
+        ctx: ServerContext,
     ) -> Self {
         Self {
+            id,
             state,
             stop,
-            metrics,
+            ctx,
         }
     }
 }
@@ -91,34 +122,41 @@ impl DevicePlugin for PluginService {
         let (tx, rx) = mpsc::channel(4);
         let mut state = self.state.clone();
         let mut stop = self.stop.clone();
+        let events = self.ctx.streams.clone();
+        let server = self.id;
+        let _ = events.send(StreamEvent {
+            server,
+            opened: true,
+        });
         tokio::spawn(async move {
             let mut last = state.borrow_and_update().devices.clone();
             let resource = state.borrow().config.resource_name();
             debug!(%resource, "ListAndWatch started");
-            if tx
+            let mut ok = tx
                 .send(Ok(ListAndWatchResponse {
                     devices: last.clone(),
                 }))
                 .await
-                .is_err()
-            {
-                return;
-            }
-            loop {
+                .is_ok();
+            while ok {
                 tokio::select! {
                     changed = state.changed() => {
                         if changed.is_err() { break; }
                         let now = state.borrow_and_update().devices.clone();
                         if now == last { continue; }
                         last = now;
-                        if tx.send(Ok(ListAndWatchResponse { devices: last.clone() })).await.is_err() {
-                            break;
-                        }
+                        ok = tx.send(Ok(ListAndWatchResponse { devices: last.clone() })).await.is_ok();
                     }
+                    // The kubelet closed the stream or its connection.
+                    _ = tx.closed() => break,
                     _ = async { let _ = stop.wait_for(|s| *s).await; } => break,
                 }
             }
             debug!(%resource, "ListAndWatch ended");
+            let _ = events.send(StreamEvent {
+                server,
+                opened: false,
+            });
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
@@ -140,11 +178,27 @@ impl DevicePlugin for PluginService {
         let cfg = self.state.borrow().config.clone();
         let resource = cfg.resource_name();
         let started = Instant::now();
+        // Every Allocate restarts the leak clock of its devices, before the
+        // links exist (a reclaim round may run meanwhile) and once they do.
+        let links: Vec<String> = req
+            .container_requests
+            .iter()
+            .flat_map(|c| &c.devices_ids)
+            .map(|id| link_name_for_device(id))
+            .collect();
+        for l in &links {
+            self.ctx.clock.allocated(l, started);
+        }
         let res = tokio::task::spawn_blocking(move || allocate::allocate(&req, &cfg))
             .await
             .map_err(|e| Error::Task(format!("Allocate: {e}")))
             .and_then(|r| r);
-        self.metrics
+        let done = Instant::now();
+        for l in &links {
+            self.ctx.clock.allocated(l, done);
+        }
+        self.ctx
+            .metrics
             .allocation(&resource, res.is_ok(), started.elapsed());
         match res {
             Ok(resp) => {
@@ -169,6 +223,7 @@ impl DevicePlugin for PluginService {
 /// A running server on one socket.
 #[derive(Debug)]
 pub struct PluginServer {
+    id: u64,
     path: PathBuf,
     identity: FileIdentity,
     stop: watch::Sender<bool>,
@@ -180,12 +235,13 @@ impl PluginServer {
     pub fn start(
         path: &Path,
         state: watch::Receiver<ResourceState>,
-        metrics: Arc<Metrics>,
+        ctx: ServerContext,
     ) -> Result<Self> {
         let listener = bind_unix(path)?;
         let identity = FileIdentity::of(path).map_err(Error::io(path))?;
         let (stop_tx, stop_rx) = watch::channel(false);
-        let service = PluginService::new(state, stop_rx.clone(), metrics);
+        let id = NEXT_SERVER_ID.fetch_add(1, Ordering::Relaxed);
+        let service = PluginService::new(id, state, stop_rx.clone(), ctx);
         let mut stop_serving = stop_rx;
         let socket = path.to_path_buf();
         let task = tokio::spawn(async move {
@@ -204,11 +260,17 @@ impl PluginServer {
         });
         info!(socket = %path.display(), "serving");
         Ok(Self {
+            id,
             path: path.to_path_buf(),
             identity,
             stop: stop_tx,
             task,
         })
+    }
+
+    /// This server's number, unique in the process: [`StreamEvent`]s carry it.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// The socket path.
@@ -223,19 +285,18 @@ impl PluginServer {
     }
 
     /// Stops serving (ending open ListAndWatch streams) and, if
-    /// `remove_socket`, removes the socket file if it is still ours.
-    pub async fn stop(self, remove_socket: bool) {
+    /// `remove_socket`, removes the socket file if it is still ours. Waits
+    /// up to `wait` for open connections to finish, then drops them.
+    pub async fn stop(self, remove_socket: bool, wait: Duration) {
         let PluginServer {
             path,
             identity,
             stop,
             mut task,
+            ..
         } = self;
         let _ = stop.send(true);
-        if tokio::time::timeout(Duration::from_secs(2), &mut task)
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout(wait, &mut task).await.is_err() {
             task.abort();
         }
         if remove_socket && FileIdentity::of(&path).is_ok_and(|i| i == identity) {
@@ -245,14 +306,13 @@ impl PluginServer {
     }
 }
 
-/// Tells a socket file from a later one at the same path: inode numbers are
-/// reused, so the change time is compared too.
+/// Tells our socket file from another at the same path by device and inode.
+/// The change time is not compared: a chmod or an SELinux relabel of the
+/// socket changes it, and the socket is still ours.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct FileIdentity {
     dev: u64,
     ino: u64,
-    ctime: i64,
-    ctime_nsec: i64,
 }
 
 impl FileIdentity {
@@ -261,8 +321,23 @@ impl FileIdentity {
         Ok(Self {
             dev: m.dev(),
             ino: m.ino(),
-            ctime: m.ctime(),
-            ctime_nsec: m.ctime_nsec(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_chmod_keeps_the_socket_ours() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let _l = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let before = FileIdentity::of(&path).unwrap();
+        // A chmod changes the change time, not the file.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        assert_eq!(FileIdentity::of(&path).unwrap(), before);
     }
 }

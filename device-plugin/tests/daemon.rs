@@ -8,7 +8,7 @@ mod common;
 
 use common::{DEADLINE, Node, TestNs, require_root};
 use kubelet_proto::v1beta1::Device;
-use macvtap_deviceplugin::testkubelet::{TestPodResources, summary};
+use macvtap_deviceplugin::testkubelet::{ResourceView, TestPodResources, summary};
 use macvtap_link::tapdev::{check_tap_node, tap_dev_in_netns};
 use macvtap_link::{MacvtapMode, Netns, link_name_for_device};
 use nix::sys::signal::Signal;
@@ -24,6 +24,11 @@ fn all_healthy(d: &[Device]) -> bool {
 
 fn all_unhealthy(d: &[Device]) -> bool {
     !d.is_empty() && d.iter().all(|d| d.health == "Unhealthy")
+}
+
+/// The kubelet is connected to the resource and counts `n` healthy devices.
+fn serving(v: &ResourceView, n: usize) -> bool {
+    v.connected && v.devices.len() == n && v.allocatable() == n
 }
 
 /// A node with the daemon serving resource `dp` on `eth1` with `extra` flags.
@@ -53,8 +58,14 @@ async fn registers_with_the_kubelet_fields_and_advertises_capacity_devices() {
     let mut client = node.kubelet().connect(DP_SOCKET).await.unwrap();
     let opts = client.options().await.unwrap();
     assert!(!opts.pre_start_required && !opts.get_preferred_allocation_available);
-    let mut watch = client.list_and_watch().await.unwrap();
-    let devices = watch.next(DEADLINE).await.unwrap();
+    // The kubelet opened ListAndWatch itself, once.
+    let view = node
+        .kubelet()
+        .wait_resource(DP, DEADLINE, |v| serving(v, 5))
+        .await
+        .unwrap();
+    assert_eq!(view.streams_opened, 1);
+    let devices = view.devices;
     let ids: Vec<_> = devices.iter().map(|d| d.id.as_str()).collect();
     assert_eq!(ids, ["dpMvp0", "dpMvp1", "dpMvp2", "dpMvp3", "dpMvp4"]);
     assert!(all_healthy(&devices));
@@ -79,28 +90,60 @@ async fn allocate_creates_a_macvtap_on_the_lower_nic_with_a_matching_tap_node() 
         .wait_for_registration(DP, 0, DEADLINE)
         .await
         .unwrap();
-    let mut client = node.kubelet().connect(DP_SOCKET).await.unwrap();
+    node.kubelet()
+        .wait_resource(DP, DEADLINE, |v| serving(v, 4))
+        .await
+        .unwrap();
+    let name = link_name_for_device("dpMvp3");
+    let started = Instant::now();
+    let resp = node.kubelet().allocate(DP, &["dpMvp3"]).await.unwrap();
+    println!("MEASURE Allocate: {:?}", started.elapsed());
+    assert_eq!(resp.container_responses.len(), 1);
+    let spec = &resp.container_responses[0].devices[0];
+    let link = node.ns.link(&name).expect("macvtap exists");
+    let lower = node.ns.link("eth1").unwrap();
+    assert!(link.is_macvtap());
+    assert_eq!(link.macvtap_mode, Some(MacvtapMode::Vepa));
+    assert_eq!(link.lower_index, Some(lower.index));
+    assert_eq!(link.txqueuelen, 1234);
+    let tap = format!("/dev/tap{}", link.index);
+    assert_eq!(spec.host_path, tap);
+    assert_eq!(spec.container_path, tap);
+    assert_eq!(spec.permissions, "rw");
+    let dev = tap_dev_in_netns(&Netns::open(node.ns.path()).unwrap(), &name).unwrap();
+    check_tap_node(Path::new(&tap), dev).unwrap();
+}
 
-    for round in 0..2 {
-        // The second round is the kubelet retrying the same ID.
-        let started = Instant::now();
-        let resp = client.allocate(&["dpMvp3"]).await.unwrap();
-        println!("MEASURE Allocate (round {round}): {:?}", started.elapsed());
-        let spec = &resp.container_responses[0].devices[0];
-        let name = link_name_for_device("dpMvp3");
-        let link = node.ns.link(&name).expect("macvtap exists");
-        let lower = node.ns.link("eth1").unwrap();
-        assert!(link.is_macvtap());
-        assert_eq!(link.macvtap_mode, Some(MacvtapMode::Vepa));
-        assert_eq!(link.lower_index, Some(lower.index));
-        assert_eq!(link.txqueuelen, 1234);
-        let tap = format!("/dev/tap{}", link.index);
-        assert_eq!(spec.host_path, tap);
-        assert_eq!(spec.container_path, tap);
-        assert_eq!(spec.permissions, "rw");
-        let dev = tap_dev_in_netns(&Netns::open(node.ns.path()).unwrap(), &name).unwrap();
-        check_tap_node(Path::new(&tap), dev).unwrap();
-    }
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_id_allocated_twice_keeps_its_link_and_tap_node() {
+    let node = node_with_dp(
+        "again",
+        "name=dp,lowerDevice=eth1,mode=vepa,capacity=4",
+        &[],
+    )
+    .await;
+    node.kubelet()
+        .wait_resource(DP, DEADLINE, |v| serving(v, 4))
+        .await
+        .unwrap();
+    let name = link_name_for_device("dpMvp2");
+    // An init container and the app container of one pod: the kubelet
+    // allocates the init container's device again for the app container.
+    let (init, app) = node
+        .kubelet()
+        .allocate_init_and_app(DP, &["dpMvp2"])
+        .await
+        .unwrap();
+    let first = &init.container_responses[0].devices[0];
+    let second = &app.container_responses[0].devices[0];
+    assert_eq!(
+        first, second,
+        "the app container gets the init container's node"
+    );
+    let link = node.ns.link(&name).expect("macvtap exists");
+    assert_eq!(first.host_path, format!("/dev/tap{}", link.index));
+    let dev = tap_dev_in_netns(&Netns::open(node.ns.path()).unwrap(), &name).unwrap();
+    check_tap_node(Path::new(&first.host_path), dev).unwrap();
     let macvtaps = node
         .ns
         .handle()
@@ -109,10 +152,60 @@ async fn allocate_creates_a_macvtap_on_the_lower_nic_with_a_matching_tap_node() 
         .into_iter()
         .filter(|l| l.is_macvtap())
         .count();
+    assert_eq!(macvtaps, 1, "a repeated Allocate leaves one link");
+
+    // A link of the device's name that is wrong (here: bridge mode, not
+    // vepa) is replaced.
+    node.ns.ip(&["link", "del", &name]);
+    node.ns.ip(&[
+        "link", "add", "link", "eth1", "name", &name, "type", "macvtap", "mode", "bridge",
+    ]);
+    let wrong = node.ns.link(&name).unwrap();
+    let resp = node.kubelet().allocate(DP, &["dpMvp2"]).await.unwrap();
+    let link = node.ns.link(&name).expect("macvtap exists");
+    assert_ne!(link.index, wrong.index, "the wrong link was replaced");
+    assert_eq!(link.macvtap_mode, Some(MacvtapMode::Vepa));
     assert_eq!(
-        macvtaps, 1,
-        "a repeated Allocate must not leave a second link"
+        resp.container_responses[0].devices[0].host_path,
+        format!("/dev/tap{}", link.index)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tap_node_that_never_appears_names_a_dev_that_is_not_devtmpfs() {
+    use macvtap_deviceplugin::allocate::create_device;
+    use macvtap_deviceplugin::config::ResourceConfig;
+    let node = Node::new("tmpfsdev");
+    // A private "/dev" that is a plain tmpfs, as a kind node's /dev is.
+    let dev = tempfile::tempdir().unwrap();
+    common::sh(
+        "mount",
+        &["-t", "tmpfs", "tmpfs", dev.path().to_str().unwrap()],
+    );
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _unmount = Unmount(dev.path());
+    let netns = Netns::open(node.ns.path()).unwrap();
+    let handle = node.ns.handle();
+    let lower = node.ns.link("eth1").unwrap();
+    let cfg = ResourceConfig::for_nic("eth1");
+    let e = create_device(&handle, &netns, &cfg, &lower, "eth1Mvp0", dev.path()).unwrap_err();
+    let msg = e.to_string();
+    assert_eq!(e.grpc_code(), tonic::Code::FailedPrecondition, "{msg}");
+    for want in [
+        "did not appear",
+        "tmpfs",
+        "not devtmpfs",
+        "kubevirt/macvtap-cni#39",
+    ] {
+        assert!(msg.contains(want), "want {want:?} in: {msg}");
+    }
+    // The link made for the failed Allocate is gone again.
+    assert!(node.ns.link(&link_name_for_device("eth1Mvp0")).is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -135,26 +228,39 @@ async fn allocate_of_an_unknown_id_fails_and_leaves_no_link() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn devices_follow_the_lower_nic_down_and_up() {
     let node = node_with_dp("health", "name=dp,lowerDevice=eth1,capacity=3", &[]).await;
-    let mut client = node.kubelet().connect(DP_SOCKET).await.unwrap();
-    let mut watch = client.list_and_watch().await.unwrap();
-    assert!(all_healthy(&watch.next(DEADLINE).await.unwrap()));
+    let k = node.kubelet();
+    k.wait_resource(DP, DEADLINE, |v| serving(v, 3))
+        .await
+        .unwrap();
 
     let t = Instant::now();
     node.ns.ip(&["link", "set", "eth1", "down"]);
-    watch.wait_until(DEADLINE, all_unhealthy).await.unwrap();
+    k.wait_resource(DP, DEADLINE, |v| all_unhealthy(&v.devices))
+        .await
+        .unwrap();
     println!("MEASURE health propagation (down): {:?}", t.elapsed());
 
     let t = Instant::now();
     node.ns.ip(&["link", "set", "eth1", "up"]);
-    watch.wait_until(DEADLINE, all_healthy).await.unwrap();
+    k.wait_resource(DP, DEADLINE, |v| all_healthy(&v.devices))
+        .await
+        .unwrap();
     println!("MEASURE health propagation (up): {:?}", t.elapsed());
 
     // Vanishing and coming back works the same way.
     node.ns.ip(&["link", "del", "eth1"]);
-    watch.wait_until(DEADLINE, all_unhealthy).await.unwrap();
+    k.wait_resource(DP, DEADLINE, |v| all_unhealthy(&v.devices))
+        .await
+        .unwrap();
     node.ns.add_nic("eth1");
-    let d = watch.wait_until(DEADLINE, all_healthy).await.unwrap();
-    assert_eq!(d.len(), 3, "{:?}", summary(&d));
+    let v = k
+        .wait_resource(DP, DEADLINE, |v| all_healthy(&v.devices))
+        .await
+        .unwrap();
+    assert_eq!(v.devices.len(), 3, "{:?}", summary(&v.devices));
+    // One registration and one stream all along.
+    assert_eq!(k.registration_count(DP), 1);
+    assert_eq!(v.streams_opened, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -174,35 +280,176 @@ async fn kubelet_restart_leads_to_re_registration() {
         );
         assert_eq!(reg.endpoint, DP_SOCKET);
         // The plugin serves again on a fresh socket.
-        let mut client = kubelet.connect(DP_SOCKET).await.unwrap();
-        let mut watch = client.list_and_watch().await.unwrap();
-        assert_eq!(watch.next(DEADLINE).await.unwrap().len(), 2);
+        kubelet
+            .wait_resource(DP, DEADLINE, |v| serving(v, 2))
+            .await
+            .unwrap();
         node.kubelet = Some(kubelet);
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deleted_own_socket_is_served_again_and_re_registered() {
+async fn a_deleted_own_socket_is_served_again_and_re_registered_after_the_old_stream_ended() {
     let node = node_with_dp("sockdel", "name=dp,lowerDevice=eth1,capacity=2", &[]).await;
+    let k = node.kubelet();
+    let first = k
+        .wait_resource(DP, DEADLINE, |v| serving(v, 2))
+        .await
+        .unwrap()
+        .client;
     let sock = node.plugin_dir().join(DP_SOCKET);
     std::fs::remove_file(&sock).unwrap();
-    node.kubelet()
-        .wait_for_registration(DP, 1, DEADLINE)
+    k.wait_for_registration(DP, 1, DEADLINE).await.unwrap();
+    assert!(sock.exists());
+    // The old server's stream ends; a kubelet up to 1.36 then disconnects
+    // whichever client it holds for the resource. That must be the old one:
+    // the plugin registers again only after its old server stopped.
+    let d = k
+        .wait_disconnects(DEADLINE, |l| l.iter().any(|d| d.stream_of == first))
         .await
         .unwrap();
-    assert!(sock.exists());
-    let mut client = node.kubelet().connect(DP_SOCKET).await.unwrap();
+    let d = d.iter().find(|d| d.stream_of == first).unwrap();
     assert_eq!(
-        client
-            .list_and_watch()
-            .await
-            .unwrap()
-            .next(DEADLINE)
-            .await
-            .unwrap()
-            .len(),
-        2
+        d.disconnected, first,
+        "the end of the old stream disconnected the new registration: {d:?}"
     );
+    let v = k
+        .wait_resource(DP, DEADLINE, |v| serving(v, 2) && v.client != first)
+        .await
+        .unwrap();
+    assert_eq!(v.live_streams, 1, "{v:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_stream_leads_to_re_registration() {
+    let mut node = node_with_dp("streamend", "name=dp,lowerDevice=eth1,capacity=2", &[]).await;
+    let k = node.kubelet.take().unwrap();
+    for round in 0..2 {
+        let before = k
+            .wait_resource(DP, DEADLINE, |v| serving(v, 2) && v.live_streams == 1)
+            .await
+            .unwrap();
+        let t = Instant::now();
+        k.break_stream(DP).unwrap();
+        // The kubelet counts no devices until the plugin registers again.
+        k.wait_for_registration(DP, round + 1, DEADLINE)
+            .await
+            .unwrap();
+        let after = k
+            .wait_resource(DP, DEADLINE, |v| serving(v, 2) && v.client != before.client)
+            .await
+            .unwrap();
+        println!(
+            "MEASURE stream end -> serving again (round {round}): {:?}",
+            t.elapsed()
+        );
+        assert_eq!(after.live_streams, 1, "{after:?}");
+    }
+    let log = node.daemon().log();
+    assert!(log.contains("ListAndWatch stream ended"), "{log}");
+    node.kubelet = Some(k);
+}
+
+/// A node with resources `a` on eth1 and `b` on eth2, both served, and the
+/// kubelet hanging in a Register of `a` (its stream broken, so the plugin
+/// registers `a` again).
+async fn node_with_a_hung_registration(tag: &str, extra: &[&str]) -> Node {
+    let mut node = Node::new(tag);
+    node.ns.add_nic("eth2");
+    node.start_kubelet().await;
+    let mut args = vec![
+        "--resource=name=a,lowerDevice=eth1,capacity=2",
+        "--resource=name=b,lowerDevice=eth2,capacity=2",
+    ];
+    args.extend_from_slice(extra);
+    node.start_daemon(&args, &[]);
+    let k = node.kubelet();
+    for r in [A, B] {
+        k.wait_resource(r, DEADLINE, |v| serving(v, 2))
+            .await
+            .unwrap();
+    }
+    k.hang_register(true);
+    k.break_stream(A).unwrap();
+    k.wait_hung(1, DEADLINE).await.unwrap();
+    node
+}
+
+const A: &str = "macvtap.network.kubevirt.io/a";
+const B: &str = "macvtap.network.kubevirt.io/b";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nic_down_shows_on_another_resource_while_a_register_hangs() {
+    // A Register timeout far beyond the test's deadline: if the hung call
+    // held up the loop, the health change would not show in time.
+    let node = node_with_a_hung_registration("hanghealth", &["--register-timeout=60s"]).await;
+    let k = node.kubelet();
+    let t = Instant::now();
+    node.ns.ip(&["link", "set", "eth2", "down"]);
+    k.wait_resource(B, DEADLINE, |v| v.connected && all_unhealthy(&v.devices))
+        .await
+        .unwrap();
+    println!(
+        "MEASURE NIC down -> Unhealthy while Register hangs: {:?}",
+        t.elapsed()
+    );
+    assert!(k.hung() >= 1, "the Register of a still hangs");
+    assert_eq!(k.registration_count(A), 1);
+    // And back up.
+    node.ns.ip(&["link", "set", "eth2", "up"]);
+    k.wait_resource(B, DEADLINE, |v| serving(v, 2))
+        .await
+        .unwrap();
+    assert!(k.hung() >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_a_register_hangs_exits_and_removes_sockets() {
+    // As above: a blocked loop would exit only after the 60 s timeout.
+    let mut node = node_with_a_hung_registration("hangterm", &["--register-timeout=60s"]).await;
+    let t = Instant::now();
+    node.daemon().signal(Signal::SIGTERM);
+    let status = node.daemon().wait_exit(DEADLINE).expect("exits");
+    println!(
+        "MEASURE SIGTERM -> exit while Register hangs: {:?}",
+        t.elapsed()
+    );
+    assert!(status.success(), "{status:?}");
+    for s in [
+        "macvtap.network.kubevirt.io_a",
+        "macvtap.network.kubevirt.io_b",
+    ] {
+        assert!(!node.plugin_dir().join(s).exists(), "{s} removed");
+    }
+    assert!(node.kubelet().hung() >= 1, "it exited while Register hung");
+    node.kubelet().hang_register(false);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registration_completes_after_the_hang_ends_with_one_live_stream() {
+    let node = node_with_a_hung_registration("hangend", &["--register-timeout=1s"]).await;
+    let k = node.kubelet();
+    // The first Register timed out and the retry hangs too.
+    k.wait_hung(2, DEADLINE).await.unwrap();
+    let before = k.registration_count(A);
+    let hung = k.hung();
+    // The kubelet comes back: every hung Register goes on, including those
+    // the plugin gave up on; the plugin ends up with one registration.
+    k.hang_register(false);
+    k.wait_for_registration(A, before + hung, DEADLINE)
+        .await
+        .unwrap();
+    let v = k
+        .wait_resource(A, DEADLINE, |v| serving(v, 2) && v.live_streams == 1)
+        .await
+        .unwrap();
+    assert!(v.connected, "{v:?}");
+    let log = node.daemon.as_ref().unwrap().log();
+    assert!(log.contains("registration failed"), "{log}");
+    assert!(log.contains("a second ListAndWatch stream"), "{log}");
+    // b was never disturbed.
+    assert_eq!(k.registration_count(B), 1);
+    assert!(serving(&k.resource(B), 2));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -250,14 +497,24 @@ async fn auto_discovery_follows_nics_appearing_and_vanishing() {
         .wait_for_registration(eth2, 0, DEADLINE)
         .await
         .unwrap();
-    let mut client = node.kubelet().connect(&reg.endpoint).await.unwrap();
-    let mut watch = client.list_and_watch().await.unwrap();
-    let d = watch.wait_until(DEADLINE, all_healthy).await.unwrap();
-    assert_eq!(d.len(), 100, "auto-discovered resources have capacity 100");
-    assert_eq!(d[0].id, "eth2Mvp0");
+    assert_eq!(reg.endpoint, "macvtap.network.kubevirt.io_eth2");
+    let v = node
+        .kubelet()
+        .wait_resource(eth2, DEADLINE, |v| all_healthy(&v.devices))
+        .await
+        .unwrap();
+    assert_eq!(
+        v.devices.len(),
+        100,
+        "auto-discovered resources have capacity 100"
+    );
+    assert_eq!(v.devices[0].id, "eth2Mvp0");
 
     node.ns.ip(&["link", "del", "eth2"]);
-    watch.wait_until(DEADLINE, all_unhealthy).await.unwrap();
+    node.kubelet()
+        .wait_resource(eth2, DEADLINE, |v| v.connected && all_unhealthy(&v.devices))
+        .await
+        .unwrap();
     // Loopback is never a resource.
     assert_eq!(
         node.kubelet()
@@ -406,16 +663,20 @@ async fn config_file_changes_are_applied_without_restart() {
         .wait_for_registration(DP, 0, DEADLINE)
         .await
         .unwrap();
-    let mut client = node.kubelet().connect(DP_SOCKET).await.unwrap();
-    let mut watch = client.list_and_watch().await.unwrap();
-    assert_eq!(watch.next(DEADLINE).await.unwrap().len(), 2);
+    node.kubelet()
+        .wait_resource(DP, DEADLINE, |v| serving(v, 2))
+        .await
+        .unwrap();
 
     // Capacity changed and a resource added.
     write_atomically(
         &file,
         r#"[{"name":"dp","lowerDevice":"eth1","capacity":4},{"name":"dp2","lowerDevice":"eth1"}]"#,
     );
-    watch.wait_until(DEADLINE, |d| d.len() == 4).await.unwrap();
+    node.kubelet()
+        .wait_resource(DP, DEADLINE, |v| serving(v, 4))
+        .await
+        .unwrap();
     node.kubelet()
         .wait_for_registration("macvtap.network.kubevirt.io/dp2", 0, DEADLINE)
         .await
@@ -448,6 +709,25 @@ async fn config_file_changes_are_applied_without_restart() {
     );
 }
 
+/// Waits until the daemon's log satisfies `pred`.
+async fn wait_log(node: &mut Node, what: &str, pred: impl Fn(&str) -> bool) -> String {
+    let end = Instant::now() + DEADLINE;
+    loop {
+        let log = node.daemon().log();
+        if pred(&log) {
+            return log;
+        }
+        assert!(Instant::now() < end, "no {what} in the daemon log:\n{log}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn log_lines_with(log: &str, a: &str, b: &str) -> usize {
+    log.lines()
+        .filter(|l| l.contains(a) && l.contains(b))
+        .count()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leaked_links_are_reclaimed_and_allocated_ones_kept() {
     let mut node = Node::new("reclaim");
@@ -459,44 +739,74 @@ async fn leaked_links_are_reclaimed_and_allocated_ones_kept() {
     node.start_daemon(
         &[
             "--resource=name=dp,lowerDevice=eth1,capacity=4",
-            "--reclaim-interval=200ms",
-            "--reclaim-grace=500ms",
+            "--reclaim-interval=100ms",
+            "--reclaim-grace=3s",
         ],
         &[],
     );
     node.kubelet()
-        .wait_for_registration(DP, 0, DEADLINE)
+        .wait_resource(DP, DEADLINE, |v| serving(v, 4))
         .await
         .unwrap();
-    let mut client = node.kubelet().connect(DP_SOCKET).await.unwrap();
-    client.allocate(&["dpMvp0"]).await.unwrap();
-    client.allocate(&["dpMvp1"]).await.unwrap();
+    let k = node.kubelet.take().unwrap();
+    k.allocate(DP, &["dpMvp0"]).await.unwrap();
+    k.allocate(DP, &["dpMvp1"]).await.unwrap();
     // A macvtap on the NIC that is not ours by name is never touched.
     node.ns.ip(&[
         "link", "add", "link", "eth1", "name", "mytap", "type", "macvtap",
     ]);
 
-    let leaked = link_name_for_device("dpMvp1");
+    // dpMvp1 looks leaked; after two more reclaim rounds it is allocated
+    // again (a new pod, not yet in PodResources). Its clock restarts: at
+    // the end of the grace counted from when it first looked leaked, it is
+    // kept, not deleted.
+    let re = link_name_for_device("dpMvp1");
+    let first = node.ns.link(&re).unwrap();
+    let log = wait_log(&mut node, "first sight of the leaked link", |l| {
+        log_lines_with(l, "looks leaked", &re) > 0
+    })
+    .await;
+    let rounds = log.matches("reclaim round done").count();
+    wait_log(&mut node, "two more reclaim rounds", |l| {
+        l.matches("reclaim round done").count() >= rounds + 2
+    })
+    .await;
+    let resp = k.allocate(DP, &["dpMvp1"]).await.unwrap();
+    assert_eq!(
+        resp.container_responses[0].devices[0].host_path,
+        format!("/dev/tap{}", first.index),
+        "the link was reused"
+    );
+    wait_log(&mut node, "a kept link", |l| {
+        log_lines_with(l, "keeping a link that looks leaked", &re) > 0
+    })
+    .await;
+    let kept = node
+        .ns
+        .link(&re)
+        .expect("kept within the grace of its Allocate");
+    assert_eq!(kept.index, first.index);
+
+    // Then, leaked for the whole grace since its last Allocate, it goes.
     let end = Instant::now() + DEADLINE;
-    while node.ns.link(&leaked).is_some() && Instant::now() < end {
+    while node.ns.link(&re).is_some() && Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(
-        node.ns.link(&leaked).is_none(),
-        "the leaked link was removed"
-    );
+    assert!(node.ns.link(&re).is_none(), "the leaked link was removed");
     assert!(
         node.ns.link(&link_name_for_device("dpMvp0")).is_some(),
-        "the allocated link stays"
+        "the link PodResources lists stays"
     );
     assert!(node.ns.link("mytap").is_some());
-    // The daemon logs right after the kernel deleted the link.
-    let end = Instant::now() + DEADLINE;
-    while !node.daemon().log().contains("deleted a leaked macvtap") && Instant::now() < end {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let log = node.daemon().log();
-    assert!(log.contains("deleted a leaked macvtap"), "{log}");
+    let log = wait_log(&mut node, "the deletion", |l| {
+        l.contains("deleted a leaked macvtap")
+    })
+    .await;
+    assert!(
+        log_lines_with(&log, "deleted a leaked macvtap", &re) == 1,
+        "{log}"
+    );
+    node.kubelet = Some(k);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -507,8 +817,11 @@ async fn reclaim_without_pod_resources_socket_is_skipped_with_one_message() {
         &["--reclaim-interval=100ms", "--reclaim-grace=0s"],
     )
     .await;
-    let mut client = node.kubelet().connect(DP_SOCKET).await.unwrap();
-    client.allocate(&["dpMvp0"]).await.unwrap();
+    node.kubelet()
+        .wait_resource(DP, DEADLINE, |v| serving(v, 2))
+        .await
+        .unwrap();
+    node.kubelet().allocate(DP, &["dpMvp0"]).await.unwrap();
     let end = Instant::now() + DEADLINE;
     while !node.daemon().log().contains("no PodResources socket") && Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(100)).await;

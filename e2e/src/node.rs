@@ -259,8 +259,8 @@ impl Node {
         bail!("daemon did not exit within {WAIT:?} of SIGTERM")
     }
 
-    /// Waits for `resource` to register, connects as the kubelet, checks the
-    /// device list, and returns the client.
+    /// Waits for `resource` to register and for the kubelet to list
+    /// `capacity` healthy devices, and returns a client of the plugin socket.
     pub async fn plugin(&self, resource: &str, capacity: usize) -> Result<PluginClient> {
         let kubelet = self.kubelet.as_ref().context("kubelet not started")?;
         let full = format!("{}/{resource}", macvtap_link::RESOURCE_PREFIX);
@@ -273,15 +273,17 @@ impl Node {
             "registered with version {}",
             reg.version
         );
-        let mut client = kubelet
-            .connect(&reg.endpoint)
-            .await
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        let mut watch = client.list_and_watch().await?;
-        watch
-            .wait_until(WAIT, |d| {
-                d.len() == capacity && d.iter().all(|d| d.health == "Healthy")
+        // The kubelet opens ListAndWatch itself; wait for what it learned.
+        kubelet
+            .wait_resource(&full, WAIT, |v| {
+                v.connected
+                    && v.devices.len() == capacity
+                    && v.devices.iter().all(|d| d.health == "Healthy")
             })
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}; daemon log:\n{}", self.daemon_log()))?;
+        let client = kubelet
+            .connect(&reg.endpoint)
             .await
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         Ok(client)

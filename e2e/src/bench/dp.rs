@@ -1,7 +1,8 @@
 //! Device plugin figures, all through the real binary and the real gRPC
 //! sockets of the test kubelet: Allocate against the in-process cost of the
 //! same link creation, the first ListAndWatch of a large node, health and
-//! re-registration latency, memory and idle CPU.
+//! re-registration latency, registration under a misbehaving kubelet
+//! (stream ends, hung Register), memory and idle CPU.
 
 use super::report::{Report, Row};
 use super::stats::Samples;
@@ -77,6 +78,7 @@ pub async fn all(
     panels.push(allocate(bin, n, report).await?);
     first_list(bin, report).await?;
     panels.push(lifecycle(bin, report).await?);
+    panels.push(misbehaving_kubelet(bin, report).await?);
     footprint(bin, idle_secs, report).await?;
     Ok(panels)
 }
@@ -227,12 +229,8 @@ async fn lifecycle(bin: &Path, report: &mut Report) -> Result<(String, Vec<Sampl
     let mut node = Node::new()?;
     node.start_kubelet().await?;
     node.start_device_plugin_bin(bin, &conf(1, 50), &[])?;
-    let mut client = node.plugin("dataplane", 50).await?;
-    let mut watch = client.list_and_watch().await?;
-    watch
-        .wait_until(WAIT, |d| d.len() == 50)
-        .await
-        .map_err(|e| anyhow!("{e}"))?;
+    node.plugin("dataplane", 50).await?;
+    let full = format!("{}/dataplane", macvtap_link::RESOURCE_PREFIX);
     let ns = Netns::open(node.ns.path())?;
     let h = Handle::in_netns(&ns)?;
     let lower = h.get_link("lower0")?.context("lower0")?;
@@ -250,17 +248,17 @@ async fn lifecycle(bin: &Path, report: &mut Report) -> Result<(String, Vec<Sampl
                     ..Default::default()
                 },
             )?;
-            watch
-                .wait_until(WAIT, |d| {
-                    !d.is_empty() && d.iter().all(|d| d.health == state)
+            node.kubelet
+                .as_ref()
+                .context("kubelet")?
+                .wait_resource(&full, WAIT, |v| {
+                    !v.devices.is_empty() && v.devices.iter().all(|d| d.health == state)
                 })
                 .await
                 .map_err(|e| anyhow!("{e}"))?;
             series.push(t.elapsed());
         }
     }
-    drop(watch);
-    let full = format!("{}/dataplane", macvtap_link::RESOURCE_PREFIX);
     let mut rereg = Samples::new("kubelet.sock recreated -> registered");
     for _ in 0..20 {
         let kubelet = node.kubelet.take().context("kubelet")?;
@@ -275,7 +273,7 @@ async fn lifecycle(bin: &Path, report: &mut Report) -> Result<(String, Vec<Sampl
     }
     report.section(
         "Device plugin: health and kubelet restarts",
-        "Time from setting the NIC down (up) with netlink to the ListAndWatch stream showing every device Unhealthy (Healthy); time from a kubelet restart (sockets deleted, kubelet.sock served anew) to the plugin's new registration. 20 tries each; target under 1 s at p99.",
+        "Time from setting the NIC down (up) with netlink to the test kubelet (through the ListAndWatch stream it opened itself) having every device Unhealthy (Healthy); time from a kubelet restart (sockets deleted, kubelet.sock served anew) to the plugin's new registration. 20 tries each; target under 1 s at p99.",
     );
     report.latency_table(&[
         Row {
@@ -294,6 +292,156 @@ async fn lifecycle(bin: &Path, report: &mut Report) -> Result<(String, Vec<Sampl
     Ok((
         "Device plugin health and re-registration".into(),
         vec![down, up, rereg],
+    ))
+}
+
+/// Whether process `pid` has exited (gone, or a zombie not reaped yet).
+fn exited(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .and_then(|rest| rest.split_whitespace().next())
+            .is_none_or(|state| state == "Z" || state == "X"),
+        Err(_) => true,
+    }
+}
+
+/// A node with resources `a` on `lower0` and `b` on `lower1`, both served
+/// by the daemon at `bin`, and the kubelet hanging in a Register of `a`.
+async fn node_with_a_hung_registration(bin: &Path) -> Result<(Node, u32)> {
+    let mut node = Node::new()?;
+    node.ns.ip(&[
+        "link", "add", "lower1", "type", "veth", "peer", "name", "lower1p",
+    ])?;
+    node.ns.ip(&["link", "set", "lower1p", "up"])?;
+    node.ns.ip(&["link", "set", "lower1", "up"])?;
+    node.start_kubelet().await?;
+    let conf = r#"[{"name":"a","lowerDevice":"lower0","capacity":50},{"name":"b","lowerDevice":"lower1","capacity":50}]"#;
+    let pid = node.start_device_plugin_bin(bin, conf, &[])?;
+    node.plugin("a", 50).await?;
+    node.plugin("b", 50).await?;
+    let k = node.kubelet.as_ref().context("kubelet")?;
+    k.hang_register(true);
+    k.break_stream(&format!("{}/a", macvtap_link::RESOURCE_PREFIX))
+        .map_err(|e| anyhow!("{e}"))?;
+    k.wait_hung(1, WAIT).await.map_err(|e| anyhow!("{e}"))?;
+    Ok((node, pid))
+}
+
+async fn misbehaving_kubelet(bin: &Path, report: &mut Report) -> Result<(String, Vec<Samples>)> {
+    let tries = 20;
+    // Stream end: the kubelet's ListAndWatch stream breaks; the plugin must
+    // notice and register again (the kubelet never reopens it).
+    let mut node = Node::new()?;
+    node.start_kubelet().await?;
+    node.start_device_plugin_bin(bin, &conf(1, 50), &[])?;
+    node.plugin("dataplane", 50).await?;
+    let full = format!("{}/dataplane", macvtap_link::RESOURCE_PREFIX);
+    let mut stream_end = Samples::new("stream end -> re-registered");
+    {
+        let k = node.kubelet.as_ref().context("kubelet")?;
+        for _ in 0..tries {
+            let seen = k.registration_count(&full);
+            // A stream that lived under a second counts as a quick loss and
+            // backs off; measure the first loss after a stable stream.
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+            let t = Instant::now();
+            k.break_stream(&full).map_err(|e| anyhow!("{e}"))?;
+            k.wait_for_registration(&full, seen, WAIT)
+                .await
+                .map_err(|e| anyhow!("{e}"))?;
+            stream_end.push(t.elapsed());
+            k.wait_resource(&full, WAIT, |v| v.connected && v.live_streams == 1)
+                .await
+                .map_err(|e| anyhow!("{e}"))?;
+        }
+    }
+    drop(node);
+
+    // Health of another resource while a Register hangs.
+    let (node, _) = node_with_a_hung_registration(bin).await?;
+    let b = format!("{}/b", macvtap_link::RESOURCE_PREFIX);
+    let mut hung_down = Samples::new("NIC down -> Unhealthy while Register hangs");
+    {
+        let k = node.kubelet.as_ref().context("kubelet")?;
+        let h = Handle::in_netns(&Netns::open(node.ns.path())?)?;
+        let lower1 = h.get_link("lower1")?.context("lower1")?;
+        for _ in 0..tries {
+            for (up, state) in [(false, "Unhealthy"), (true, "Healthy")] {
+                let t = Instant::now();
+                h.set_link(
+                    lower1.index,
+                    "lower1",
+                    &LinkChange {
+                        up: Some(up),
+                        ..Default::default()
+                    },
+                )?;
+                k.wait_resource(&b, WAIT, |v| {
+                    !v.devices.is_empty() && v.devices.iter().all(|d| d.health == state)
+                })
+                .await
+                .map_err(|e| anyhow!("{e}"))?;
+                if !up {
+                    hung_down.push(t.elapsed());
+                }
+            }
+            anyhow::ensure!(k.hung() >= 1, "the Register of a stopped hanging");
+        }
+        k.hang_register(false);
+    }
+    drop(node);
+
+    // SIGTERM while a Register hangs.
+    let mut term = Samples::new("SIGTERM -> exit while Register hangs");
+    for _ in 0..tries {
+        let (mut node, pid) = node_with_a_hung_registration(bin).await?;
+        let t = Instant::now();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(pid)?),
+            nix::sys::signal::Signal::SIGTERM,
+        )?;
+        while !exited(pid) {
+            anyhow::ensure!(
+                t.elapsed() < WAIT,
+                "the daemon did not exit within {WAIT:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        term.push(t.elapsed());
+        let k = node.kubelet.as_ref().context("kubelet")?;
+        anyhow::ensure!(
+            k.hung() >= 1,
+            "the Register stopped hanging before the exit"
+        );
+        k.hang_register(false);
+        // Reaps the daemon and checks it exited 0.
+        node.stop_device_plugin()?;
+    }
+    report.section(
+        "Device plugin: a misbehaving kubelet",
+        "Time from the test kubelet's ListAndWatch stream breaking (the kubelet then counts no devices and never reopens it) to the plugin's \
+         new registration; with the kubelet hanging in a Register of one resource, time from setting the other resource's NIC down to the \
+         kubelet having its devices Unhealthy, and time from SIGTERM to the daemon's exit. 20 tries each; targets: under 1 s at p99.",
+    );
+    report.latency_table(&[
+        Row {
+            series: stream_end.clone(),
+            reference: None,
+        },
+        Row {
+            series: hung_down.clone(),
+            reference: None,
+        },
+        Row {
+            series: term.clone(),
+            reference: None,
+        },
+    ]);
+    Ok((
+        "Device plugin under a misbehaving kubelet".into(),
+        vec![stream_end, hung_down, term],
     ))
 }
 
