@@ -108,6 +108,41 @@ fn allocate_with(
     Ok(out)
 }
 
+/// Re-creates the lost macvtap of device `id` on `lower` with ifindex
+/// `index`, the one whose `/dev/tap<index>` the kubelet keeps handing to the
+/// device's pod, and checks that node. Deletes what it made on failure.
+pub fn recreate_device(
+    handle: &Handle,
+    netns: &Netns,
+    cfg: &ResourceConfig,
+    lower: &Link,
+    id: &str,
+    index: u32,
+    dev_dir: &Path,
+) -> Result<Link> {
+    let name = link_name_for_device(id);
+    let wrap = |source| Error::Device {
+        device_id: id.to_string(),
+        link: name.clone(),
+        source,
+    };
+    let link = handle
+        .add_macvtap_at(
+            &name,
+            lower.index,
+            cfg.mode,
+            Some(lower.txqueuelen),
+            Some(index),
+        )
+        .map_err(wrap)?;
+    let node = tap_node_path(dev_dir, link.index);
+    if let Err(e) = check_node(netns, &name, link.index, &node, dev_dir) {
+        delete_quietly(handle, &link);
+        return Err(e.for_device(id, &name));
+    }
+    Ok(link)
+}
+
 /// The macvtap of one device, ready to hand out.
 #[derive(Debug, Clone)]
 pub struct PreparedDevice {

@@ -30,7 +30,7 @@ use crate::fswatch::{DirWatcher, FsEvent};
 use crate::health::nic_is_healthy;
 use crate::links::{Links, spawn_link_watcher};
 use crate::metrics::Metrics;
-use crate::reclaim::{AllocationClock, Reclaimer, reclaim_loop};
+use crate::reclaim::{AllocationClock, Assignments, Reclaimer, reclaim_loop};
 use crate::registration::register;
 use crate::server::{PluginServer, ResourceState, ServerContext, StreamEvent};
 use crate::topology::numa_node;
@@ -262,15 +262,20 @@ pub async fn run(opts: Options) -> Result<()> {
 
     let (configs_tx, configs_rx) = watch::channel(Vec::new());
     let clock = AllocationClock::default();
+    let assignments = Assignments::default();
+    let dev_dir = PathBuf::from(crate::allocate::DEV_DIR);
+    let tap_gone = watch_tap_nodes(&dev_dir);
     let reclaim = tokio::spawn(reclaim_loop(
         Reclaimer::new(
             opts.pod_resources_socket(),
             opts.reclaim_grace,
             clock.clone(),
-        ),
+        )
+        .with_healing(assignments.clone(), dev_dir),
         opts.reclaim_interval,
         configs_rx,
         metrics.clone(),
+        tap_gone,
     ));
     let (streams_tx, mut stream_events) = mpsc::unbounded_channel();
     let (reg_tx, mut reg_done) = mpsc::unbounded_channel();
@@ -280,6 +285,7 @@ pub async fn run(opts: Options) -> Result<()> {
             metrics,
             streams: streams_tx,
             clock,
+            assignments,
         },
         plugins: BTreeMap::new(),
         resolved,
@@ -769,4 +775,41 @@ fn restart_server(p: &mut Plugin, dir: &Path, ctx: &ServerContext) {
         Ok(s) => p.server = Some(s),
         Err(e) => error!(resource = %cfg.resource_name(), error = %e, "cannot serve"),
     }
+}
+
+/// Reports each deletion of a `tap*` node in `dev_dir` (a macvtap destroyed
+/// in any namespace), so that a lost link is healed at once rather than at
+/// the next reclaim interval. Without the watch, healing still runs every
+/// interval; that is logged once.
+fn watch_tap_nodes(dev_dir: &Path) -> mpsc::UnboundedReceiver<()> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let watcher = DirWatcher::new().and_then(|(w, events)| {
+        let wd = w.watch_dir(dev_dir)?;
+        Ok((w, wd, events))
+    });
+    match watcher {
+        Ok((w, _wd, mut events)) => {
+            tokio::spawn(async move {
+                // The watcher lives as long as this task.
+                let _w = w;
+                while let Some(batch) = events.recv().await {
+                    let gone = batch.iter().any(|e| {
+                        e.mask.contains(nix::sys::inotify::AddWatchFlags::IN_DELETE)
+                            && e.name
+                                .as_ref()
+                                .and_then(|n| n.to_str())
+                                .is_some_and(|n| n.starts_with("tap"))
+                    });
+                    if gone && tx.send(()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        Err(e) => {
+            warn!(dir = %dev_dir.display(), error = %e,
+                "cannot watch tap nodes; lost links are healed at each reclaim interval only");
+        }
+    }
+    rx
 }

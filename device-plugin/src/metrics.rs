@@ -21,6 +21,7 @@ struct ResourceMetrics {
 struct Inner {
     resources: BTreeMap<String, ResourceMetrics>,
     leaked_links_removed: u64,
+    links_healed: u64,
     config_reloads: u64,
     config_reload_errors: u64,
 }
@@ -81,6 +82,11 @@ impl Metrics {
     /// Counts leaked links removed.
     pub fn leaked_links_removed(&self, n: u64) {
         self.with(|m| m.leaked_links_removed += n);
+    }
+
+    /// Counts lost macvtaps re-created for the pods that hold their devices.
+    pub fn links_healed(&self, n: u64) {
+        self.with(|m| m.links_healed += n);
     }
 
     /// Counts a config file reload attempt.
@@ -157,6 +163,11 @@ impl Metrics {
                     "macvtap_dp_leaked_links_removed_total",
                     "Leaked macvtap links removed.",
                     m.leaked_links_removed,
+                ),
+                (
+                    "macvtap_dp_links_healed_total",
+                    "Lost macvtaps re-created for the pods that still hold their devices.",
+                    m.links_healed,
                 ),
                 (
                     "macvtap_dp_config_reloads_total",

@@ -10,7 +10,19 @@
 //! grace period: a pod just admitted is not in PodResources yet, and its
 //! container starts only after the CNI took the link. The clock is kept per
 //! link identity (name and ifindex), so a recreated link starts over.
+//!
+//! The same round heals the opposite case: a device that PodResources says
+//! a pod holds, but whose macvtap exists nowhere. A pod's network namespace
+//! destroyed without CNI DEL takes the macvtap with it, and the kubelet
+//! keeps handing the pod's containers the `/dev/tap<N>` of the first
+//! Allocate. When no link of the device's name is in the host namespace and
+//! `/dev/tap<N>` is gone (devtmpfs keeps a tap node exactly as long as its
+//! macvtap exists in any namespace), the macvtap is created again on the
+//! resource's NIC with ifindex N, so the sandbox's retried CNI ADD works and
+//! the kubelet's DeviceSpec is right again. A tap node's deletion in `/dev`
+//! starts a round at once.
 
+use crate::allocate;
 use crate::config::ResourceConfig;
 use crate::error::{Error, Result};
 use crate::grpc::connect_unix;
@@ -18,7 +30,8 @@ use crate::metrics::Metrics;
 use kubelet_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
 use kubelet_proto::podresources::v1::{ListPodResourcesRequest, ListPodResourcesResponse};
 use macvtap_link::device::is_device_link_name;
-use macvtap_link::{Handle, Link, RESOURCE_PREFIX, link_name_for_device};
+use macvtap_link::tapdev::tap_node_path;
+use macvtap_link::{Handle, Link, Netns, RESOURCE_PREFIX, link_name_for_device};
 use nix::errno::Errno;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -51,6 +64,81 @@ impl AllocationClock {
         let mut m = self.last.lock().unwrap_or_else(|e| e.into_inner());
         m.retain(|_, t| now.duration_since(*t) < age);
     }
+}
+
+/// The ifindex each device's macvtap had when Allocate last handed it out
+/// (so its pod's containers get `/dev/tap<ifindex>`), with its resource's
+/// short name. Written by the plugin servers, read by the healer.
+#[derive(Debug, Clone, Default)]
+pub struct Assignments {
+    by_device: Arc<Mutex<HashMap<String, Assigned>>>,
+}
+
+/// Where a device's macvtap was when it was handed out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assigned {
+    /// The resource's short name (`dataplane`).
+    pub resource: String,
+    /// The ifindex, i.e. the N of `/dev/tapN` in the DeviceSpec.
+    pub ifindex: u32,
+}
+
+impl Assignments {
+    /// Records that `device_id` of `resource` was handed out as `/dev/tap<ifindex>`.
+    pub fn assigned(&self, device_id: &str, resource: &str, ifindex: u32) {
+        let mut m = self.by_device.lock().unwrap_or_else(|e| e.into_inner());
+        m.insert(
+            device_id.to_string(),
+            Assigned {
+                resource: resource.to_string(),
+                ifindex,
+            },
+        );
+    }
+
+    /// Where `device_id` was handed out, if this daemon handed it out.
+    pub fn get(&self, device_id: &str) -> Option<Assigned> {
+        let m = self.by_device.lock().unwrap_or_else(|e| e.into_inner());
+        m.get(device_id).cloned()
+    }
+}
+
+/// The N of a DeviceSpec's `/dev/tapN`.
+pub fn tap_index(host_path: &str) -> Option<u32> {
+    host_path.strip_prefix("/dev/tap")?.parse().ok()
+}
+
+/// A device to heal: held by a pod, its macvtap gone everywhere.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lost {
+    /// The device ID.
+    pub device_id: String,
+    /// Where it was handed out.
+    pub at: Assigned,
+}
+
+/// The devices that a pod holds (`allocated`) and that were handed out by
+/// this daemon (`assignments`), whose link is not in the host namespace
+/// (`links`) and whose tap node no longer exists (`node_exists`).
+pub fn lost_devices(
+    allocated: &HashSet<String>,
+    assignments: &Assignments,
+    links: &[Link],
+    node_exists: impl Fn(u32) -> bool,
+) -> Vec<Lost> {
+    let host_names: HashSet<&str> = links.iter().map(|l| l.name.as_str()).collect();
+    let mut lost: Vec<Lost> = allocated
+        .iter()
+        .filter_map(|id| Some((id, assignments.get(id)?)))
+        .filter(|(id, _)| !host_names.contains(link_name_for_device(id).as_str()))
+        .filter(|(_, at)| !node_exists(at.ifindex))
+        .map(|(id, at)| Lost {
+            device_id: id.clone(),
+            at,
+        })
+        .collect();
+    lost.sort_by(|a, b| a.device_id.cmp(&b.device_id));
+    lost
 }
 
 /// A link as the reclaimer tells links apart: a link deleted and created
@@ -101,6 +189,8 @@ pub struct Reclaimer {
     grace: Duration,
     first_seen: HashMap<LinkIdentity, Instant>,
     clock: AllocationClock,
+    assignments: Assignments,
+    dev_dir: PathBuf,
     said_socket_absent: bool,
 }
 
@@ -114,8 +204,18 @@ impl Reclaimer {
             grace,
             first_seen: HashMap::new(),
             clock,
+            assignments: Assignments::default(),
+            dev_dir: PathBuf::from(crate::allocate::DEV_DIR),
             said_socket_absent: false,
         }
+    }
+
+    /// Heals lost devices from `assignments` (what Allocate handed out),
+    /// checking tap nodes in `dev_dir`.
+    pub fn with_healing(mut self, assignments: Assignments, dev_dir: PathBuf) -> Self {
+        self.assignments = assignments;
+        self.dev_dir = dev_dir;
+        self
     }
 
     /// Records the links that look leaked now and returns those that have
@@ -168,6 +268,17 @@ impl Reclaimer {
             .await
             .map_err(|e| Error::Task(format!("listing links: {e}")))??;
         let allocated = list_allocated(&self.socket, Duration::from_secs(5)).await?;
+        let dev_dir = self.dev_dir.clone();
+        let lost = lost_devices(&allocated, &self.assignments, &links, |i| {
+            tap_node_path(&dev_dir, i).exists()
+        });
+        if !lost.is_empty() {
+            let resources = resources.to_vec();
+            let healed = tokio::task::spawn_blocking(move || heal(&lost, &resources, &dev_dir))
+                .await
+                .map_err(|e| Error::Task(format!("healing links: {e}")))??;
+            metrics.links_healed(healed);
+        }
         let lowers: HashSet<String> = resources.iter().map(|r| r.lower_device.clone()).collect();
         self.clock
             .forget_older_than(self.grace.max(Duration::from_secs(1)), Instant::now());
@@ -205,6 +316,51 @@ pub async fn list_allocated(socket: &Path, timeout: Duration) -> Result<HashSet<
     Ok(allocated_ids(resp.get_ref()))
 }
 
+/// Re-creates each lost device's macvtap with its old ifindex; returns how
+/// many came back. A device whose ifindex is taken on the host, or whose
+/// resource or NIC is gone, is logged and left.
+fn heal(lost: &[Lost], resources: &[ResourceConfig], dev_dir: &Path) -> Result<u64> {
+    let handle = Handle::current()?;
+    let netns = Netns::current()?;
+    let mut healed = 0;
+    for l in lost {
+        let Some(cfg) = resources.iter().find(|r| r.name == l.at.resource) else {
+            warn!(device_id = %l.device_id, resource = %l.at.resource,
+                "a pod holds this device but its macvtap is gone, and its resource is no longer configured: not re-created");
+            continue;
+        };
+        let Some(lower) = handle.get_link(&cfg.lower_device)? else {
+            warn!(device_id = %l.device_id, lower = %cfg.lower_device,
+                "a pod holds this device but its macvtap is gone, and so is its NIC: not re-created");
+            continue;
+        };
+        if let Some(other) = handle.get_link_by_index(l.at.ifindex)? {
+            warn!(device_id = %l.device_id, ifindex = l.at.ifindex, other = %other.name,
+                "a pod holds this device but its macvtap is gone, and its ifindex is now taken on the host, so /dev/tap{} cannot come back: the pod needs to be re-created", l.at.ifindex);
+            continue;
+        }
+        match allocate::recreate_device(
+            &handle,
+            &netns,
+            cfg,
+            &lower,
+            &l.device_id,
+            l.at.ifindex,
+            dev_dir,
+        ) {
+            Ok(link) => {
+                healed += 1;
+                info!(device_id = %l.device_id, ifname = %link.name, ifindex = link.index,
+                    "re-created the macvtap of a device a pod still holds (its namespace went without CNI DEL), so the sandbox's retried ADD finds it");
+            }
+            Err(e) => {
+                warn!(device_id = %l.device_id, error = %e, "could not re-create a lost macvtap")
+            }
+        }
+    }
+    Ok(healed)
+}
+
 fn identity(l: &Link) -> LinkIdentity {
     (l.name.clone(), l.index)
 }
@@ -226,16 +382,29 @@ fn delete_links(links: &[Link]) -> Result<Vec<LinkIdentity>> {
 }
 
 /// Runs [`Reclaimer::run_once`] every `interval` with the current resources.
+/// Also runs a round as soon as `tap_gone` reports a tap node deleted.
 pub async fn reclaim_loop(
     mut reclaimer: Reclaimer,
     interval: Duration,
     resources: tokio::sync::watch::Receiver<Vec<ResourceConfig>>,
     metrics: Arc<Metrics>,
+    mut tap_gone: tokio::sync::mpsc::UnboundedReceiver<()>,
 ) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut watching = true;
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            got = tap_gone.recv(), if watching => {
+                if got.is_none() {
+                    watching = false;
+                    continue;
+                }
+                // One round for a burst of deletions.
+                while tap_gone.try_recv().is_ok() {}
+            }
+        }
         let current = resources.borrow().clone();
         if let Err(e) = reclaimer.run_once(&current, &metrics).await {
             warn!(error = %e, "leaked-link reclaim round failed");
@@ -256,6 +425,46 @@ mod tests {
             lower_index: lower,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn lost_devices_are_held_handed_out_and_gone_everywhere() {
+        let a = Assignments::default();
+        a.assigned("dpMvp1", "dp", 40);
+        a.assigned("dpMvp2", "dp", 41);
+        a.assigned("dpMvp3", "dp", 42);
+        a.assigned("dpMvp4", "dp", 43);
+        let allocated: HashSet<String> = ["dpMvp1", "dpMvp2", "dpMvp3", "dpMvp5"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        // dpMvp1: its link is on the host (returned by DEL, or not yet moved).
+        let links = vec![link(
+            40,
+            &link_name_for_device("dpMvp1"),
+            "macvtap",
+            Some(2),
+        )];
+        // dpMvp2: its tap node exists, so the link lives in some pod.
+        let lost = lost_devices(&allocated, &a, &links, |i| i == 41);
+        // dpMvp3 is lost; dpMvp4 is held by no pod; dpMvp5 was never handed out here.
+        assert_eq!(
+            lost,
+            vec![Lost {
+                device_id: "dpMvp3".into(),
+                at: Assigned {
+                    resource: "dp".into(),
+                    ifindex: 42
+                }
+            }]
+        );
+    }
+
+    #[test]
+    fn tap_indexes_come_from_device_specs() {
+        assert_eq!(tap_index("/dev/tap42"), Some(42));
+        assert_eq!(tap_index("/dev/tapx"), None);
+        assert_eq!(tap_index("/dev/net/tun"), None);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use crate::config::ResourceConfig;
 use crate::error::{Error, Result};
 use crate::grpc::bind_unix;
 use crate::metrics::Metrics;
-use crate::reclaim::AllocationClock;
+use crate::reclaim::{AllocationClock, Assignments, tap_index};
 use kubelet_proto::v1beta1::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use kubelet_proto::v1beta1::{
     AllocateRequest, AllocateResponse, Device, DevicePluginOptions, Empty, ListAndWatchResponse,
@@ -48,6 +48,8 @@ pub struct ServerContext {
     pub streams: mpsc::UnboundedSender<StreamEvent>,
     /// The leak clock Allocate restarts.
     pub clock: AllocationClock,
+    /// Which `/dev/tapN` each device was handed out as (for healing).
+    pub assignments: Assignments,
 }
 
 static NEXT_SERVER_ID: AtomicU64 = AtomicU64::new(1);
@@ -177,15 +179,16 @@ impl DevicePlugin for PluginService {
         let req = request.into_inner();
         let cfg = self.state.borrow().config.clone();
         let resource = cfg.resource_name();
+        let cfg_name = cfg.name.clone();
         let started = Instant::now();
         // Every Allocate restarts the leak clock of its devices, before the
         // links exist (a reclaim round may run meanwhile) and once they do.
-        let links: Vec<String> = req
+        let ids: Vec<String> = req
             .container_requests
             .iter()
-            .flat_map(|c| &c.devices_ids)
-            .map(|id| link_name_for_device(id))
+            .flat_map(|c| c.devices_ids.iter().cloned())
             .collect();
+        let links: Vec<String> = ids.iter().map(|id| link_name_for_device(id)).collect();
         for l in &links {
             self.ctx.clock.allocated(l, started);
         }
@@ -202,6 +205,13 @@ impl DevicePlugin for PluginService {
             .allocation(&resource, res.is_ok(), started.elapsed());
         match res {
             Ok(resp) => {
+                // The response lists the devices in the request's order.
+                let specs = resp.container_responses.iter().flat_map(|c| &c.devices);
+                for (id, spec) in ids.iter().zip(specs) {
+                    if let Some(index) = tap_index(&spec.host_path) {
+                        self.ctx.assignments.assigned(id, &cfg_name, index);
+                    }
+                }
                 info!(%resource, elapsed_ms = started.elapsed().as_millis() as u64, "Allocate done");
                 Ok(Response::new(resp))
             }

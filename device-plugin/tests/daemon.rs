@@ -929,3 +929,82 @@ async fn plugin_socket_is_root_only_even_with_umask_000() {
         mode & 0o7777
     );
 }
+
+/// A pod's namespace destroyed without CNI DEL takes its macvtap with it;
+/// the kubelet keeps handing the pod's containers the same `/dev/tapN`. The
+/// daemon re-creates the link with that ifindex as soon as the tap node
+/// goes (a reclaim interval of an hour proves it does not wait for one),
+/// but only for a device a pod still holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_link_of_a_held_device_comes_back_with_its_ifindex() {
+    let mut node = Node::new("heal");
+    node.start_kubelet().await;
+    let pr = TestPodResources::start(&node.dir.path().join("pod-resources/kubelet.sock"))
+        .await
+        .unwrap();
+    pr.set_allocated(DP, &["dpMvp0"]);
+    node.start_daemon(
+        &[
+            "--resource=name=dp,lowerDevice=eth1,capacity=4",
+            "--reclaim-interval=1h",
+            "--reclaim-grace=1h",
+        ],
+        &[],
+    );
+    node.kubelet()
+        .wait_resource(DP, DEADLINE, |v| serving(v, 4))
+        .await
+        .unwrap();
+    let held = node.kubelet().allocate(DP, &["dpMvp0"]).await.unwrap();
+    let free = node.kubelet().allocate(DP, &["dpMvp1"]).await.unwrap();
+    let held_tap = held.container_responses[0].devices[0].host_path.clone();
+    let free_tap = free.container_responses[0].devices[0].host_path.clone();
+    let held_name = link_name_for_device("dpMvp0");
+    let free_name = link_name_for_device("dpMvp1");
+    let held_index = node.ns.link(&held_name).unwrap().index;
+
+    // Each link goes into a pod namespace (as CNI ADD moves it), and the
+    // namespace is destroyed without DEL. The unheld one first: once the
+    // held one is healed, the round that healed it saw both losses.
+    for (name, tap, tag) in [(&free_name, &free_tap, "pa"), (&held_name, &held_tap, "pb")] {
+        let pod = TestNs::new(tag);
+        node.ns.ip(&["link", "set", name, "netns", &pod.name]);
+        drop(pod);
+        let end = Instant::now() + DEADLINE;
+        while Path::new(tap).exists() && node.ns.link(name).is_none() && Instant::now() < end {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let end = Instant::now() + DEADLINE;
+    let healed = loop {
+        if let Some(l) = node.ns.link(&held_name) {
+            break l;
+        }
+        assert!(
+            Instant::now() < end,
+            "the held device's link was not re-created: {}",
+            node.daemon().log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        healed.index, held_index,
+        "the same ifindex, so the same /dev/tapN"
+    );
+    assert!(healed.is_macvtap());
+    let dev = tap_dev_in_netns(&Netns::open(node.ns.path()).unwrap(), &held_name).unwrap();
+    check_tap_node(Path::new(&held_tap), dev).unwrap();
+    assert!(
+        node.ns.link(&free_name).is_none() && !Path::new(&free_tap).exists(),
+        "a device no pod holds is not re-created"
+    );
+    let log = wait_log(&mut node, "the healing log line", |l| {
+        l.contains("re-created the macvtap of a device a pod still holds")
+    })
+    .await;
+    assert_eq!(
+        log_lines_with(&log, "re-created the macvtap", "dpMvp0"),
+        1,
+        "{log}"
+    );
+}

@@ -290,7 +290,24 @@ impl Handle {
         mode: MacvtapMode,
         txqueuelen: Option<u32>,
     ) -> Result<Link> {
+        self.add_macvtap_at(name, lower_index, mode, txqueuelen, None)
+    }
+
+    /// [`Handle::add_macvtap`] with a chosen ifindex (`ip link add ... index
+    /// N`), so that a lost link comes back under the `/dev/tap<N>` the kubelet
+    /// already handed out; `EEXIST`/`EBUSY` when that index is taken.
+    pub fn add_macvtap_at(
+        &self,
+        name: &str,
+        lower_index: u32,
+        mode: MacvtapMode,
+        txqueuelen: Option<u32>,
+        index: Option<u32>,
+    ) -> Result<Link> {
         let mut msg = LinkMessage::default();
+        if let Some(i) = index {
+            msg.header.index = i;
+        }
         msg.attributes.push(LinkAttribute::IfName(name.to_string()));
         msg.attributes.push(LinkAttribute::Link(lower_index));
         if let Some(q) = txqueuelen {
@@ -308,10 +325,20 @@ impl Handle {
             NLM_F_CREATE | NLM_F_EXCL,
             op,
         )?;
-        self.get_link(name)?.ok_or_else(|| Error::Netlink {
-            op: op(),
-            source: Errno::ENODEV,
-        })
+        // Never leave a link behind that the caller does not know about.
+        match self.get_link(name) {
+            Ok(Some(link)) => Ok(link),
+            Ok(None) => Err(Error::Netlink {
+                op: op(),
+                source: Errno::ENODEV,
+            }),
+            Err(e) => {
+                let mut del = LinkMessage::default();
+                del.attributes.push(LinkAttribute::IfName(name.to_string()));
+                let _ = self.request(RouteNetlinkMessage::DelLink(del), 0, op);
+                Err(e)
+            }
+        }
     }
 
     /// Deletes a link by index.
