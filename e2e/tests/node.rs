@@ -14,6 +14,7 @@ use macvtap_e2e::sandbox::TestNs;
 use macvtap_e2e::steps::Steps;
 use macvtap_e2e::vm::{GuestNet, Libvirtd, run_qemu};
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 /// The Go project's README configuration.
 const GO_README_CONF: &str =
@@ -299,7 +300,10 @@ async fn auto_discovery_resource_carries_a_vm() -> Result<()> {
 /// A sandbox that fails after our CNI ran is torn down (CNI DEL while its
 /// namespace lives) and created again with a new namespace; the kubelet never
 /// Allocates again and hands the same `/dev/tapN` to the containers. The
-/// retried ADD gets the same link, and a VM on that `/dev/tapN` pings.
+/// retried ADD gets the same link, and a VM on that `/dev/tapN` pings. Then
+/// that sandbox dies without DEL (its namespace takes the macvtap along): the
+/// device plugin re-creates the link with its ifindex, and the next retried
+/// ADD works again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recreated_sandbox_gets_the_same_device_and_its_vm_pings() -> Result<()> {
     let mut steps = Steps::new();
@@ -378,8 +382,47 @@ async fn a_recreated_sandbox_gets_the_same_device_and_its_vm_pings() -> Result<(
         run.console
     );
 
+    steps.step("the second sandbox dies without CNI DEL: its namespace takes the macvtap along");
+    drop(second);
+    let healed = Instant::now();
+    let deadline = healed + node::WAIT;
+    while node.returned_link(&alloc.device_id, index).is_err() {
+        ensure!(
+            Instant::now() < deadline,
+            "the device plugin did not re-create the lost link; daemon log:\n{}",
+            node.daemon_log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    steps.say(format!(
+        "the device plugin re-created it with ifindex {index} ({:.0} ms after the namespace went)",
+        healed.elapsed().as_secs_f64() * 1e3
+    ));
+
+    steps.step("third sandbox: the retried CNI ADD works on the healed link");
+    let third = TestNs::new("sandbox-c")?;
+    let add = multus.run("ADD", &third, "net1", Some(&alloc.device_id))?;
+    ensure!(
+        add.ok,
+        "CNI ADD after healing failed: {} {}",
+        add.json,
+        add.stderr
+    );
+    let moved: serde_json::Value =
+        serde_json::from_str(&third.ip(&["-j", "link", "show", "dev", "net1"])?)?;
+    ensure!(
+        moved[0]["ifindex"].as_u64() == Some(u64::from(index)),
+        "the healed link has ifindex {} instead of {index}",
+        moved[0]["ifindex"]
+    );
+    ensure!(
+        alloc.host_path.exists(),
+        "{} is missing",
+        alloc.host_path.display()
+    );
+
     steps.step("teardown as a pod deletion");
-    delete_pod(&node, &multus, second, &alloc, "dataplane")?;
+    delete_pod(&node, &multus, third, &alloc, "dataplane")?;
     node.stop_device_plugin()?;
     nothing_left(&node, &taps_before, &[dp])?;
     println!("\n{}", steps.summary());
