@@ -718,6 +718,7 @@ pub fn summary(devices: &[Device]) -> Vec<String> {
 #[derive(Clone)]
 struct PodResourcesService {
     allocated: Arc<Mutex<Vec<ContainerDevices>>>,
+    others: Arc<Mutex<Vec<PodResources>>>,
 }
 
 #[tonic::async_trait]
@@ -731,17 +732,23 @@ impl PodResourcesLister for PodResourcesService {
             .lock()
             .map_err(|_| Status::internal("poisoned"))?
             .clone();
-        Ok(Response::new(ListPodResourcesResponse {
-            pod_resources: vec![PodResources {
-                name: "test-pod".into(),
-                namespace: "default".into(),
-                containers: vec![ContainerResources {
-                    name: "compute".into(),
-                    devices,
-                    ..Default::default()
-                }],
+        let mut pod_resources = vec![PodResources {
+            name: TEST_POD.1.into(),
+            namespace: TEST_POD.0.into(),
+            containers: vec![ContainerResources {
+                name: "compute".into(),
+                devices,
+                ..Default::default()
             }],
-        }))
+        }];
+        pod_resources.extend(
+            self.others
+                .lock()
+                .map_err(|_| Status::internal("poisoned"))?
+                .iter()
+                .cloned(),
+        );
+        Ok(Response::new(ListPodResourcesResponse { pod_resources }))
     }
 
     async fn get_allocatable_resources(
@@ -755,14 +762,27 @@ impl PodResourcesLister for PodResourcesService {
         &self,
         _: Request<GetPodResourcesRequest>,
     ) -> Result<Response<GetPodResourcesResponse>, Status> {
-        Err(Status::unimplemented("not needed by the tests"))
+        // What kubelets without the KubeletPodResourcesGet feature gate
+        // answer (pkg/kubelet/apis/podresources/server_v1.go).
+        Err(Status::unknown(
+            "PodResources API Get method disabled via feature gate",
+        ))
     }
 }
 
-/// A PodResources API server reporting allocations the test sets.
+/// The pod [`TestPodResources::set_allocated`] reports devices for:
+/// (namespace, name).
+pub const TEST_POD: (&str, &str) = ("default", "test-pod");
+
+/// A PodResources API server reporting allocations the test sets, as the
+/// kubelet's `List` does (kubernetes `pkg/kubelet/apis/podresources/
+/// server_v1.go`): every pod the kubelet knows, each container with the
+/// devices recorded for it at admission, so a pod whose sandbox is still
+/// being set up is listed already (Multus relies on that at CNI ADD).
 #[derive(Debug)]
 pub struct TestPodResources {
     allocated: Arc<Mutex<Vec<ContainerDevices>>>,
+    others: Arc<Mutex<Vec<PodResources>>>,
     stop: Option<oneshot::Sender<()>>,
 }
 
@@ -774,8 +794,10 @@ impl TestPodResources {
         }
         let listener = bind_unix(socket)?;
         let allocated = Arc::new(Mutex::new(Vec::new()));
+        let others = Arc::new(Mutex::new(Vec::new()));
         let service = PodResourcesService {
             allocated: allocated.clone(),
+            others: others.clone(),
         };
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         tokio::spawn(async move {
@@ -791,8 +813,37 @@ impl TestPodResources {
         });
         Ok(Self {
             allocated,
+            others,
             stop: Some(stop_tx),
         })
+    }
+
+    /// Adds another pod, `namespace/name`, holding `devices` (resource,
+    /// device IDs) in its `compute` container, after a sidecar without any.
+    pub fn add_pod(&self, namespace: &str, name: &str, devices: &[(&str, &[&str])]) {
+        let mut others = self.others.lock().unwrap_or_else(|e| e.into_inner());
+        others.push(PodResources {
+            name: name.into(),
+            namespace: namespace.into(),
+            containers: vec![
+                ContainerResources {
+                    name: "istio-proxy".into(),
+                    ..Default::default()
+                },
+                ContainerResources {
+                    name: "compute".into(),
+                    devices: devices
+                        .iter()
+                        .map(|(r, ids)| ContainerDevices {
+                            resource_name: r.to_string(),
+                            device_ids: ids.iter().map(|s| s.to_string()).collect(),
+                            topology: None,
+                        })
+                        .collect(),
+                    ..Default::default()
+                },
+            ],
+        });
     }
 
     /// Reports `ids` of `resource_name` as allocated to the test pod.

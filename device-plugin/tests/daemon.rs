@@ -728,19 +728,27 @@ fn log_lines_with(log: &str, a: &str, b: &str) -> usize {
         .count()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leaked_links_are_reclaimed_and_allocated_ones_kept() {
-    let mut node = Node::new("reclaim");
+/// A node whose kubelet serves PodResources listing `held` of `dp`, and the
+/// daemon serving `dp` (4 devices) with the given reclaim interval and grace.
+async fn node_with_pod_resources(
+    tag: &str,
+    held: &[&str],
+    interval: &str,
+    grace: &str,
+) -> (Node, TestPodResources) {
+    let mut node = Node::new(tag);
     node.start_kubelet().await;
     let pr = TestPodResources::start(&node.dir.path().join("pod-resources/kubelet.sock"))
         .await
         .unwrap();
-    pr.set_allocated(DP, &["dpMvp0"]);
+    pr.set_allocated(DP, held);
+    let interval = format!("--reclaim-interval={interval}");
+    let grace = format!("--reclaim-grace={grace}");
     node.start_daemon(
         &[
             "--resource=name=dp,lowerDevice=eth1,capacity=4",
-            "--reclaim-interval=100ms",
-            "--reclaim-grace=3s",
+            &interval,
+            &grace,
         ],
         &[],
     );
@@ -748,6 +756,12 @@ async fn leaked_links_are_reclaimed_and_allocated_ones_kept() {
         .wait_resource(DP, DEADLINE, |v| serving(v, 4))
         .await
         .unwrap();
+    (node, pr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leaked_links_are_reclaimed_and_allocated_ones_kept() {
+    let (mut node, _pr) = node_with_pod_resources("reclaim", &["dpMvp0"], "100ms", "3s").await;
     let k = node.kubelet.take().unwrap();
     k.allocate(DP, &["dpMvp0"]).await.unwrap();
     k.allocate(DP, &["dpMvp1"]).await.unwrap();
@@ -937,24 +951,7 @@ async fn plugin_socket_is_root_only_even_with_umask_000() {
 /// but only for a device a pod still holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_link_of_a_held_device_comes_back_with_its_ifindex() {
-    let mut node = Node::new("heal");
-    node.start_kubelet().await;
-    let pr = TestPodResources::start(&node.dir.path().join("pod-resources/kubelet.sock"))
-        .await
-        .unwrap();
-    pr.set_allocated(DP, &["dpMvp0"]);
-    node.start_daemon(
-        &[
-            "--resource=name=dp,lowerDevice=eth1,capacity=4",
-            "--reclaim-interval=1h",
-            "--reclaim-grace=1h",
-        ],
-        &[],
-    );
-    node.kubelet()
-        .wait_resource(DP, DEADLINE, |v| serving(v, 4))
-        .await
-        .unwrap();
+    let (mut node, _pr) = node_with_pod_resources("heal", &["dpMvp0"], "1h", "1h").await;
     let held = node.kubelet().allocate(DP, &["dpMvp0"]).await.unwrap();
     let free = node.kubelet().allocate(DP, &["dpMvp1"]).await.unwrap();
     let held_tap = held.container_responses[0].devices[0].host_path.clone();
