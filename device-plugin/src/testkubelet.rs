@@ -914,6 +914,7 @@ mod tests {
         let seen = Arc::new(Mutex::new(Vec::<String>::new()));
         let service = PodResourcesService {
             allocated: Arc::new(Mutex::new(Vec::new())),
+            others: Arc::new(Mutex::new(Vec::new())),
         };
         let record = Recorder {
             seen: seen.clone(),
