@@ -157,6 +157,9 @@ fn configure(
         // DEL gives the link back under this name, even without deviceID.
         alias: Some(del::host_name_alias(&link.name)),
     };
+    if ipam_type.is_none() {
+        silence(pod_ns, &env.ifname)?;
+    }
     pod.set_link(moved.index, &env.ifname, &change)?;
     let node = tap::hand_over(pod_ns, &env.ifname, moved.index, conf.owner(), conf.group())?;
     info!(node = %node.display(), owner = conf.owner(), group = conf.group(), "gave tap device to the VM user");
@@ -187,6 +190,31 @@ fn configure(
             other: Default::default(),
         },
         ipam,
+    })
+}
+
+/// Keeps the pod-side link from sending anything of its own once it is up:
+/// no IPv6 link-local address, so no DAD, no router solicitations, no MLD
+/// reports, all of which would leave with the VM's MAC before any guest
+/// runs. During a live migration the target pod's link comes up while the
+/// VM still runs on the source, and such frames teach the switches that the
+/// VM lives on the target too early. Only without IPAM: the link then needs
+/// no address (the guest has its own stack on the tap), and with IPAM the
+/// addresses it asked for must work.
+fn silence(pod_ns: &Netns, ifname: &str) -> Result<()> {
+    let path = format!("/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6");
+    let result = pod_ns.run(|| match std::fs::write(&path, "1") {
+        Ok(()) => Ok(Ok(())),
+        // A kernel without IPv6 sends no IPv6 either.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Ok(())),
+        Err(e) => Ok(Err(e)),
+    })?;
+    result.map_err(|source| Error::Io {
+        what: format!(
+            "disabling IPv6 on {ifname} in {} ({path})",
+            pod_ns.path().display()
+        ),
+        source,
     })
 }
 

@@ -157,7 +157,7 @@ fn check_ifname(name: &str) -> Result<()> {
     if name.len() > 15 {
         return Err(bad("is longer than 15 bytes"));
     }
-    if name == "." || name == ".." {
+    if matches!(name, "" | "." | ".." | "all" | "default") {
         return Err(bad("is not a valid interface name"));
     }
     if name
@@ -241,7 +241,7 @@ mod tests {
             4
         );
         assert_eq!(CniEnv::from_vars(&vars(&[])).unwrap_err().code(), 4);
-        for name in ["a/b", "a b", "0123456789abcdef", ".."] {
+        for name in ["a/b", "a b", "0123456789abcdef", "..", "all", "default"] {
             let v = vars(&[
                 ("CNI_COMMAND", "DEL"),
                 ("CNI_IFNAME", name),
