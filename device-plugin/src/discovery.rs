@@ -102,9 +102,10 @@ impl fmt::Display for Owner {
 
 /// Who owns `link`'s receive path, judged from its master in `links` (the
 /// same namespace's links: a master is always in its port's namespace).
-/// Every master takes its ports' receive path except a VRF, which since
-/// Linux 4.8 leaves it alone (`drivers/net/vrf.c` `do_vrf_add_slave` only
-/// links the master); `None` also when the link has no master.
+/// Every master takes its ports' receive path except a VRF, which leaves it
+/// alone in current kernels (`drivers/net/vrf.c` `do_vrf_add_slave` only
+/// links the master; the first VRF driver registered an rx_handler);
+/// `None` also when the link has no master.
 pub fn receive_path_owner(link: &Link, links: &[Link]) -> Option<Owner> {
     let index = link.master?;
     let master = links.iter().find(|l| l.index == index);
