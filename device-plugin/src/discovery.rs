@@ -200,7 +200,7 @@ impl Discovery {
     pub fn discover(&self, links: &[Link]) -> Vec<ResourceConfig> {
         let plan = plan(links, &self.extra_kinds);
         for (ifname, reason) in self.newly_left_out(&plan) {
-            info!(%ifname, %reason, "auto-discovery leaves this link out: {reason}");
+            info!(%ifname, "auto-discovery leaves {ifname} out: {reason}");
         }
         plan.advertise
             .iter()
