@@ -335,3 +335,84 @@ fn a_macvtap_the_kernel_refuses_as_busy_names_the_master() {
     assert_eq!(e.grpc_code(), tonic::Code::FailedPrecondition);
     assert!(ns.link(&link_name_for_device("dpMvp0")).is_none());
 }
+
+/// An ARP request for `target` from `mac`/`ip`, as written to a macvtap's
+/// tap node: a zeroed `virtio_net_hdr` (macvtap sets `IFF_VNET_HDR` by
+/// default) and the Ethernet frame.
+fn arp_request(mac: [u8; 6], ip: [u8; 4], target: [u8; 4]) -> Vec<u8> {
+    let mut f = vec![0u8; 10];
+    f.extend_from_slice(&[0xff; 6]);
+    f.extend_from_slice(&mac);
+    f.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
+    f.extend_from_slice(&mac);
+    f.extend_from_slice(&ip);
+    f.extend_from_slice(&[0; 6]);
+    f.extend_from_slice(&target);
+    f
+}
+
+/// Whether a frame read from a tap node (after its `virtio_net_hdr`) is an
+/// ARP reply from `from` to `to`.
+fn is_arp_reply(frame: &[u8], from: [u8; 4], to: [u8; 4]) -> bool {
+    let Some(eth) = frame.get(10..) else {
+        return false;
+    };
+    eth.len() >= 42
+        && eth[12..14] == [0x08, 0x06]
+        && eth[20..22] == [0, 2]
+        && eth[28..32] == from
+        && eth[38..42] == to
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_macvtap_on_an_advertised_bridge_reaches_a_host_behind_the_bridge() {
+    use std::io::{Read, Write};
+    // Layout: eth2 is a port of br0; its peer is a host in its own
+    // namespace at 192.0.2.2. Auto-discovery advertises br0 in eth2's place.
+    let mut node = Node::new("brpath");
+    let peer = TestNs::new("brpath-peer");
+    node.ns.add_nic("eth2");
+    add_bridge(&node.ns, "br0");
+    node.ns.ip(&["link", "set", "eth2", "master", "br0"]);
+    node.ns.ip(&["link", "set", "eth2p", "netns", &peer.name]);
+    peer.ip(&["addr", "add", "192.0.2.2/24", "dev", "eth2p"]);
+    peer.ip(&["link", "set", "eth2p", "up"]);
+    node.start_kubelet().await;
+    node.start_daemon(&["--discover-kinds", "veth"], &[]);
+    node.kubelet()
+        .wait_resource(&res("br0"), DEADLINE, serving_healthy)
+        .await
+        .unwrap();
+    allocate_on(&node, "br0", "br0").await;
+
+    // The VM's side: the macvtap up, frames through its tap node.
+    let name = link_name_for_device("br0Mvp0");
+    node.ns.ip(&["link", "set", &name, "up"]);
+    let link = node.ns.link(&name).unwrap();
+    let mac = link.mac.unwrap();
+    let mut tap = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/dev/tap{}", link.index))
+        .unwrap();
+    let mut reader = tap.try_clone().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 65536];
+        while let Ok(n) = reader.read(&mut buf) {
+            if is_arp_reply(&buf[..n], [192, 0, 2, 2], [192, 0, 2, 10]) {
+                let _ = tx.send(());
+                return;
+            }
+        }
+    });
+    tap.write_all(&arp_request(mac, [192, 0, 2, 10], [192, 0, 2, 2]))
+        .unwrap();
+    let answered = tokio::task::spawn_blocking(move || rx.recv_timeout(DEADLINE))
+        .await
+        .unwrap();
+    assert!(
+        answered.is_ok(),
+        "no ARP reply from 192.0.2.2 through the macvtap on br0 within {DEADLINE:?}"
+    );
+}
