@@ -6,6 +6,7 @@
 
 use crate::config::ResourceConfig;
 use crate::devices::device_index;
+use crate::discovery::{Owner, receive_path_owner};
 use crate::error::{Error, Result};
 use kubelet_proto::v1beta1::{
     AllocateRequest, AllocateResponse, ContainerAllocateResponse, DeviceSpec,
@@ -81,6 +82,14 @@ fn allocate_with(
             resource: cfg.resource_name(),
             lower: cfg.lower_device.clone(),
         })?;
+    // A NIC that a bridge, bond or OVS owns cannot carry a macvtap: say so
+    // and name the fix, rather than the kernel's bare EBUSY.
+    if let Some(owner) = owner_of(handle, &lower)? {
+        return Err(Error::LowerDeviceEnslaved {
+            resource: cfg.resource_name(),
+            owner,
+        });
+    }
     let mut created: Vec<Link> = Vec::new();
     let mut out = AllocateResponse::default();
     for c in &req.container_requests {
@@ -221,9 +230,11 @@ pub fn create_device(
             }
         }
     }
-    let link = handle
-        .add_macvtap(&name, lower.index, cfg.mode, Some(lower.txqueuelen))
-        .map_err(wrap)?;
+    let link = match handle.add_macvtap(&name, lower.index, cfg.mode, Some(lower.txqueuelen)) {
+        Ok(l) => l,
+        Err(e) if e.errno() == Some(Errno::EBUSY) => return Err(busy_lower(handle, cfg, lower)),
+        Err(e) => return Err(wrap(e)),
+    };
     let node = tap_node_path(dev_dir, link.index);
     if let Err(e) = check_node(netns, &name, link.index, &node, dev_dir) {
         delete_quietly(handle, &link);
@@ -243,6 +254,35 @@ pub fn create_device(
         spec: device_spec(path),
         created: true,
     })
+}
+
+/// The master that owns `lower`'s receive path, read from the kernel now.
+fn owner_of(handle: &Handle, lower: &Link) -> Result<Option<Owner>> {
+    let Some(index) = lower.master else {
+        return Ok(None);
+    };
+    let master: Vec<Link> = handle.get_link_by_index(index)?.into_iter().collect();
+    Ok(receive_path_owner(lower, &master))
+}
+
+/// The error for a macvtap the kernel refused with `EBUSY`: the NIC's
+/// master when it has one by now (it may have been enslaved since the
+/// check), else the busy NIC.
+fn busy_lower(handle: &Handle, cfg: &ResourceConfig, lower: &Link) -> Error {
+    let owner = match handle.get_link(&lower.name) {
+        Ok(Some(now)) => owner_of(handle, &now).ok().flatten(),
+        _ => None,
+    };
+    match owner {
+        Some(owner) => Error::LowerDeviceEnslaved {
+            resource: cfg.resource_name(),
+            owner,
+        },
+        None => Error::LowerDeviceBusy {
+            resource: cfg.resource_name(),
+            lower: lower.name.clone(),
+        },
+    }
 }
 
 fn device_spec(path: String) -> DeviceSpec {

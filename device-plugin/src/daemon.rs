@@ -24,17 +24,17 @@
 
 use crate::config::{self, Resolved, ResourceConfig, Resources, Source, Sources};
 use crate::devices::device_list;
-use crate::discovery::discover;
+use crate::discovery::Discovery;
 use crate::error::{Error, Result};
 use crate::fswatch::{DirWatcher, FsEvent};
-use crate::health::nic_is_healthy;
+use crate::health::{HealthLog, nic_health};
 use crate::links::{Links, spawn_link_watcher};
 use crate::metrics::Metrics;
 use crate::reclaim::{AllocationClock, Assignments, Reclaimer, reclaim_loop};
 use crate::registration::register;
 use crate::server::{PluginServer, ResourceState, ServerContext, StreamEvent};
 use crate::topology::numa_node;
-use kubelet_proto::v1beta1::{HEALTHY, KUBELET_SOCKET};
+use kubelet_proto::v1beta1::KUBELET_SOCKET;
 use nix::sys::inotify::WatchDescriptor;
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -230,6 +230,10 @@ struct Daemon {
     next_attempt: u64,
     /// Stops of removed resources' servers, awaited (briefly) at shutdown.
     background: Vec<JoinHandle<()>>,
+    /// Auto-discovery, which logs each link it leaves out once.
+    discovery: Discovery,
+    /// Each resource's last NIC health, to log and count its changes.
+    health: HealthLog,
 }
 
 /// Runs the daemon until SIGTERM or SIGINT. Errors are startup errors
@@ -279,6 +283,7 @@ pub async fn run(opts: Options) -> Result<()> {
     ));
     let (streams_tx, mut stream_events) = mpsc::unbounded_channel();
     let (reg_tx, mut reg_done) = mpsc::unbounded_channel();
+    let opts_discover_kinds = opts.discover_kinds.clone();
     let mut d = Daemon {
         opts,
         ctx: ServerContext {
@@ -294,6 +299,8 @@ pub async fn run(opts: Options) -> Result<()> {
         registrations: reg_tx,
         next_attempt: 0,
         background: Vec::new(),
+        discovery: Discovery::new(opts_discover_kinds),
+        health: HealthLog::default(),
     };
     let links = links_rx.borrow_and_update().clone();
     d.reconcile(&links);
@@ -388,11 +395,12 @@ impl Daemon {
         match &self.resolved.resources {
             Resources::Static(list) => list.iter().cloned().map(|c| (c, false)).collect(),
             Resources::AutoDiscover => {
-                let mut found: Vec<(ResourceConfig, bool)> =
-                    discover(links, &self.opts.discover_kinds)
-                        .into_iter()
-                        .map(|c| (c, true))
-                        .collect();
+                let mut found: Vec<(ResourceConfig, bool)> = self
+                    .discovery
+                    .discover(links)
+                    .into_iter()
+                    .map(|c| (c, true))
+                    .collect();
                 // A discovered NIC that vanished keeps its resource, unhealthy.
                 for (name, p) in &self.plugins {
                     if p.discovered && !found.iter().any(|(c, _)| &c.name == name) {
@@ -423,18 +431,21 @@ impl Daemon {
                         .push(tokio::spawn(s.stop(true, RESTART_WAIT)));
                 }
                 self.ctx.metrics.resource_removed(&resource);
+                self.health.forget(&resource);
             }
         }
         let now = Instant::now();
         for (cfg, discovered) in wanted {
             let lower = links.iter().find(|l| l.name == cfg.lower_device);
-            let healthy = nic_is_healthy(lower);
+            let health = nic_health(&cfg.lower_device, links);
+            let healthy = health.is_healthy();
             let numa = lower.and_then(|_| numa_node(&self.opts.sysfs, &cfg.lower_device));
             let state = ResourceState {
                 devices: device_list(&cfg.name, cfg.capacity, healthy, numa),
                 config: cfg.clone(),
             };
             let resource = cfg.resource_name();
+            self.health.update(&resource, &health, &self.ctx.metrics);
             let (nh, nu) = if healthy {
                 (cfg.capacity as u64, 0)
             } else {
@@ -444,12 +455,6 @@ impl Daemon {
             match self.plugins.get_mut(&cfg.name) {
                 Some(p) => {
                     p.discovered = discovered;
-                    let was_healthy = p
-                        .state
-                        .borrow()
-                        .devices
-                        .first()
-                        .is_some_and(|d| d.health == HEALTHY);
                     let old_cfg = p.config();
                     let changed = p.state.send_if_modified(|cur| {
                         if *cur == state {
@@ -461,14 +466,6 @@ impl Daemon {
                     });
                     if changed && old_cfg != cfg {
                         info!(%resource, old = ?old_cfg, new = ?cfg, "resource configuration changed");
-                    }
-                    if changed && was_healthy != healthy {
-                        let lower = cfg.lower_device.as_str();
-                        if healthy {
-                            info!(%resource, lower, "lower NIC is up: devices Healthy");
-                        } else {
-                            warn!(%resource, lower, "lower NIC is down or gone: devices Unhealthy");
-                        }
                     }
                 }
                 None => {

@@ -1,14 +1,30 @@
-//! Auto-discovery: which links of the node are NICs that get a resource.
+//! Which links can carry a macvtap: auto-discovery of the node's NICs, and
+//! the master check that discovery, health and Allocate share.
+//!
+//! The kernel refuses a macvtap (`EBUSY`) on a link whose receive path
+//! another device already took: a bridge port, a bond or team slave, an
+//! Open vSwitch port. So auto-discovery leaves such a NIC out and, where a
+//! macvtap on the master works (a Linux bridge, a bond), advertises the
+//! master instead.
 
 use crate::config::{ResourceConfig, check_resource_name};
 use macvtap_link::Link;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Mutex;
+use tracing::info;
 
 /// `IFF_LOOPBACK`.
 const IFF_LOOPBACK: u32 = 0x8;
 
+/// How many masters above a NIC discovery follows (a NIC in a bond in a
+/// bridge is two); more means a loop in what the kernel said.
+const MAX_MASTER_DEPTH: usize = 8;
+
 /// Whether `link` is a NIC to advertise: not loopback, and either without
 /// `IFLA_INFO_KIND` (a physical NIC), a bond, or of one of `extra_kinds`
-/// (e.g. `veth` on test nodes).
+/// (e.g. `veth` on test nodes). Whether a macvtap fits on it is
+/// [`receive_path_owner`]'s question.
 pub fn is_nic(link: &Link, extra_kinds: &[String]) -> bool {
     if link.flags & IFF_LOOPBACK != 0 {
         return false;
@@ -20,15 +36,201 @@ pub fn is_nic(link: &Link, extra_kinds: &[String]) -> bool {
     }
 }
 
-/// The resources auto-discovery makes for `links`: one per NIC, named after
-/// it, bridge mode, capacity 100. NICs whose name is not a valid resource
-/// name are left out.
+/// The master that owns a link's receive path, so that the kernel refuses a
+/// macvtap on the link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    /// The link that is owned, e.g. `eth0`.
+    pub link: String,
+    /// The master's name, e.g. `br0`.
+    pub master: String,
+    /// The master's `IFLA_INFO_KIND` (`bridge`, `bond`, `team`,
+    /// `openvswitch`), `None` when it has none (e.g. a virtio failover master).
+    pub kind: Option<String>,
+}
+
+impl Owner {
+    /// Whether a macvtap on the master itself works, so that the master can
+    /// take the NIC's place: a Linux bridge, a bond or a team hands every
+    /// frame of its ports up to itself, where a macvtap sees it.
+    pub fn master_carries_macvtap(&self) -> bool {
+        matches!(self.kind.as_deref(), Some("bridge" | "bond" | "team"))
+    }
+
+    /// What to do instead, e.g. `use br0 as lowerDevice`.
+    pub fn fix(&self) -> String {
+        if self.master_carries_macvtap() {
+            format!("use {} as lowerDevice", self.master)
+        } else if self.kind.as_deref() == Some("openvswitch") {
+            "use a NIC that Open vSwitch does not own".to_string()
+        } else {
+            format!(
+                "use a NIC without a master, or release {} from {}",
+                self.link, self.master
+            )
+        }
+    }
+
+    /// `eth0 is a port of bridge br0`, and the like.
+    fn relation(&self) -> String {
+        let (link, master) = (&self.link, &self.master);
+        match self.kind.as_deref() {
+            Some("bridge") => format!("{link} is a port of bridge {master}"),
+            Some("bond") => format!("{link} is a slave of bond {master}"),
+            Some("team") => format!("{link} is a port of team {master}"),
+            Some("openvswitch") => {
+                format!("{link} is a port of Open vSwitch (datapath {master})")
+            }
+            Some(kind) => format!("{link} is enslaved to {kind} link {master}"),
+            None => format!("{link} is enslaved to {master}"),
+        }
+    }
+}
+
+impl fmt::Display for Owner {
+    /// The whole story, e.g. `nicA is a port of bridge br0, and a macvtap
+    /// needs a NIC that no bridge, bond or OVS owns; use br0 as lowerDevice`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}, and a macvtap needs a NIC that no bridge, bond or OVS owns; {}",
+            self.relation(),
+            self.fix()
+        )
+    }
+}
+
+/// Who owns `link`'s receive path, judged from its master in `links` (the
+/// same namespace's links: a master is always in its port's namespace).
+/// Every master takes its ports' receive path except a VRF, which leaves it
+/// alone in current kernels (`drivers/net/vrf.c` `do_vrf_add_slave` only
+/// links the master; the first VRF driver registered an rx_handler);
+/// `None` also when the link has no master.
+pub fn receive_path_owner(link: &Link, links: &[Link]) -> Option<Owner> {
+    let index = link.master?;
+    let master = links.iter().find(|l| l.index == index);
+    let kind = master.and_then(|m| m.kind.clone());
+    if kind.as_deref() == Some("vrf") {
+        return None;
+    }
+    Some(Owner {
+        link: link.name.clone(),
+        master: master.map_or_else(|| format!("link {index}"), |m| m.name.clone()),
+        kind,
+    })
+}
+
+/// What auto-discovery found: the links to advertise, and the NICs left
+/// out with the reason.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Names of links that get a resource, in the kernel's order.
+    pub advertise: Vec<String>,
+    /// NICs left out, with why (a sentence).
+    pub left_out: BTreeMap<String, String>,
+}
+
+/// Decides which links auto-discovery advertises: every NIC ([`is_nic`])
+/// that no master owns; for a NIC that a bridge or bond owns, that master
+/// instead (following masters upwards, so a NIC in a bond in a bridge gives
+/// the bridge); nothing for a NIC that Open vSwitch or another master owns.
+/// A link whose name is not a valid resource name is left out too.
+pub fn plan(links: &[Link], extra_kinds: &[String]) -> Plan {
+    let mut p = Plan::default();
+    for nic in links.iter().filter(|l| is_nic(l, extra_kinds)) {
+        let mut cur = nic;
+        for _ in 0..MAX_MASTER_DEPTH {
+            let Some(owner) = receive_path_owner(cur, links) else {
+                if let Err(e) = check_resource_name(&cur.name) {
+                    p.left_out.insert(
+                        cur.name.clone(),
+                        format!("its name is not a valid resource name: {e}"),
+                    );
+                } else if !p.advertise.contains(&cur.name) {
+                    p.advertise.push(cur.name.clone());
+                }
+                break;
+            };
+            let master = cur
+                .master
+                .and_then(|m| links.iter().find(|l| l.index == m))
+                .filter(|_| owner.master_carries_macvtap());
+            match master {
+                Some(m) => {
+                    p.left_out.insert(
+                        cur.name.clone(),
+                        format!(
+                            "{}, which takes its frames; {} is advertised in its place",
+                            owner.relation(),
+                            m.name
+                        ),
+                    );
+                    cur = m;
+                }
+                None => {
+                    p.left_out.insert(cur.name.clone(), owner.to_string());
+                    break;
+                }
+            }
+        }
+    }
+    p
+}
+
+/// Auto-discovery with memory: it logs each left-out link once, and again
+/// only when the reason changes or after the link was advertised or gone.
+#[derive(Debug, Default)]
+pub struct Discovery {
+    extra_kinds: Vec<String>,
+    logged: Mutex<BTreeMap<String, String>>,
+}
+
+impl Discovery {
+    /// Discovery that also counts links of `extra_kinds` as NICs.
+    pub fn new(extra_kinds: Vec<String>) -> Self {
+        Self {
+            extra_kinds,
+            logged: Mutex::default(),
+        }
+    }
+
+    /// The resources auto-discovery makes for `links`: one per advertised
+    /// link, named after it, bridge mode, capacity 100. Logs what it left
+    /// out that it had not logged yet.
+    pub fn discover(&self, links: &[Link]) -> Vec<ResourceConfig> {
+        let plan = plan(links, &self.extra_kinds);
+        for (ifname, reason) in self.newly_left_out(&plan) {
+            info!(%ifname, "auto-discovery leaves {ifname} out: {reason}");
+        }
+        plan.advertise
+            .iter()
+            .map(|n| ResourceConfig::for_nic(n))
+            .collect()
+    }
+
+    /// The left-out links of `plan` not yet logged with this reason; forgets
+    /// links no longer left out.
+    fn newly_left_out(&self, plan: &Plan) -> Vec<(String, String)> {
+        let mut logged = self.logged.lock().unwrap_or_else(|e| e.into_inner());
+        logged.retain(|name, _| plan.left_out.contains_key(name));
+        let mut new = Vec::new();
+        for (name, reason) in &plan.left_out {
+            if logged.get(name) != Some(reason) {
+                logged.insert(name.clone(), reason.clone());
+                new.push((name.clone(), reason.clone()));
+            }
+        }
+        new
+    }
+}
+
+/// The resources auto-discovery makes for `links`, without logging: see
+/// [`plan`] and [`Discovery::discover`].
 pub fn discover(links: &[Link], extra_kinds: &[String]) -> Vec<ResourceConfig> {
-    links
+    plan(links, extra_kinds)
+        .advertise
         .iter()
-        .filter(|l| is_nic(l, extra_kinds))
-        .filter(|l| check_resource_name(&l.name).is_ok())
-        .map(|l| ResourceConfig::for_nic(&l.name))
+        .map(|n| ResourceConfig::for_nic(n))
         .collect()
 }
 
@@ -43,6 +245,28 @@ mod tests {
             flags,
             ..Default::default()
         }
+    }
+
+    /// Links with indexes 1.. in order, and `(port, master)` pairs.
+    fn layout(links: &[(&str, Option<&str>)], masters: &[(&str, &str)]) -> Vec<Link> {
+        let mut out: Vec<Link> = links
+            .iter()
+            .enumerate()
+            .map(|(i, (name, kind))| Link {
+                index: i as u32 + 1,
+                ..link(name, *kind, 0)
+            })
+            .collect();
+        for (port, master) in masters {
+            let m = out.iter().find(|l| l.name == *master).unwrap().index;
+            out.iter_mut().find(|l| l.name == *port).unwrap().master = Some(m);
+        }
+        out
+    }
+
+    fn advertised(links: &[Link], extra: &[&str]) -> Vec<String> {
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        plan(links, &extra).advertise
     }
 
     #[test]
@@ -63,5 +287,176 @@ mod tests {
             .collect();
         assert_eq!(names, ["eth0", "bond0", "veth1"]);
         assert_eq!(discover(&links, &[])[0], ResourceConfig::for_nic("eth0"));
+    }
+
+    #[test]
+    fn a_bridge_port_gives_way_to_its_bridge() {
+        let links = layout(
+            &[
+                ("eth0", None),
+                ("eth1", None),
+                ("br0", Some("bridge")),
+                ("docker0", Some("bridge")),
+                ("vethA", Some("veth")),
+            ],
+            &[("eth0", "br0"), ("vethA", "docker0")],
+        );
+        assert_eq!(advertised(&links, &[]), ["br0", "eth1"]);
+        let p = plan(&links, &[]);
+        assert_eq!(
+            p.left_out["eth0"],
+            "eth0 is a port of bridge br0, which takes its frames; br0 is advertised in its place"
+        );
+        // A bridge that holds no NIC is not an uplink (docker0, virbr0).
+        assert!(!p.advertise.contains(&"docker0".to_string()));
+        // With veth counted as NICs, docker0 holds one.
+        assert_eq!(advertised(&links, &["veth"]), ["br0", "eth1", "docker0"]);
+    }
+
+    #[test]
+    fn bond_slaves_give_way_to_the_bond_and_a_bond_to_its_bridge() {
+        let links = layout(
+            &[
+                ("eth0", None),
+                ("eth1", None),
+                ("bond0", Some("bond")),
+                ("eth2", None),
+                ("eth3", None),
+                ("bond1", Some("bond")),
+                ("br1", Some("bridge")),
+            ],
+            &[
+                ("eth0", "bond0"),
+                ("eth1", "bond0"),
+                ("eth2", "bond1"),
+                ("eth3", "bond1"),
+                ("bond1", "br1"),
+            ],
+        );
+        assert_eq!(advertised(&links, &[]), ["bond0", "br1"]);
+        let p = plan(&links, &[]);
+        assert!(p.left_out["eth0"].starts_with("eth0 is a slave of bond bond0"));
+        assert!(p.left_out["bond1"].starts_with("bond1 is a port of bridge br1"));
+        assert_eq!(p.left_out.len(), 5, "{p:?}");
+    }
+
+    #[test]
+    fn team_ports_give_way_to_the_team() {
+        let links = layout(
+            &[("eth0", None), ("team0", Some("team"))],
+            &[("eth0", "team0")],
+        );
+        // A team is not a NIC by itself (the Go rule), but one holding a
+        // NIC is advertised like a bond.
+        assert_eq!(advertised(&links, &[]), ["team0"]);
+        let links = layout(&[("team0", Some("team"))], &[]);
+        assert!(advertised(&links, &[]).is_empty());
+    }
+
+    #[test]
+    fn ovs_ports_are_left_out_and_nothing_takes_their_place() {
+        let links = layout(
+            &[
+                ("eth0", None),
+                ("ovs-system", Some("openvswitch")),
+                ("br-ex", Some("openvswitch")),
+                ("eth1", None),
+            ],
+            &[("eth0", "ovs-system")],
+        );
+        assert_eq!(advertised(&links, &[]), ["eth1"]);
+        let p = plan(&links, &[]);
+        assert_eq!(
+            p.left_out["eth0"],
+            "eth0 is a port of Open vSwitch (datapath ovs-system), and a macvtap needs a NIC \
+             that no bridge, bond or OVS owns; use a NIC that Open vSwitch does not own"
+        );
+    }
+
+    #[test]
+    fn a_bridge_that_is_an_ovs_port_is_not_advertised_either() {
+        let links = layout(
+            &[
+                ("eth0", None),
+                ("br0", Some("bridge")),
+                ("ovs-system", Some("openvswitch")),
+            ],
+            &[("eth0", "br0"), ("br0", "ovs-system")],
+        );
+        assert!(advertised(&links, &[]).is_empty());
+        let p = plan(&links, &[]);
+        assert!(p.left_out["br0"].contains("Open vSwitch"), "{p:?}");
+    }
+
+    #[test]
+    fn vrf_ports_keep_their_receive_path() {
+        let links = layout(
+            &[("eth0", None), ("blue", Some("vrf"))],
+            &[("eth0", "blue")],
+        );
+        assert_eq!(advertised(&links, &[]), ["eth0"]);
+        assert_eq!(receive_path_owner(&links[0], &links), None);
+    }
+
+    #[test]
+    fn a_master_without_kind_owns_its_port() {
+        // virtio's net_failover: the standby NIC's master has no kind, and
+        // is a NIC itself.
+        let links = layout(
+            &[("ens3", None), ("ens3nsby", None)],
+            &[("ens3nsby", "ens3")],
+        );
+        assert_eq!(advertised(&links, &[]), ["ens3"]);
+        let p = plan(&links, &[]);
+        assert_eq!(
+            p.left_out["ens3nsby"],
+            "ens3nsby is enslaved to ens3, and a macvtap needs a NIC that no bridge, bond or OVS \
+             owns; use a NIC without a master, or release ens3nsby from ens3"
+        );
+    }
+
+    #[test]
+    fn the_allocate_message_names_master_and_fix() {
+        let links = layout(
+            &[("nicA", None), ("br0", Some("bridge"))],
+            &[("nicA", "br0")],
+        );
+        let owner = receive_path_owner(&links[0], &links).unwrap();
+        assert_eq!(
+            owner.to_string(),
+            "nicA is a port of bridge br0, and a macvtap needs a NIC that no bridge, bond or OVS \
+             owns; use br0 as lowerDevice"
+        );
+    }
+
+    #[test]
+    fn a_master_loop_ends() {
+        let links = layout(
+            &[("a", Some("bridge")), ("b", Some("bridge")), ("eth0", None)],
+            &[("eth0", "a"), ("a", "b"), ("b", "a")],
+        );
+        assert!(advertised(&links, &[]).is_empty());
+    }
+
+    #[test]
+    fn left_out_links_are_logged_once_per_reason() {
+        let d = Discovery::new(Vec::new());
+        let mut links = layout(
+            &[("eth0", None), ("br0", Some("bridge"))],
+            &[("eth0", "br0")],
+        );
+        let first = d.newly_left_out(&plan(&links, &[]));
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].0, "eth0");
+        assert!(d.newly_left_out(&plan(&links, &[])).is_empty());
+        // Released and enslaved again: said again.
+        links[0].master = None;
+        assert!(d.newly_left_out(&plan(&links, &[])).is_empty());
+        links[0].master = Some(2);
+        assert_eq!(d.newly_left_out(&plan(&links, &[])).len(), 1);
+        // A different reason is said too.
+        links[1].kind = Some("openvswitch".into());
+        let again = d.newly_left_out(&plan(&links, &[]));
+        assert!(again[0].1.contains("Open vSwitch"), "{again:?}");
     }
 }

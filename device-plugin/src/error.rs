@@ -52,6 +52,28 @@ pub enum Error {
         /// The NIC name.
         lower: String,
     },
+    /// A master owns the resource's lower NIC, so the kernel refuses a
+    /// macvtap on it; the message names the master and the fix.
+    #[error("resource {resource} cannot get a macvtap: {owner}")]
+    LowerDeviceEnslaved {
+        /// The resource.
+        resource: String,
+        /// The NIC's master.
+        owner: crate::discovery::Owner,
+    },
+    /// The kernel refused a macvtap on the lower NIC as busy, and no master
+    /// owns it (an ipvlan or macsec link on it takes its receive path too).
+    #[error(
+        "resource {resource} cannot get a macvtap: the kernel refuses one on {lower} because \
+         another device holds its receive path (EBUSY), such as an ipvlan or macsec link on it; \
+         use a NIC that nothing else owns"
+    )]
+    LowerDeviceBusy {
+        /// The resource.
+        resource: String,
+        /// The NIC name.
+        lower: String,
+    },
     /// Creating or checking the macvtap of a device failed.
     #[error("device {device_id} (link {link}): {source}")]
     Device {
@@ -105,7 +127,9 @@ impl Error {
     pub fn grpc_code(&self) -> tonic::Code {
         match self {
             Error::UnknownDevice { .. } => tonic::Code::InvalidArgument,
-            Error::LowerDeviceMissing { .. } => tonic::Code::FailedPrecondition,
+            Error::LowerDeviceMissing { .. }
+            | Error::LowerDeviceEnslaved { .. }
+            | Error::LowerDeviceBusy { .. } => tonic::Code::FailedPrecondition,
             Error::TapNodeMissing { .. } => tonic::Code::FailedPrecondition,
             Error::Config { .. } => tonic::Code::InvalidArgument,
             _ => tonic::Code::Internal,

@@ -15,6 +15,8 @@ struct ResourceMetrics {
     allocate_seconds_sum: f64,
     registrations: u64,
     registration_errors: u64,
+    /// Times the devices became Unhealthy (or changed reason), by reason.
+    unhealthy_reasons: BTreeMap<&'static str, u64>,
 }
 
 #[derive(Debug, Default)]
@@ -52,6 +54,15 @@ impl Metrics {
     /// Zeroes the device gauges of a resource that is no longer served.
     pub fn resource_removed(&self, resource: &str) {
         self.set_devices(resource, 0, 0);
+    }
+
+    /// Counts the devices of `resource` becoming Unhealthy for `reason`
+    /// (`nic_missing`, `nic_down`, `nic_enslaved`).
+    pub fn unhealthy(&self, resource: &str, reason: &'static str) {
+        self.with(|m| {
+            let r = m.resources.entry(resource.to_string()).or_default();
+            *r.unhealthy_reasons.entry(reason).or_default() += 1;
+        });
     }
 
     /// Counts one Allocate call.
@@ -158,6 +169,20 @@ impl Metrics {
                 rs,
                 |r| vec![("", r.registration_errors as f64)],
             );
+            let name = "macvtap_dp_unhealthy_total";
+            let _ = writeln!(
+                out,
+                "# HELP {name} Times a resource's devices became Unhealthy, by reason \
+                 (nic_missing, nic_down, nic_enslaved).\n# TYPE {name} counter"
+            );
+            for (resource, r) in rs {
+                for (reason, v) in &r.unhealthy_reasons {
+                    let _ = writeln!(
+                        out,
+                        "{name}{{resource=\"{resource}\",reason=\"{reason}\"}} {v}"
+                    );
+                }
+            }
             for (name, help, v) in [
                 (
                     "macvtap_dp_leaked_links_removed_total",

@@ -118,6 +118,9 @@ pub struct Link {
     pub promiscuity: u32,
     /// `IFLA_IFALIAS`, the free-text alias (`ip link set ... alias`).
     pub alias: Option<String>,
+    /// Index of the link's master (`IFLA_MASTER`), e.g. the bridge of a
+    /// bridge port or the bond of a bond slave.
+    pub master: Option<u32>,
 }
 
 impl Link {
@@ -157,6 +160,7 @@ impl Link {
                     link.mac = Some(mac);
                 }
                 LinkAttribute::Link(l) => link.lower_index = Some(*l),
+                LinkAttribute::Controller(m) if *m != 0 => link.master = Some(*m),
                 LinkAttribute::LinkNetNsId(_) => link.lower_in_other_netns = true,
                 LinkAttribute::TxQueueLen(q) => link.txqueuelen = *q,
                 LinkAttribute::Promiscuity(p) => link.promiscuity = *p,
