@@ -895,14 +895,71 @@ pub fn tap_node_lock() -> TestResult<nix::fcntl::Flock<std::fs::File>> {
         .truncate(false)
         .write(true)
         .open(TAP_NODE_LOCK)?;
-    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| format!("locking {TAP_NODE_LOCK}: {e}").into())
+    let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| format!("locking {TAP_NODE_LOCK}: {e}"))?;
+    sweep_stale_test_namespaces();
+    Ok(lock)
+}
+
+/// The process that created a test namespace, from its name:
+/// `dpt-<tag>-<pid>-<n>` (device plugin tests) or `mvt-<pid>-<n>-<tag>`
+/// (CNI and e2e tests).
+pub fn test_namespace_owner(name: &str) -> Option<u32> {
+    let parts: Vec<&str> = name.split('-').collect();
+    match parts.first()? {
+        &"dpt" if parts.len() >= 4 => parts[parts.len() - 2].parse().ok(),
+        &"mvt" if parts.len() >= 4 => parts[1].parse().ok(),
+        _ => None,
+    }
+}
+
+/// Removes the test namespaces of test processes that no longer run (a run
+/// killed before its clean-up, such as one stopped mid-way): their macvtaps
+/// would hold `/dev/tapN` nodes that fresh tests need. The macvtaps are
+/// deleted first, so their nodes are gone when this returns (a namespace
+/// dies asynchronously). Called with the tap-node lock held; best effort.
+fn sweep_stale_test_namespaces() {
+    let Ok(entries) = std::fs::read_dir("/run/netns") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = test_namespace_owner(&name) else {
+            continue;
+        };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        if let Ok(ns) = macvtap_link::Netns::open(entry.path()) {
+            if let Ok(handle) = macvtap_link::Handle::in_netns(&ns) {
+                for l in handle.list_links().unwrap_or_default() {
+                    if l.is_macvtap() {
+                        let _ = handle.del_link(l.index, &l.name);
+                    }
+                }
+            }
+        }
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &name])
+            .status();
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use kubelet_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
+
+    #[test]
+    fn test_namespace_names_say_their_process() {
+        assert_eq!(test_namespace_owner("dpt-heal-1577-0"), Some(1577));
+        assert_eq!(test_namespace_owner("dpt-a-b-42-3"), Some(42));
+        assert_eq!(test_namespace_owner("mvt-1490-2-node"), Some(1490));
+        assert_eq!(test_namespace_owner("mvt-7-0-sandbox-b"), Some(7));
+        assert_eq!(test_namespace_owner("node"), None);
+        assert_eq!(test_namespace_owner("dpt-x"), None);
+        assert_eq!(test_namespace_owner("mvt-x-0-y"), None);
+    }
 
     /// Real kubelets (1.26 and later) dial plugins with `:authority
     /// localhost`; so does every dial of this kubelet ([`connect_unix`]).
