@@ -906,9 +906,9 @@ pub fn tap_node_lock() -> TestResult<nix::fcntl::Flock<std::fs::File>> {
 /// (CNI and e2e tests).
 pub fn test_namespace_owner(name: &str) -> Option<u32> {
     let parts: Vec<&str> = name.split('-').collect();
-    match parts.first()? {
-        &"dpt" if parts.len() >= 4 => parts[parts.len() - 2].parse().ok(),
-        &"mvt" if parts.len() >= 4 => parts[1].parse().ok(),
+    match *parts.first()? {
+        "dpt" if parts.len() >= 4 => parts[parts.len() - 2].parse().ok(),
+        "mvt" if parts.len() >= 4 => parts[1].parse().ok(),
         _ => None,
     }
 }
