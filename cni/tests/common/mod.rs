@@ -196,11 +196,32 @@ impl CniRun {
     }
 }
 
+/// Node settings for runs that bring none: a kubelet dir that does not
+/// exist, so no test ever asks a PodResources socket it did not start (the
+/// real host path may be served by another test meanwhile), and `warn`.
+fn isolated_settings() -> String {
+    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        // One shared file, always the same bytes, replaced atomically.
+        let path = std::env::temp_dir().join("macvtap-cni-test-settings.json");
+        let tmp = path.with_extension(format!("json.{}", std::process::id()));
+        std::fs::write(
+            &tmp,
+            r#"{"kubeletDir":"/nonexistent/kubelet","podResourcesCheck":"warn"}"#,
+        )
+        .unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        path.display().to_string()
+    })
+    .clone()
+}
+
 pub fn run_plugin(netns: &str, env: &[(&str, String)], stdin: &[u8]) -> CniRun {
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", netns, env!("CARGO_BIN_EXE_macvtap")])
         .env_clear()
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("MACVTAP_CNI_SETTINGS", isolated_settings())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
