@@ -178,6 +178,8 @@ pub struct RawEntry {
     pub mode: String,
     /// Capacity; 0 or less means [`DEFAULT_CAPACITY`].
     pub capacity: i64,
+    /// Keys that name no field (ignored, as Go ignored them), in order.
+    pub unknown_keys: Vec<String>,
 }
 
 /// The struct fields of the Go project's `macvtapConfig`.
@@ -245,6 +247,7 @@ impl<'de> Deserialize<'de> for RawEntry {
                         }
                         None => {
                             map.next_value::<IgnoredAny>()?;
+                            e.unknown_keys.push(key);
                         }
                     }
                 }
@@ -346,6 +349,18 @@ pub fn check_entries(source: &Source, entries: Vec<RawEntry>) -> Result<Checked>
                 ));
             }
         };
+        if !e.unknown_keys.is_empty() {
+            out.warnings.push(format!(
+                "{what}: unknown key{} {} ignored, as the Go device plugin ignored them \
+                 (expected name, lowerDevice, mode, capacity)",
+                if e.unknown_keys.len() > 1 { "s" } else { "" },
+                e.unknown_keys
+                    .iter()
+                    .map(|k| format!("{k:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
         if e.capacity > i64::from(MAX_CAPACITY) {
             if !go_compatible {
                 return Err(config_err(
@@ -754,7 +769,12 @@ mod tests {
                 {"name":"b","mode":null,"capacity":null,"lowerDevice":"x","lowerDevice":"eth2"},
                 {"Name":"c","name":"d"}]"#,
         );
-        assert!(c.refused.is_empty() && c.warnings.is_empty(), "{c:?}");
+        assert!(c.refused.is_empty(), "{c:?}");
+        assert_eq!(c.warnings.len(), 1, "{c:?}");
+        assert!(
+            c.warnings[0].contains("entry 0 (\"a\"): unknown key \"colour\" ignored"),
+            "{c:?}"
+        );
         assert_eq!(
             c.resources,
             vec![

@@ -71,8 +71,8 @@ async fn a_go_config_with_questionable_and_broken_entries_starts() {
         "link", "add", "eth2", "type", "veth", "peer", "name", "eth2p",
     ]);
     node.ns.ip(&["link", "set", "eth2", "up"]);
-    // As Go's encoding/json read it: keys in any case, unknown keys and a
-    // null value ignored, the last "dp" entry wins; "bad" and "x/y" and the
+    // As Go's encoding/json read it: keys in any case, unknown keys (with a
+    // warning) and a null value ignored, the last "dp" entry wins; "bad" and "x/y" and the
     // null entry cannot work (Go failed every Allocate or registration).
     let conf = r#"[
         {"NAME": "dp", "lowerDevice": "eth2", "colour": "red"},
@@ -129,6 +129,10 @@ async fn a_go_config_with_questionable_and_broken_entries_starts() {
     );
     assert!(
         line_with("WARN", "entry 2 (\"dp\"): capacity 10001 is above 10000"),
+        "{log}"
+    );
+    assert!(
+        line_with("WARN", "entry 0 (\"dp\"): unknown key \"colour\" ignored"),
         "{log}"
     );
     for (entry, why) in [
