@@ -17,7 +17,7 @@ use crate::grpc::connect_unix;
 use crate::metrics::Metrics;
 use kubelet_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
 use kubelet_proto::podresources::v1::{ListPodResourcesRequest, ListPodResourcesResponse};
-use macvtap_link::device::{is_device_link_name, parse_device_id};
+use macvtap_link::device::is_device_link_name;
 use macvtap_link::{Handle, Link, RESOURCE_PREFIX, link_name_for_device};
 use nix::errno::Errno;
 use std::collections::{HashMap, HashSet};
@@ -108,7 +108,7 @@ pub fn go_era_leaked_links(
         .iter()
         .filter(|l| l.is_macvtap() && !l.lower_in_other_netns && !allocated.contains(&l.name))
         .filter(|l| {
-            let Some((resource, _)) = parse_device_id(&l.name) else {
+            let Some((resource, _)) = macvtap_link::device::parse_device_id(&l.name) else {
                 return false;
             };
             let lower = l.lower_index.and_then(|i| names.get(&i).copied());
