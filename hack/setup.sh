@@ -15,6 +15,7 @@ packages=(
   iproute2                      # ip netns, ip link (tests, sandbox)
   iputils-ping                  # connectivity checks in tests
   containernetworking-plugins   # reference IPAM plugins under /usr/lib/cni
+  dnsmasq-base                  # DHCP server of the dhcp IPAM test (Debian's dnsmasq, without its system service)
   qemu-system-x86               # the e2e and sandbox VM (TCG)
   busybox-static                # the test guest's initramfs
   libvirt-daemon                # libvirtd in the pod namespace, as virt-launcher

@@ -41,19 +41,13 @@ pub fn add(
     }
     podresources::check_ownership(env, conf, settings)?;
 
-    let link_name = link_name_for_device(&conf.device_id);
     let host_ns = Netns::current()?;
     let host = Handle::current()?;
-    let link = host
-        .get_link(&link_name)?
-        .ok_or_else(|| Error::DeviceLinkMissing {
-            device_id: conf.device_id.clone(),
-            link: link_name.clone(),
-        })?;
+    let link = find_device_link(&host, &conf.device_id)?;
     if !link.is_macvtap() {
         return Err(Error::NotMacvtap {
             device_id: conf.device_id.clone(),
-            link: link_name,
+            link: link.name.clone(),
             kind: link
                 .kind
                 .clone()
@@ -360,4 +354,49 @@ fn merge(prev: Option<CniResult>, ours: Ours) -> CniResult {
         }
     }
     result
+}
+
+/// The host link of `device_id`: the `mvt…` name this device plugin (and the
+/// Go project's unreleased main) gives, else the device ID itself, the name
+/// the Go device plugin's last release (v0.13.1) gave. A pod allocated by the
+/// old plugin during a rolling replacement brings such a device here. When
+/// both exist the `mvt…` link is taken: it is the one this node's device
+/// plugin made for the current allocation.
+fn find_device_link(host: &Handle, device_id: &str) -> Result<Link> {
+    let ours = link_name_for_device(device_id);
+    let go_era = del::is_go_era_link_name(device_id).then_some(device_id);
+    let found = host.get_link(&ours)?;
+    let older = match go_era {
+        Some(name) => host.get_link(name)?,
+        None => None,
+    };
+    match (found, older) {
+        (Some(link), Some(old)) => {
+            info!(
+                device_id,
+                link = %link.name,
+                other = %old.name,
+                "both this plugin's link and the Go device plugin's link for the device exist: \
+                 handing over {} and leaving {} on the host (the device plugin removes it once \
+                 the device is free)",
+                link.name,
+                old.name
+            );
+            Ok(link)
+        }
+        (Some(link), None) => Ok(link),
+        (None, Some(old)) => {
+            info!(device_id, link = %old.name, "handing over a link named after its device ID, as the Go device plugin v0.13.1 named it");
+            Ok(old)
+        }
+        (None, None) => Err(Error::DeviceLinkMissing {
+            device_id: device_id.to_string(),
+            link: match go_era {
+                Some(name) => {
+                    format!("{ours} (or {name}, as the Go device plugin v0.13.1 named it)")
+                }
+                None => ours,
+            },
+        }),
+    }
 }

@@ -194,6 +194,16 @@ mod tests {
     }
 
     #[test]
+    fn old_netconf_versions_the_go_plugin_accepted_parse() {
+        for (text, v) in [("0.1.0", Version::V0_1_0), ("0.2.0", Version::V0_2_0)] {
+            let c = conf(&format!(
+                r#"{{"cniVersion":"{text}","name":"n","type":"macvtap","deviceID":"eth0Mvp1"}}"#
+            ));
+            assert_eq!(c.version, v);
+        }
+    }
+
+    #[test]
     fn owner_and_group_default_to_qemu() {
         let c = conf(r#"{"cniVersion":"1.0.0","name":"n","type":"macvtap"}"#);
         assert_eq!((c.owner(), c.group()), (107, 107));
@@ -247,7 +257,7 @@ mod tests {
         assert_eq!(code(r#"{"cniVersion":"1.0.0","mtu":-1}"#), 7);
         assert_eq!(code(r#"{"cniVersion":"1.0.0","mtu":"big"}"#), 7);
         assert_eq!(code(r#"{"name":"n"}"#), 7);
-        assert_eq!(code(r#"{"cniVersion":"0.2.0"}"#), 1);
+        assert_eq!(code(r#"{"cniVersion":"0.0.9"}"#), 1);
         assert_eq!(code(r#"{"cniVersion":"1.0.0","ipam":{}}"#), 7);
         assert_eq!(code(r#"{"cniVersion":"1.0.0","ipam":{"type":"../x"}}"#), 7);
     }

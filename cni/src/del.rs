@@ -123,21 +123,13 @@ fn host_name(link: &Link, device_id: &str) -> Option<String> {
 /// The alias lives in the pod, whose processes may change it: nothing else
 /// is ever given back to the host.
 pub fn is_device_link_name(name: &str) -> bool {
-    let ours = name.len() == 15
-        && name.starts_with("mvt")
-        && name[3..]
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-    let go_era = name.len() <= 15
-        && name.rsplit_once("Mvp").is_some_and(|(resource, i)| {
-            !resource.is_empty()
-                && !i.is_empty()
-                && i.bytes().all(|b| b.is_ascii_digit())
-                && resource
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-        });
-    ours || go_era
+    macvtap_link::device::is_device_link_name(name) || is_go_era_link_name(name)
+}
+
+/// Whether `name` is a link name the Go device plugin v0.13.1 gave a device:
+/// the device ID `<resource>Mvp<i>` itself, when it fits `IFNAMSIZ`.
+pub fn is_go_era_link_name(name: &str) -> bool {
+    name.len() <= 15 && macvtap_link::device::parse_device_id(name).is_some()
 }
 
 /// Moves the link back to the host as `host_name`, keeping its ifindex, down,

@@ -85,7 +85,7 @@ pub fn exec(env: &CniEnv, plugin: &str, command: Command, stdin: &[u8]) -> Resul
             }),
         };
     }
-    let (code, msg) = match &parsed {
+    let (code, mut msg) = match &parsed {
         Some(v) => {
             let code = v
                 .get("code")
@@ -111,9 +111,41 @@ pub fn exec(env: &CniEnv, plugin: &str, command: Command, stdin: &[u8]) -> Resul
             format!("exited with {} and no error JSON: {text:?}", out.status),
         ),
     };
+    if let Some(fix) = hint(&path, plugin, &msg) {
+        msg = format!("{msg} ({fix})");
+    }
     Err(Error::Ipam {
         plugin: plugin.to_string(),
         code,
         msg: format!("{} failed: {msg}", command.as_str()),
     })
+}
+
+/// The fix for a failure whose usual cause is known: the reference `dhcp`
+/// plugin only talks to its daemon, which someone has to start on the node.
+fn hint(path: &std::path::Path, plugin: &str, msg: &str) -> Option<String> {
+    let no_daemon = msg.contains("error dialing DHCP daemon") || msg.contains("dhcp.sock");
+    (plugin == "dhcp" && no_daemon).then(|| {
+        format!(
+            "the dhcp IPAM plugin needs its daemon on the node: start `{} daemon`",
+            path.display()
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_dhcp_daemon_names_the_fix() {
+        let msg = "error dialing DHCP daemon: dial unix /run/cni/dhcp.sock: connect: no such file or directory";
+        let fix = hint(std::path::Path::new("/opt/cni/bin/dhcp"), "dhcp", msg).unwrap();
+        assert!(fix.contains("start `/opt/cni/bin/dhcp daemon`"), "{fix}");
+        assert_eq!(
+            hint(std::path::Path::new("/x/dhcp"), "dhcp", "no lease"),
+            None
+        );
+        assert_eq!(hint(std::path::Path::new("/x/static"), "static", msg), None);
+    }
 }

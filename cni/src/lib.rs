@@ -159,7 +159,15 @@ mod tests {
         assert_eq!(out.exit_code, 0);
         let v: Value = serde_json::from_str(&out.stdout.unwrap()).unwrap();
         assert_eq!(v["cniVersion"], "0.4.0");
-        assert_eq!(v["supportedVersions"].as_array().unwrap().len(), 5);
+        assert_eq!(v["supportedVersions"].as_array().unwrap().len(), 7);
+        assert_eq!(v["supportedVersions"][0], "0.1.0");
+        assert_eq!(v["supportedVersions"][1], "0.2.0");
+        let old = run(
+            &vars(&[("CNI_COMMAND", "VERSION")]),
+            br#"{"cniVersion":"0.2.0"}"#,
+        );
+        let v: Value = serde_json::from_str(&old.stdout.unwrap()).unwrap();
+        assert_eq!(v["cniVersion"], "0.2.0");
         let empty = run(&vars(&[("CNI_COMMAND", "VERSION")]), b"");
         assert!(empty.stdout.unwrap().contains("\"1.1.0\""));
     }

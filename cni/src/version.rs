@@ -2,8 +2,11 @@
 
 use crate::error::{Error, Result};
 
-/// Every spec version we accept, oldest first.
-pub const SUPPORTED_VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+/// Every spec version we accept, oldest first. The Go plugin accepted 0.1.0
+/// and 0.2.0, and NetworkAttachmentDefinitions that say so exist.
+pub const SUPPORTED_VERSIONS: [&str; 7] = [
+    "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0",
+];
 
 /// The version used when none is given (for VERSION and early errors).
 pub const LATEST: &str = "1.1.0";
@@ -11,7 +14,11 @@ pub const LATEST: &str = "1.1.0";
 /// A supported spec version, ordered by age.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Version {
-    /// 0.3.0
+    /// 0.1.0: results are `ip4`/`ip6`, without interfaces.
+    V0_1_0,
+    /// 0.2.0: the same result shape as 0.1.0.
+    V0_2_0,
+    /// 0.3.0: results list interfaces and `ips`.
     V0_3_0,
     /// 0.3.1
     V0_3_1,
@@ -27,6 +34,8 @@ impl Version {
     /// Parses a `cniVersion`, refusing the versions we do not speak (code 1).
     pub fn parse(s: &str) -> Result<Self> {
         Ok(match s {
+            "0.1.0" => Version::V0_1_0,
+            "0.2.0" => Version::V0_2_0,
             "0.3.0" => Version::V0_3_0,
             "0.3.1" => Version::V0_3_1,
             "0.4.0" => Version::V0_4_0,
@@ -46,6 +55,8 @@ impl Version {
     /// The version as written in JSON.
     pub fn as_str(self) -> &'static str {
         match self {
+            Version::V0_1_0 => "0.1.0",
+            Version::V0_2_0 => "0.2.0",
             Version::V0_3_0 => "0.3.0",
             Version::V0_3_1 => "0.3.1",
             Version::V0_4_0 => "0.4.0",
@@ -54,9 +65,15 @@ impl Version {
         }
     }
 
-    /// Whether results of this version carry `ips[].version` (before 1.0.0).
+    /// Whether results of this version carry `ips[].version` (0.3.0 to 0.4.0).
     pub fn has_ip_version(self) -> bool {
         self < Version::V1_0_0
+    }
+
+    /// Whether results of this version have the 0.1.0/0.2.0 shape: one `ip4`
+    /// and one `ip6`, each with its routes, and no interfaces.
+    pub fn is_02x(self) -> bool {
+        self < Version::V0_3_0
     }
 
     /// Refuses `command` when it is newer than this version.
@@ -87,7 +104,7 @@ mod tests {
 
     #[test]
     fn unknown_versions_get_code_1() {
-        for v in ["0.2.0", "0.1.0", "2.0.0", ""] {
+        for v in ["0.0.1", "0.3", "2.0.0", ""] {
             assert_eq!(Version::parse(v).unwrap_err().code(), 1, "{v}");
         }
     }
@@ -103,5 +120,14 @@ mod tests {
         );
         assert!(Version::V0_4_0.require(Version::V0_4_0, "CHECK").is_ok());
         assert!(Version::V1_0_0.require(Version::V1_1_0, "GC").is_err());
+        assert!(Version::V0_2_0.require(Version::V0_4_0, "CHECK").is_err());
+    }
+
+    #[test]
+    fn the_go_plugins_old_versions_are_accepted() {
+        assert!(Version::parse("0.1.0").unwrap().is_02x());
+        assert!(Version::parse("0.2.0").unwrap().is_02x());
+        assert!(!Version::V0_3_0.is_02x());
+        assert_eq!(SUPPORTED_VERSIONS[..2], ["0.1.0", "0.2.0"]);
     }
 }

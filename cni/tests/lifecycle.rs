@@ -225,7 +225,9 @@ fn version_and_bad_input_give_spec_codes() {
     assert_eq!(v.code, 0);
     assert_eq!(
         v.json()["supportedVersions"],
-        json!(["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"])
+        json!([
+            "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"
+        ])
     );
 
     let env = |cmd: &str| {
@@ -243,7 +245,7 @@ fn version_and_bad_input_give_spec_codes() {
         br#"{"cniVersion":"1.0.0","mtu":"x"}"#,
     )
     .fails_with(7);
-    run_plugin(&sb.node.name, &env("ADD"), br#"{"cniVersion":"0.2.0"}"#).fails_with(1);
+    run_plugin(&sb.node.name, &env("ADD"), br#"{"cniVersion":"0.0.9"}"#).fails_with(1);
     let mut no_netns = env("ADD");
     no_netns.retain(|(k, _)| *k != "CNI_NETNS");
     run_plugin(&sb.node.name, &no_netns, br#"{"cniVersion":"1.0.0"}"#).fails_with(4);

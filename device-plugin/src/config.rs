@@ -6,17 +6,38 @@
 //! from `--resource` flags. The source with the highest precedence that is
 //! present decides the whole list: flags, then the file, then the env, then
 //! the default (auto-discovery).
+//!
+//! Every `DP_MACVTAP_CONF` the Go device plugin started with starts here.
+//! The JSON is read as Go's `encoding/json` read it into the Go project's
+//! struct (kubevirt/macvtap-cni `pkg/deviceplugin/lister.go`, `readConfig`):
+//! keys match case-insensitively, a repeated key or a `null` value is
+//! handled as Go handles it, unknown keys are ignored, and a wrong type or
+//! shape is refused (Go exited on those). Where Go silently did something
+//! questionable, the same is done with a warning that names the entry: a
+//! repeated resource name (Go kept the last entry of that name) and a
+//! capacity above [`MAX_CAPACITY`]. An entry that cannot work (a name the
+//! kubelet refuses, an unknown mode, a NIC name no link can have, a device
+//! list too large for the kubelet to receive) is refused: from
+//! `DP_MACVTAP_CONF` it is logged as an error naming the entry and left out,
+//! so the others still start, as they did with Go; from `--resource` flags
+//! or a config file (sources Go never had) it makes the whole source invalid.
 
 use crate::error::{Error, Result};
 use macvtap_link::{MacvtapMode, RESOURCE_PREFIX};
 use serde::Deserialize;
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use std::fmt;
 use std::path::PathBuf;
 
 /// Capacity used when an entry says 0 or less (as the Go project does).
 pub const DEFAULT_CAPACITY: u32 = 100;
-/// The largest capacity one resource may have.
+/// The largest capacity accepted without a warning.
 pub const MAX_CAPACITY: u32 = 10_000;
+/// The largest gRPC message the kubelet receives: its device manager dials
+/// plugins with grpc-go's defaults (kubernetes `pkg/kubelet/cm/devicemanager/
+/// plugin/v1beta1/client.go`, `dial`), whose receive limit is 4 MiB. A
+/// resource whose device list cannot fit one ListAndWatch message cannot work.
+pub const KUBELET_MAX_MESSAGE: u64 = 4 * 1024 * 1024;
 /// The environment variable the Go project reads its configuration from.
 pub const ENV_VAR: &str = "DP_MACVTAP_CONF";
 
@@ -147,20 +168,94 @@ pub fn resolve(sources: &Sources) -> Result<Resolved> {
 }
 
 /// One entry as written, before validation.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RawEntry {
     /// Resource name suffix.
-    #[serde(default)]
     pub name: String,
     /// Lower NIC; empty means the same as `name`.
-    #[serde(default, rename = "lowerDevice")]
     pub lower_device: String,
     /// Mode; empty means bridge.
-    #[serde(default)]
     pub mode: String,
     /// Capacity; 0 or less means [`DEFAULT_CAPACITY`].
-    #[serde(default)]
     pub capacity: i64,
+    /// Keys that name no field (ignored, as Go ignored them), in order.
+    pub unknown_keys: Vec<String>,
+}
+
+/// The struct fields of the Go project's `macvtapConfig`.
+#[derive(Clone, Copy)]
+enum Field {
+    Name,
+    LowerDevice,
+    Mode,
+    Capacity,
+}
+
+impl Field {
+    /// The field a JSON key fills, as Go's `encoding/json` picks it: the
+    /// exact name, else a case-insensitive match (the names hold no `k` or
+    /// `s`, the only letters Go folds beyond ASCII).
+    fn for_key(key: &str) -> Option<Field> {
+        const FIELDS: [(&str, Field); 4] = [
+            ("name", Field::Name),
+            ("lowerDevice", Field::LowerDevice),
+            ("mode", Field::Mode),
+            ("capacity", Field::Capacity),
+        ];
+        FIELDS
+            .iter()
+            .find(|(n, _)| *n == key)
+            .or_else(|| FIELDS.iter().find(|(n, _)| n.eq_ignore_ascii_case(key)))
+            .map(|(_, f)| *f)
+    }
+}
+
+impl<'de> Deserialize<'de> for RawEntry {
+    /// Reads an entry as Go's `json.Unmarshal` fills the struct: keys in
+    /// document order (a repeated key: the last wins), `null` leaves a
+    /// field as it is, unknown keys are skipped, and `null` for the whole
+    /// entry is an entry with every field empty.
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct EntryVisitor;
+        impl<'de> Visitor<'de> for EntryVisitor {
+            type Value = RawEntry;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object with name, lowerDevice, mode and capacity")
+            }
+            fn visit_unit<E: de::Error>(self) -> std::result::Result<RawEntry, E> {
+                Ok(RawEntry::default())
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<RawEntry, A::Error> {
+                let mut e = RawEntry::default();
+                while let Some(key) = map.next_key::<String>()? {
+                    let text = |v: Option<String>, slot: &mut String| {
+                        if let Some(v) = v {
+                            *slot = v;
+                        }
+                    };
+                    match Field::for_key(&key) {
+                        Some(Field::Name) => text(map.next_value()?, &mut e.name),
+                        Some(Field::LowerDevice) => text(map.next_value()?, &mut e.lower_device),
+                        Some(Field::Mode) => text(map.next_value()?, &mut e.mode),
+                        Some(Field::Capacity) => {
+                            if let Some(c) = map.next_value::<Option<i64>>()? {
+                                e.capacity = c;
+                            }
+                        }
+                        None => {
+                            map.next_value::<IgnoredAny>()?;
+                            e.unknown_keys.push(key);
+                        }
+                    }
+                }
+                Ok(e)
+            }
+        }
+        d.deserialize_any(EntryVisitor)
+    }
 }
 
 /// Parses the JSON of `DP_MACVTAP_CONF` or a config file.
@@ -208,44 +303,149 @@ pub fn parse_resource_flag(s: &str) -> std::result::Result<RawEntry, String> {
     Ok(e)
 }
 
-/// Validates entries: names, NIC names, modes, capacities and duplicates.
+/// Validates entries: names, NIC names, modes, capacities and duplicates,
+/// logging the warnings and refusals of [`check_entries`].
 pub fn validate(source: &Source, entries: Vec<RawEntry>) -> Result<Vec<ResourceConfig>> {
-    let mut out: Vec<ResourceConfig> = Vec::with_capacity(entries.len());
+    let checked = check_entries(source, entries)?;
+    for w in &checked.warnings {
+        tracing::warn!(source = %source, "{w}");
+    }
+    for r in &checked.refused {
+        tracing::error!(source = %source, "{r}; this resource is not served");
+    }
+    Ok(checked.resources)
+}
+
+/// What [`check_entries`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Checked {
+    /// The resources to serve, in the order of the entries.
+    pub resources: Vec<ResourceConfig>,
+    /// What Go silently accepted and is accepted here with a warning, each
+    /// naming the source and the entry.
+    pub warnings: Vec<String>,
+    /// Entries that cannot work, left out (only from `DP_MACVTAP_CONF`),
+    /// each naming the source and the entry.
+    pub refused: Vec<String>,
+}
+
+/// Checks every entry. From `DP_MACVTAP_CONF` an entry that cannot work is
+/// left out and listed in `refused`; from other sources it is an error.
+pub fn check_entries(source: &Source, entries: Vec<RawEntry>) -> Result<Checked> {
+    let go_compatible = !matches!(source, Source::Flags);
+    let mut out = Checked::default();
     for (i, e) in entries.into_iter().enumerate() {
-        let what = format!("entry {i} ({:?})", e.name);
-        let bad = |msg: String| config_err(source, format!("{what}: {msg}"));
-        check_resource_name(&e.name).map_err(bad)?;
-        let lower = if e.lower_device.is_empty() {
-            e.name.clone()
-        } else {
-            e.lower_device.clone()
+        let what = format!("{source}: entry {i} ({:?})", e.name);
+        let config = match check_entry(&e) {
+            Ok(c) => c,
+            Err(msg) if *source == Source::Env => {
+                out.refused.push(format!("{what}: {msg}"));
+                continue;
+            }
+            Err(msg) => {
+                return Err(config_err(
+                    source,
+                    format!("entry {i} ({:?}): {msg}", e.name),
+                ));
+            }
         };
-        check_ifname(&lower).map_err(|m| bad(format!("lowerDevice: {m}")))?;
-        let mode: MacvtapMode = e.mode.parse().map_err(bad)?;
-        let capacity = if e.capacity <= 0 {
-            DEFAULT_CAPACITY
-        } else {
-            u32::try_from(e.capacity)
-                .ok()
-                .filter(|c| *c <= MAX_CAPACITY)
-                .ok_or_else(|| {
-                    bad(format!(
-                        "capacity {} is out of range (1 to {MAX_CAPACITY}; 0 or less means {DEFAULT_CAPACITY})",
-                        e.capacity
-                    ))
-                })?
-        };
-        if out.iter().any(|o| o.name == e.name) {
-            return Err(bad("duplicate resource name".into()));
+        if !e.unknown_keys.is_empty() {
+            out.warnings.push(format!(
+                "{what}: unknown key{} {} ignored, as the Go device plugin ignored them \
+                 (expected name, lowerDevice, mode, capacity)",
+                if e.unknown_keys.len() > 1 { "s" } else { "" },
+                e.unknown_keys
+                    .iter()
+                    .map(|k| format!("{k:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
         }
-        out.push(ResourceConfig {
-            name: e.name,
-            lower_device: lower,
-            mode,
-            capacity,
-        });
+        if e.capacity > i64::from(MAX_CAPACITY) {
+            if !go_compatible {
+                return Err(config_err(
+                    source,
+                    format!(
+                        "entry {i} ({:?}): capacity {} is out of range (1 to {MAX_CAPACITY}; 0 or less means {DEFAULT_CAPACITY})",
+                        e.name, e.capacity
+                    ),
+                ));
+            }
+            out.warnings.push(format!(
+                "{what}: capacity {} is above {MAX_CAPACITY}; advertising that many devices, as the Go \
+                 device plugin did",
+                e.capacity
+            ));
+        }
+        if let Some(at) = out.resources.iter().position(|o| o.name == config.name) {
+            if !go_compatible {
+                return Err(config_err(
+                    source,
+                    format!("entry {i} ({:?}): duplicate resource name", e.name),
+                ));
+            }
+            out.warnings.push(format!(
+                "{what}: the resource name is used by an earlier entry too; this entry replaces it, \
+                 as the Go device plugin kept the last entry of a name"
+            ));
+            out.resources.remove(at);
+        }
+        out.resources.push(config);
     }
     Ok(out)
+}
+
+/// One entry as a resource, or why it cannot work.
+fn check_entry(e: &RawEntry) -> std::result::Result<ResourceConfig, String> {
+    check_resource_name(&e.name)?;
+    let lower = if e.lower_device.is_empty() {
+        e.name.clone()
+    } else {
+        e.lower_device.clone()
+    };
+    check_ifname(&lower).map_err(|m| format!("lowerDevice: {m}"))?;
+    let mode: MacvtapMode = e.mode.parse()?;
+    let capacity = if e.capacity <= 0 {
+        DEFAULT_CAPACITY
+    } else {
+        u32::try_from(e.capacity).map_err(|_| too_many(e.capacity))?
+    };
+    if min_list_message_len(&e.name, capacity) > KUBELET_MAX_MESSAGE {
+        return Err(too_many(e.capacity));
+    }
+    Ok(ResourceConfig {
+        name: e.name.clone(),
+        lower_device: lower,
+        mode,
+        capacity,
+    })
+}
+
+fn too_many(capacity: i64) -> String {
+    format!(
+        "capacity {capacity} is too large: the list of its devices does not fit one ListAndWatch \
+         message of {KUBELET_MAX_MESSAGE} bytes, the most the kubelet receives"
+    )
+}
+
+/// The smallest ListAndWatch message for `capacity` devices of resource
+/// `name`: every device healthy, without topology. Each device is
+/// `Device { ID: "<name>Mvp<i>", health: "Healthy" }` in field 1 of the
+/// response: 2 bytes of tag and length around it, 2 around the ID and 2
+/// around the 7 bytes of health, so `len(ID) + 13` with one-byte lengths.
+pub fn min_list_message_len(name: &str, capacity: u32) -> u64 {
+    let base = name.len() as u64 + 3 + 13;
+    let mut total = 0u64;
+    let mut start = 0u64;
+    let mut digits = 1u64;
+    let end = u64::from(capacity);
+    while start < end {
+        let next = (start.max(1) * 10).min(end);
+        total += (next - start) * (base + digits);
+        start = next;
+        digits += 1;
+    }
+    total
 }
 
 /// Checks that `name` may follow `macvtap.network.kubevirt.io/`: a
@@ -417,42 +617,98 @@ mod tests {
         );
     }
 
-    #[test]
-    fn unknown_mode_is_rejected_naming_the_entry() {
-        let e = err(&env(r#"[{"name":"a"},{"name":"b","mode":"source"}]"#));
-        assert!(e.contains("DP_MACVTAP_CONF"), "{e}");
-        assert!(e.contains("entry 1 (\"b\")"), "{e}");
-        assert!(e.contains("unknown macvtap mode \"source\""), "{e}");
+    fn file(text: &str) -> Sources {
+        Sources {
+            file: Some(("/etc/dp.json".into(), text.into())),
+            ..Default::default()
+        }
+    }
+
+    fn flags(f: &[&str]) -> Sources {
+        Sources {
+            flags: f.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
+    fn checked(text: &str) -> Checked {
+        let entries: Vec<RawEntry> = serde_json::from_str(text).unwrap();
+        check_entries(&Source::Env, entries).unwrap()
+    }
+
+    fn names(r: &Resolved) -> Vec<String> {
+        match &r.resources {
+            Resources::Static(l) => l.iter().map(|c| c.name.clone()).collect(),
+            Resources::AutoDiscover => panic!("expected a static list"),
+        }
     }
 
     #[test]
-    fn invalid_names_are_rejected() {
+    fn an_env_entry_that_cannot_work_is_left_out_naming_it() {
+        let text = r#"[{"name":"a"},{"name":"b","mode":"source"}]"#;
+        // Go started with this (and failed every Allocate of "b"): "a" is served.
+        assert_eq!(names(&resolve(&env(text)).unwrap()), ["a"]);
+        let c = checked(text);
+        assert_eq!(c.refused.len(), 1);
+        let r = &c.refused[0];
+        assert!(r.contains("DP_MACVTAP_CONF: entry 1 (\"b\")"), "{r}");
+        assert!(r.contains("unknown macvtap mode \"source\""), "{r}");
+        // From our own sources the same entry makes the source invalid.
+        let e = err(&file(text));
+        assert!(e.contains("config file /etc/dp.json"), "{e}");
+        assert!(e.contains("entry 1 (\"b\")"), "{e}");
+        let e = err(&flags(&["a", "name=b,mode=source"]));
+        assert!(
+            e.contains("--resource flags") && e.contains("entry 1"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn invalid_names_are_refused() {
         for bad in ["", "a/b", "-a", "a-", "has space", &"x".repeat(64)] {
             let text = serde_json::json!([{ "name": bad, "lowerDevice": "eth0" }]).to_string();
-            let e = err(&env(&text));
-            assert!(e.contains("entry 0"), "{bad:?}: {e}");
+            let c = checked(&text);
+            assert!(c.resources.is_empty(), "{bad:?}");
+            assert!(c.refused[0].contains("entry 0"), "{bad:?}: {:?}", c.refused);
+            assert!(err(&file(&text)).contains("entry 0"), "{bad:?}");
         }
+        // A null entry is an entry with every field empty, as in Go.
+        assert!(checked(r#"[null, {"name":"a"}]"#).refused[0].contains("name is empty"));
         for good in ["eth0", "data_plane.1", "A-b"] {
             check_resource_name(good).unwrap();
         }
     }
 
     #[test]
-    fn invalid_lower_device_is_rejected() {
-        let e = err(&env(
-            r#"[{"name":"a","lowerDevice":"a-very-long-nic-name"}]"#,
-        ));
-        assert!(e.contains("lowerDevice"), "{e}");
+    fn invalid_lower_device_is_refused() {
+        let c = checked(r#"[{"name":"a","lowerDevice":"a-very-long-nic-name"}]"#);
+        assert!(c.refused[0].contains("lowerDevice"), "{:?}", c.refused);
         // A name too long for a NIC with no lowerDevice is caught the same way.
-        let e = err(&env(r#"[{"name":"abcdefghijklmnopq"}]"#));
+        let e = err(&file(r#"[{"name":"abcdefghijklmnopq"}]"#));
         assert!(e.contains("lowerDevice"), "{e}");
     }
 
     #[test]
-    fn duplicate_names_are_rejected() {
-        let e = err(&env(
-            r#"[{"name":"a","lowerDevice":"eth0"},{"name":"a","lowerDevice":"eth1"}]"#,
-        ));
+    fn duplicate_names_keep_the_last_entry_with_a_warning() {
+        let text =
+            r#"[{"name":"a","lowerDevice":"eth0"},{"name":"b"},{"name":"a","lowerDevice":"eth1"}]"#;
+        let c = checked(text);
+        assert_eq!(
+            c.resources
+                .iter()
+                .map(|r| (r.name.as_str(), r.lower_device.as_str()))
+                .collect::<Vec<_>>(),
+            [("b", "b"), ("a", "eth1")]
+        );
+        assert_eq!(c.warnings.len(), 1);
+        assert!(
+            c.warnings[0].contains("DP_MACVTAP_CONF: entry 2 (\"a\")"),
+            "{:?}",
+            c.warnings
+        );
+        assert_eq!(names(&resolve(&file(text)).unwrap()), ["b", "a"]);
+        let e = err(&flags(&["a", "name=a,lowerDevice=eth1"]));
         assert!(
             e.contains("entry 1 (\"a\"): duplicate resource name"),
             "{e}"
@@ -460,14 +716,95 @@ mod tests {
     }
 
     #[test]
-    fn capacity_out_of_range_is_rejected() {
-        let e = err(&env(r#"[{"name":"a","capacity":10001}]"#));
+    fn large_capacities_warn_and_impossible_ones_are_refused() {
+        let c = checked(r#"[{"name":"a","capacity":10001}]"#);
+        assert_eq!(c.resources[0].capacity, 10_001);
+        assert!(
+            c.warnings[0].contains("entry 0 (\"a\"): capacity 10001 is above 10000"),
+            "{:?}",
+            c.warnings
+        );
+        let e = err(&flags(&["name=a,capacity=10001"]));
         assert!(e.contains("capacity 10001 is out of range"), "{e}");
+        // Four billion devices never fit a message the kubelet accepts.
+        for cap in ["4000000000", "9223372036854775807", "1000000"] {
+            let c = checked(&format!(
+                r#"[{{"name":"a","capacity":{cap}}},{{"name":"b"}}]"#
+            ));
+            assert_eq!(c.resources.len(), 1, "{cap}");
+            assert!(
+                c.refused[0].contains("does not fit"),
+                "{cap}: {:?}",
+                c.refused
+            );
+        }
         let ok = resolve(&env(r#"[{"name":"a","capacity":-5}]"#)).unwrap();
         assert_eq!(
             ok.resources,
             Resources::Static(vec![ResourceConfig::for_nic("a")])
         );
+    }
+
+    #[test]
+    fn message_length_counts_every_device() {
+        // "aMvp0".."aMvp9": 5 bytes of ID + 13 each.
+        assert_eq!(min_list_message_len("a", 10), 10 * 18);
+        assert_eq!(min_list_message_len("a", 11), 10 * 18 + 19);
+        assert_eq!(min_list_message_len("a", 0), 0);
+        // The encoded message agrees.
+        let devices = crate::devices::device_list("eth0", 120, true, None);
+        let msg = kubelet_proto::v1beta1::ListAndWatchResponse { devices };
+        assert_eq!(
+            prost::Message::encoded_len(&msg) as u64,
+            min_list_message_len("eth0", 120)
+        );
+    }
+
+    #[test]
+    fn go_json_decoding_is_reproduced() {
+        // Keys match case-insensitively; unknown keys and null values are
+        // ignored; a repeated key keeps its last value.
+        let c = checked(
+            r#"[{"NAME":"a","LowerDevice":"eth0","MODE":"vepa","Capacity":3,"colour":"red"},
+                {"name":"b","mode":null,"capacity":null,"lowerDevice":"x","lowerDevice":"eth2"},
+                {"Name":"c","name":"d"}]"#,
+        );
+        assert!(c.refused.is_empty(), "{c:?}");
+        assert_eq!(c.warnings.len(), 1, "{c:?}");
+        assert!(
+            c.warnings[0].contains("entry 0 (\"a\"): unknown key \"colour\" ignored"),
+            "{c:?}"
+        );
+        assert_eq!(
+            c.resources,
+            vec![
+                ResourceConfig {
+                    name: "a".into(),
+                    lower_device: "eth0".into(),
+                    mode: MacvtapMode::Vepa,
+                    capacity: 3
+                },
+                ResourceConfig {
+                    name: "b".into(),
+                    lower_device: "eth2".into(),
+                    mode: MacvtapMode::Bridge,
+                    capacity: DEFAULT_CAPACITY
+                },
+                ResourceConfig::for_nic("d"),
+            ]
+        );
+        // What Go's json.Unmarshal refused (and the Go plugin exited on).
+        for bad in [
+            r#"[{"name":5}]"#,
+            r#"[{"name":"a","capacity":1.5}]"#,
+            r#"[{"name":"a","capacity":"10"}]"#,
+            r#"[{"name":"a","capacity":1e3}]"#,
+            r#"[{"name":"a","capacity":99999999999999999999}]"#,
+            r#"["eth0"]"#,
+            r#"[1]"#,
+        ] {
+            assert!(err(&env(bad)).contains("not a JSON array"), "{bad}");
+        }
     }
 
     #[test]

@@ -182,6 +182,32 @@ pub fn leaked_links(
         .collect()
 }
 
+/// The links the Go device plugin v0.13.1 made that look leaked: macvtaps
+/// named after a device ID of one of `resources` (`<name>Mvp<i>`) on that
+/// resource's NIC, whose device is not allocated. CNI DEL gives such a link
+/// back under that name, so nothing else would ever remove it.
+pub fn go_era_leaked_links(
+    links: &[Link],
+    resources: &[ResourceConfig],
+    allocated: &HashSet<String>,
+) -> Vec<Link> {
+    let names: HashMap<u32, &str> = links.iter().map(|l| (l.index, l.name.as_str())).collect();
+    links
+        .iter()
+        .filter(|l| l.is_macvtap() && !l.lower_in_other_netns && !allocated.contains(&l.name))
+        .filter(|l| {
+            let Some((resource, _)) = macvtap_link::device::parse_device_id(&l.name) else {
+                return false;
+            };
+            let lower = l.lower_index.and_then(|i| names.get(&i).copied());
+            resources
+                .iter()
+                .any(|r| r.name == resource && lower == Some(r.lower_device.as_str()))
+        })
+        .cloned()
+        .collect()
+}
+
 /// Remembers since when each link has looked leaked.
 #[derive(Debug)]
 pub struct Reclaimer {
@@ -282,7 +308,8 @@ impl Reclaimer {
         let lowers: HashSet<String> = resources.iter().map(|r| r.lower_device.clone()).collect();
         self.clock
             .forget_older_than(self.grace.max(Duration::from_secs(1)), Instant::now());
-        let leaked = leaked_links(&links, &lowers, &allocated);
+        let mut leaked = leaked_links(&links, &lowers, &allocated);
+        leaked.extend(go_era_leaked_links(&links, resources, &allocated));
         let due = self.due(&leaked, Instant::now());
         debug!(leaked = leaked.len(), due = due.len(), "reclaim round done");
         if due.is_empty() {
@@ -514,6 +541,37 @@ mod tests {
         let allocated = HashSet::from(["eth0Mvp1".to_string()]);
         let leaked = leaked_links(&links, &lowers, &allocated);
         assert_eq!(leaked.iter().map(|l| l.index).collect::<Vec<_>>(), [11]);
+    }
+
+    #[test]
+    fn go_era_links_of_our_resources_on_their_nics_are_leaked_when_unallocated() {
+        let links = vec![
+            link(2, "eth0", "veth", None),
+            link(3, "eth9", "veth", None),
+            link(10, "dpMvp1", "macvtap", Some(2)),
+            link(11, "dpMvp2", "macvtap", Some(2)),
+            // Another resource's name, the wrong NIC, not a macvtap, no shape.
+            link(12, "otherMvp0", "macvtap", Some(2)),
+            link(13, "dpMvp3", "macvtap", Some(3)),
+            link(14, "dpMvp4", "macvlan", Some(2)),
+            link(15, "dpMvpx", "macvtap", Some(2)),
+            Link {
+                lower_in_other_netns: true,
+                ..link(16, "dpMvp5", "macvtap", Some(2))
+            },
+        ];
+        let resources = vec![ResourceConfig {
+            name: "dp".into(),
+            lower_device: "eth0".into(),
+            mode: macvtap_link::MacvtapMode::Bridge,
+            capacity: 10,
+        }];
+        let allocated = HashSet::from(["dpMvp1".to_string()]);
+        let leaked = go_era_leaked_links(&links, &resources, &allocated);
+        assert_eq!(leaked.iter().map(|l| l.index).collect::<Vec<_>>(), [11]);
+        // The mvt… scan never picks them up itself.
+        let lowers = HashSet::from(["eth0".to_string()]);
+        assert!(leaked_links(&links, &lowers, &HashSet::new()).is_empty());
     }
 
     #[test]

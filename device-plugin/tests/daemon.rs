@@ -523,67 +523,6 @@ async fn auto_discovery_follows_nics_appearing_and_vanishing() {
     );
 }
 
-#[test]
-fn invalid_configs_are_startup_errors_naming_the_entry() {
-    // No namespace needed: the daemon checks its configuration first.
-    let dir = tempfile::tempdir().unwrap();
-    let cases = [
-        (
-            r#"[{"name":"a","lowerDevice":"eth0","mode":"source"}]"#,
-            "unknown macvtap mode",
-        ),
-        (
-            r#"[{"name":"a/b","lowerDevice":"eth0"}]"#,
-            "not a valid resource name",
-        ),
-        (
-            r#"[{"name":"a","lowerDevice":"eth0"},{"name":"a","lowerDevice":"eth1"}]"#,
-            "entry 1 (\"a\"): duplicate resource name",
-        ),
-        (
-            r#"[{"name":"a","lowerDevice":"eth0","capacity":99999}]"#,
-            "capacity 99999 is out of range",
-        ),
-        (r#"{"name":"a"}"#, "not a JSON array"),
-    ];
-    for (conf, want) in cases {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_macvtap-deviceplugin"))
-            .args([
-                "--kubelet-dir",
-                dir.path().to_str().unwrap(),
-                "--metrics-addr",
-                "off",
-            ])
-            .env("DP_MACVTAP_CONF", conf)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{conf}: should fail; log: {err}");
-        assert!(err.contains(want), "{conf}: want {want:?} in: {err}");
-        assert!(
-            err.contains("DP_MACVTAP_CONF"),
-            "{conf}: the source is named: {err}"
-        );
-    }
-    // A bad flag is named as a flag.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_macvtap-deviceplugin"))
-        .args([
-            "--kubelet-dir",
-            dir.path().to_str().unwrap(),
-            "--metrics-addr",
-            "off",
-        ])
-        .args(["--resource", "name=x,mode=bogus"])
-        .env_remove("DP_MACVTAP_CONF")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("--resource flags"),
-        "{err}"
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn config_precedence_is_flags_then_file_then_env() {
     let mut node = Node::new("prec");

@@ -37,6 +37,23 @@ pub fn is_device_link_name(name: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
+/// Splits a device ID `<name>Mvp<i>` into the resource name and the index,
+/// or `None` when it does not have that shape. The Go device plugin's last
+/// release (v0.13.1) named each link after its device ID, so this also
+/// recognises the links it made.
+pub fn parse_device_id(id: &str) -> Option<(&str, u32)> {
+    let (name, index) = id.rsplit_once("Mvp")?;
+    let name_ok = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    let index_ok = !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit());
+    if !name_ok || !index_ok {
+        return None;
+    }
+    Some((name, index.parse().ok()?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -62,5 +79,17 @@ mod tests {
     #[test]
     fn device_ids_have_the_go_shape() {
         assert_eq!(device_id("dataplane", 42), "dataplaneMvp42");
+        assert_eq!(parse_device_id("dataplaneMvp42"), Some(("dataplane", 42)));
+        assert_eq!(parse_device_id("aMvpbMvp3"), Some(("aMvpb", 3)));
+        for bad in [
+            "eth0",
+            "Mvp1",
+            "eth0Mvp",
+            "eth0Mvpx",
+            "a/bMvp1",
+            "eth0Mvp99999999999",
+        ] {
+            assert_eq!(parse_device_id(bad), None, "{bad}");
+        }
     }
 }

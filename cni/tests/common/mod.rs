@@ -3,6 +3,7 @@
 //! binary the way a container runtime does.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod dhcp;
 pub mod kubelet;
 
 use serde_json::Value;
