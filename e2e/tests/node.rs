@@ -287,6 +287,7 @@ async fn qemu_vm_pings_through_the_macvtap_and_a_wrong_mac_does_not() -> Result<
         )
     })?;
     steps.say(run.markers());
+    steps.say(format!("held the tap: {:?}", run.tap_holders));
     ensure!(
         run.ping_ok,
         "the guest could not ping {PEER_IP}:\n{}",
@@ -415,6 +416,18 @@ async fn virt_launcher_libvirt_runs_a_multiqueue_vm_with_the_links_mac_and_mtu()
         run.markers()
     );
     let holders = &run.tap_holders;
+    steps.say(format!("held the tap: {holders:?}"));
+    let lv_uid = std::fs::read_to_string(format!("/proc/{lv_pid}/status"))?
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("Uid:")
+                .map(|r| r.split_whitespace().next().unwrap_or("").to_string())
+        })
+        .unwrap_or_default();
+    ensure!(
+        lv_uid == QEMU_UID.to_string(),
+        "libvirtd runs as uid {lv_uid}"
+    );
     ensure!(
         holders.len() == 1
             && holders[0].comm.starts_with("qemu")
@@ -477,13 +490,16 @@ async fn auto_discovery_resource_with_a_conflist_nad_carries_a_vm() -> Result<()
         &resource("lower0"),
         &["lower0Mvp3"],
     )?;
+    // tuning keeps what it changed in its data dir: a temp dir, not /run.
+    let tuning_dir = tempfile::tempdir()?;
+    let conflist = json!({"cniVersion": "1.0.0", "name": "lower0", "plugins": [
+        {"type": "macvtap", "mtu": 1500},
+        {"type": "tuning", "allmulti": true, "dataDir": tuning_dir.path()}]});
     multus.add_nad(
         "default",
         "lower0",
         Some(&resource("lower0")),
-        r#"{"cniVersion":"1.0.0","name":"lower0","plugins":[
-            {"type":"macvtap","mtu":1500},
-            {"type":"tuning","allmulti":true}]}"#,
+        &conflist.to_string(),
     );
     multus.add_pod(&pod);
     let netns = TestNs::new("pod")?;
@@ -669,7 +685,8 @@ async fn a_recreated_sandbox_gets_the_same_device_and_its_vm_pings() -> Result<(
 
 /// A pod whose network names the macvtap NAD but that holds no device:
 /// Multus finds none in PodResources and injects no `deviceID`; our plugin's
-/// error reaches the runtime through Multus, and no link moves.
+/// error reaches the runtime through Multus, Multus rolls back with DEL,
+/// and no link moves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_without_the_resource_gets_the_cnis_error_and_no_link_moves() -> Result<()> {
     let mut node = Node::new()?;
@@ -698,11 +715,16 @@ async fn a_pod_without_the_resource_gets_the_cnis_error_and_no_link_moves() -> R
     let netns = TestNs::new("pod")?;
     let add = multus.run("ADD", &pod, &netns)?;
     ensure!(!add.ok, "ADD without a device succeeded: {}", add.json);
-    let calls = add.calls_of("macvtap");
+    // Multus ran our ADD without a device, and after its failure our DEL
+    // (it tears down what it tried, `delPlugins` in pkg/multus/multus.go).
+    let calls: Vec<(&str, bool)> = add
+        .calls_of("macvtap")
+        .iter()
+        .map(|c| (c.command.as_str(), c.config.get("deviceID").is_some()))
+        .collect();
     ensure!(
-        calls.len() == 1 && calls[0].config.get("deviceID").is_none(),
-        "Multus injected a device: {:?}",
-        calls
+        calls == [("ADD", false), ("DEL", false)],
+        "Multus ran (command, with deviceID): {calls:?}"
     );
     let msg = add.json["msg"].as_str().unwrap_or_default().to_string()
         + add.json["details"].as_str().unwrap_or_default();
