@@ -432,21 +432,7 @@ impl HostPodResources {
         let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
             .map_err(|(_, e)| anyhow::anyhow!("locking {HOST_POD_RESOURCES_LOCK}: {e}"))?;
         let path = Path::new(HOST_POD_RESOURCES);
-        if let Ok(meta) = std::fs::symlink_metadata(path) {
-            // A socket nobody listens on is what a killed run of these tests
-            // leaves; under the lock nobody else uses it.
-            let stale = std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type())
-                && std::os::unix::net::UnixStream::connect(path).is_err();
-            if stale {
-                std::fs::remove_file(path)?;
-            } else {
-                bail!(
-                    "refusing to run: {HOST_POD_RESOURCES} already exists and answers (a real \
-                     kubelet's PodResources socket?). The node e2e serves its test kubelet's \
-                     PodResources there for Multus; run it on a machine that is not a Kubernetes node"
-                );
-            }
-        }
+        claim_socket_path(path)?;
         let mut me = HostPodResources {
             created_dirs: Vec::new(),
             server: None,
@@ -465,6 +451,27 @@ impl HostPodResources {
         me.server = Some(LenientPodResources::serve(path, upstream)?);
         Ok(me)
     }
+}
+
+/// Makes `path` free for a socket: nothing there is fine; a socket nobody
+/// listens on (what a killed run of these tests leaves) is removed; a live
+/// socket or anything else is refused.
+fn claim_socket_path(path: &Path) -> Result<()> {
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return Ok(());
+    };
+    let stale = std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type())
+        && std::os::unix::net::UnixStream::connect(path).is_err();
+    if !stale {
+        bail!(
+            "refusing to run: {} already exists and is not a dead socket (a real kubelet's \
+             PodResources socket?). The node e2e serves its test kubelet's PodResources there \
+             for Multus; run it on a machine that is not a Kubernetes node",
+            path.display()
+        );
+    }
+    std::fs::remove_file(path)?;
+    Ok(())
 }
 
 impl Drop for HostPodResources {
@@ -831,6 +838,22 @@ pub fn kubevirt_pod_ifname(network: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_live_socket_is_refused_and_a_dead_one_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kubelet.sock");
+        claim_socket_path(&path).unwrap();
+        let live = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let err = claim_socket_path(&path).unwrap_err().to_string();
+        assert!(err.contains("refusing to run"), "{err}");
+        assert!(path.exists());
+        drop(live);
+        claim_socket_path(&path).unwrap();
+        assert!(!path.exists());
+        std::fs::write(&path, "").unwrap();
+        assert!(claim_socket_path(&path).is_err());
+    }
 
     #[test]
     fn kubevirt_names_the_dataplane_interface_as_it_does() {

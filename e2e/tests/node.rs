@@ -69,10 +69,11 @@ fn vm_pod(vm: &str, network: &str, mac: Option<&str>) -> Pod {
 
 /// What Multus did on ADD, checked against what the real one is known to
 /// do: ran our plugin once as the selection's interface, with `deviceID`
-/// and `pciBusID` injected, the pod's `K8S_*` pairs in `CNI_ARGS`, `MAC=`
-/// exactly when the selection has a MAC, and the node's settings reaching
-/// the plugin; the pod link exists under that name; the pod's
-/// network-status annotation names it.
+/// and `pciBusID` injected, the pod's `K8S_*` pairs in `CNI_ARGS` (twice),
+/// `MAC=` exactly when the selection has a MAC, and the node's settings
+/// reaching the plugin; it asked the API server only what it serves; the
+/// pod link exists under that name; the pod's network-status annotation
+/// (PUT as protobuf) names it.
 fn check_multus_add(
     multus: &Multus,
     add: &MultusRun,
@@ -123,9 +124,29 @@ fn check_multus_add(
             c.args
         ),
     }
+    // Multus appends its own K8S_* pairs to the runtime's CNI_ARGS.
+    ensure!(
+        c.args
+            .matches(&format!("K8S_POD_NAME={};", pod.name))
+            .count()
+            == 2,
+        "CNI_ARGS does not repeat the pod's pairs as Multus does: {}",
+        c.args
+    );
     ensure!(
         c.settings_env,
         "MACVTAP_CNI_SETTINGS did not reach the plugin"
+    );
+    let unserved: Vec<String> = multus
+        .api
+        .requests()
+        .into_iter()
+        .filter(|r| !(200..300).contains(&r.status))
+        .map(|r| format!("{} {} -> {}", r.method, r.path, r.status))
+        .collect();
+    ensure!(
+        unserved.is_empty(),
+        "Multus asked the API server for what it does not serve: {unserved:?}"
     );
     ensure!(
         netns.links()?.contains(&ifname),
