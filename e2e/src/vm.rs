@@ -66,7 +66,7 @@ pub struct VmRun {
     pub to_marker: Option<Duration>,
     /// From start until QEMU exited (or the domain was gone).
     pub total: Duration,
-    /// The processes that held the tap device open while the guest ran.
+    /// The processes that held the tap device open once QEMU held it.
     pub tap_holders: Vec<TapHolder>,
 }
 
@@ -83,6 +83,12 @@ pub struct TapHolder {
     pub gid: u32,
     /// How many of its descriptors are the tap device.
     pub fds: usize,
+}
+
+/// Whether QEMU is among `holders` (libvirtd or the shell that starts QEMU
+/// hold the tap only briefly before it).
+fn held_by_qemu(holders: &[TapHolder]) -> bool {
+    holders.iter().any(|h| h.comm.starts_with("qemu"))
 }
 
 /// The processes that have `tap` (a `/dev/tapN`) open now, from `/proc`.
@@ -329,7 +335,7 @@ pub fn run_qemu(
     let mut holders = Vec::new();
     let mut run =
         Qemu::spawn(pod_ns, &Netdev::TapNode(tap_node), guest, net, "", work)?.wait(|_| {
-            if holders.is_empty() {
+            if !held_by_qemu(&holders) {
                 holders = tap_holders(tap_node);
             }
         })?;
@@ -605,7 +611,7 @@ impl Libvirtd {
         let mut to_marker = None;
         let mut holders = Vec::new();
         loop {
-            if holders.is_empty() {
+            if !held_by_qemu(&holders) {
                 holders = tap_holders(&tap);
             }
             let text = std::fs::read_to_string(&console).unwrap_or_default();
