@@ -15,12 +15,17 @@
 //!   no cgroup controllers). `stdio_handler` is `file` here, not `logd`:
 //!   virtlogd is not started.
 //! - The domain's NIC is `<interface type='ethernet'>` with `<target
-//!   dev='<pod ifname>' managed='no'/>`: libvirt opens the macvtap's
-//!   `/dev/tapN` itself (once per queue) and never sets its MAC or state.
-//!   Its `<mac>` is the VM's `macAddress`, or else the pod link's own MAC,
-//!   which virt-launcher reads from the link; `<mtu size>` is the pod
-//!   link's MTU; with multiqueue, `<driver queues>` equals the vCPUs
-//!   (`pkg/network/domainspec`, `pkg/virt-launcher/virtwrap/converter`).
+//!   dev='<pod ifname>' managed='no'/>`, its `<mac>` the VM's `macAddress`
+//!   or else the pod link's own MAC, and `<mtu size>` the pod link's MTU
+//!   (`pkg/network/domainspec/generators.go`,
+//!   `MacvtapLibvirtSpecGenerator.discoverDomainIfaceSpec`). libvirt opens
+//!   the macvtap's `/dev/tapN` itself, once per queue, and never sets its
+//!   MAC or state.
+//! - Multiqueue gives the interface `<driver name='vhost' queues=N>`, N from
+//!   the vCPUs (`pkg/virt-launcher/virtwrap/converter`,
+//!   `CalculateNetworkQueues`). This host has no `/dev/vhost-net`, so the
+//!   emulation leaves out `name='vhost'` (QEMU's userspace virtio-net, same
+//!   queues, same tap fds) and gives the VM as many vCPUs as queues.
 //!
 //! [`run_qemu`] is the short path the data path needs: QEMU (as 107) given
 //! an open `/dev/tapN` as fd 3.
