@@ -25,6 +25,21 @@ packages=(
   runc                          # runs the DaemonSet's containers as a node's runtime does
   podman                        # builds the image from the static binaries (hack/build-image.sh --prebuilt)
 )
+# Go 1.23 builds the real Multus (v4.2.2) that the node e2e runs; Debian
+# bookworm has it only in bookworm-backports.
+backports=/etc/apt/sources.list.d/bookworm-backports.sources
+if [ ! -x /usr/lib/go-1.23/bin/go ] && [ ! -f "$backports" ]; then
+  echo "==> adding bookworm-backports (for golang-1.23-go)"
+  cat >"$backports" <<'SRC'
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: bookworm-backports
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+  apt-get update -qq
+fi
+packages+=(golang-1.23-go)      # builds Multus v4.2.2 for the node e2e (bookworm-backports)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

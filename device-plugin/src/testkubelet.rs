@@ -719,6 +719,7 @@ pub fn summary(devices: &[Device]) -> Vec<String> {
 struct PodResourcesService {
     allocated: Arc<Mutex<Vec<ContainerDevices>>>,
     others: Arc<Mutex<Vec<PodResources>>>,
+    pod: Arc<Mutex<(String, String)>>,
 }
 
 #[tonic::async_trait]
@@ -732,9 +733,14 @@ impl PodResourcesLister for PodResourcesService {
             .lock()
             .map_err(|_| Status::internal("poisoned"))?
             .clone();
+        let (namespace, name) = self
+            .pod
+            .lock()
+            .map_err(|_| Status::internal("poisoned"))?
+            .clone();
         let mut pod_resources = vec![PodResources {
-            name: TEST_POD.1.into(),
-            namespace: TEST_POD.0.into(),
+            name,
+            namespace,
             containers: vec![ContainerResources {
                 name: "compute".into(),
                 devices,
@@ -771,7 +777,7 @@ impl PodResourcesLister for PodResourcesService {
 }
 
 /// The pod [`TestPodResources::set_allocated`] reports devices for:
-/// (namespace, name).
+/// (namespace, name), unless [`TestPodResources::set_pod`] names another.
 pub const TEST_POD: (&str, &str) = ("default", "test-pod");
 
 /// A PodResources API server reporting allocations the test sets, as the
@@ -783,6 +789,7 @@ pub const TEST_POD: (&str, &str) = ("default", "test-pod");
 pub struct TestPodResources {
     allocated: Arc<Mutex<Vec<ContainerDevices>>>,
     others: Arc<Mutex<Vec<PodResources>>>,
+    pod: Arc<Mutex<(String, String)>>,
     stop: Option<oneshot::Sender<()>>,
 }
 
@@ -795,9 +802,11 @@ impl TestPodResources {
         let listener = bind_unix(socket)?;
         let allocated = Arc::new(Mutex::new(Vec::new()));
         let others = Arc::new(Mutex::new(Vec::new()));
+        let pod = Arc::new(Mutex::new((TEST_POD.0.to_string(), TEST_POD.1.to_string())));
         let service = PodResourcesService {
             allocated: allocated.clone(),
             others: others.clone(),
+            pod: pod.clone(),
         };
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         tokio::spawn(async move {
@@ -814,8 +823,17 @@ impl TestPodResources {
         Ok(Self {
             allocated,
             others,
+            pod,
             stop: Some(stop_tx),
         })
+    }
+
+    /// Names the pod whose devices [`TestPodResources::set_allocated`] sets
+    /// (the kubelet lists each pod by namespace and name; Multus and the CNI
+    /// look theirs up so).
+    pub fn set_pod(&self, namespace: &str, name: &str) {
+        *self.pod.lock().unwrap_or_else(|e| e.into_inner()) =
+            (namespace.to_string(), name.to_string());
     }
 
     /// Adds another pod, `namespace/name`, holding `devices` (resource,
@@ -846,7 +864,8 @@ impl TestPodResources {
         });
     }
 
-    /// Reports `ids` of `resource_name` as allocated to the test pod.
+    /// Reports `ids` of `resource_name` as allocated to the test pod
+    /// ([`TEST_POD`] or the one [`TestPodResources::set_pod`] named).
     pub fn set_allocated(&self, resource_name: &str, ids: &[&str]) {
         let mut a = self.allocated.lock().unwrap_or_else(|e| e.into_inner());
         a.retain(|d| d.resource_name != resource_name);
@@ -972,6 +991,7 @@ mod tests {
         let service = PodResourcesService {
             allocated: Arc::new(Mutex::new(Vec::new())),
             others: Arc::new(Mutex::new(Vec::new())),
+            pod: Arc::new(Mutex::new((TEST_POD.0.into(), TEST_POD.1.into()))),
         };
         let record = Recorder {
             seen: seen.clone(),

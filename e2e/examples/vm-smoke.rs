@@ -1,5 +1,5 @@
 //! Manual smoke run: boots the guest inside a pod namespace on a macvtap,
-//! with QEMU on a tap node or with libvirtd on an interface name.
+//! with QEMU (uid 107) on a tap node or with libvirtd (uid 107) on an interface name.
 //! `vm-smoke qemu POD_NS /dev/tapN MAC` or `vm-smoke libvirt POD_NS IFNAME MAC`.
 
 fn main() -> anyhow::Result<()> {
@@ -12,14 +12,19 @@ fn main() -> anyhow::Result<()> {
         peer: "192.0.2.1".into(),
         tries: 10,
     };
+    let work = tempfile::tempdir()?;
     let run = if a[1] == "qemu" {
-        macvtap_e2e::vm::run_qemu(&a[2], std::path::Path::new(&a[3]), &g, &net, &dir)?
+        macvtap_e2e::vm::run_qemu(&a[2], std::path::Path::new(&a[3]), &g, &net, work.path())?
     } else {
         let lv = tempfile::tempdir()?;
         let t = std::time::Instant::now();
         let d = macvtap_e2e::vm::Libvirtd::start(&a[2], lv.path())?;
         println!("libvirtd ready in {:?}", t.elapsed());
-        d.run_domain("smoke", &a[3], &g, &net)?
+        let vm = macvtap_e2e::vm::VmIface {
+            mac_address: Some(a[4].clone()),
+            queues: 1,
+        };
+        d.run_vm("smoke", &a[2], &a[3], &vm, &g, &net)?.0
     };
     println!(
         "{}\nping_ok={} to_marker={:?} total={:?}",

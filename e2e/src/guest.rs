@@ -55,7 +55,7 @@ for a in $(cat /proc/cmdline); do
 done
 for m in $(cat /lib/mod/order); do insmod /lib/mod/$m.ko || echo "VMTEST insmod $m failed"; done
 i=0; while [ ! -e /sys/class/net/eth0 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
-echo "VMTEST eth0 mac=$(cat /sys/class/net/eth0/address 2>/dev/null) uptime=$(cut -d' ' -f1 /proc/uptime)"
+echo "VMTEST eth0 mac=$(cat /sys/class/net/eth0/address 2>/dev/null) mtu=$(cat /sys/class/net/eth0/mtu 2>/dev/null) queues=$(ls -d /sys/class/net/eth0/queues/rx-* 2>/dev/null | wc -l) uptime=$(cut -d' ' -f1 /proc/uptime)"
 ip link set lo up
 ip addr add "$IP" dev eth0
 ip link set eth0 up

@@ -6,7 +6,9 @@
 pub mod bench;
 pub mod cpio;
 pub mod guest;
+pub mod kubelet_socket;
 pub mod kustomize;
+pub mod multus;
 pub mod node;
 pub mod runtime;
 pub mod sandbox;

@@ -2,8 +2,7 @@
 //! namespaces for the node, its pods and a peer host; a veth pair as the
 //! node's NIC; a temp dir as the kubelet dir; the real
 //! `macvtap-deviceplugin` registering with a test kubelet that allocates
-//! devices; and a Multus-like step that runs the real `macvtap` CNI with the
-//! allocated `deviceID`.
+//! devices. The real Multus runs the CNI on it (`crate::multus`).
 
 use crate::sandbox::TestNs;
 use crate::vm::Reaped;
@@ -12,7 +11,6 @@ use macvtap_deviceplugin::testkubelet::{
     PluginClient, TestKubelet, TestPodResources, tap_node_lock,
 };
 use serde_json::Value;
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -137,8 +135,25 @@ impl Node {
     }
 
     /// Makes PodResources report `ids` of `resource` (full name) as held by
-    /// a pod, as the kubelet does once it has allocated them; `&[]` when the
-    /// pod is gone.
+    /// pod `namespace/name`, as the kubelet does once it has allocated them.
+    pub fn hold_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        resource: &str,
+        ids: &[&str],
+    ) -> Result<()> {
+        let p = self
+            .pod_resources
+            .as_ref()
+            .context("PodResources not started")?;
+        p.set_pod(namespace, name);
+        p.set_allocated(resource, ids);
+        Ok(())
+    }
+
+    /// Makes PodResources report `ids` of `resource` (full name) as held by
+    /// the current pod; `&[]` when the pod is gone.
     pub fn hold(&self, resource: &str, ids: &[&str]) -> Result<()> {
         self.pod_resources
             .as_ref()
@@ -339,98 +354,6 @@ impl Allocation {
             .and_then(|p| p.strip_prefix("/dev/tap"))
             .and_then(|i| i.parse().ok())
             .with_context(|| format!("{} is not /dev/tapN", self.host_path.display()))
-    }
-}
-
-/// What Multus does with a NetworkAttachmentDefinition's `spec.config` for
-/// a pod that got `device_id`: inject `"deviceID"` and run the plugin named
-/// by `type` with the pod's netns and interface name.
-#[derive(Debug, Clone)]
-pub struct Multus<'a> {
-    /// The node namespace the plugin runs in.
-    pub node: &'a TestNs,
-    /// The NAD's `spec.config`.
-    pub nad_config: &'a str,
-    /// The pod's namespace and name, for `CNI_ARGS`.
-    pub pod: (&'a str, &'a str),
-    /// The VM's MAC, passed as `MAC=` in `CNI_ARGS` as KubeVirt's binding does.
-    pub mac: &'a str,
-}
-
-/// A CNI run's outcome.
-#[derive(Debug)]
-pub struct CniRun {
-    /// Exit status 0.
-    pub ok: bool,
-    /// stdout parsed as JSON.
-    pub json: Value,
-    /// stderr.
-    pub stderr: String,
-    /// Wall time.
-    pub took: Duration,
-}
-
-impl Multus<'_> {
-    /// Runs `command` (ADD or DEL) for `pod_ns` as `ifname`, with
-    /// `device_id` injected when given.
-    pub fn run(
-        &self,
-        command: &str,
-        pod_ns: &TestNs,
-        ifname: &str,
-        device_id: Option<&str>,
-    ) -> Result<CniRun> {
-        let mut conf: Value =
-            serde_json::from_str(self.nad_config).context("NAD config is not JSON")?;
-        if let Some(id) = device_id {
-            conf["deviceID"] = Value::from(id);
-        }
-        let plugin = conf["type"]
-            .as_str()
-            .context("NAD config has no type")?
-            .to_string();
-        ensure!(
-            plugin == "macvtap",
-            "this node only has the macvtap plugin, not {plugin}"
-        );
-        let bin = binary("macvtap-cni", "macvtap")?;
-        let args = format!(
-            "IgnoreUnknown=true;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID=sandbox;MAC={}",
-            self.pod.0, self.pod.1, self.mac
-        );
-        let t = Instant::now();
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.node.name])
-            .arg(&bin)
-            .env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .env("CNI_COMMAND", command)
-            .env("CNI_CONTAINERID", format!("sandbox-{}", self.pod.1))
-            .env("CNI_NETNS", pod_ns.path())
-            .env("CNI_IFNAME", ifname)
-            .env("CNI_PATH", "/usr/lib/cni")
-            .env("CNI_ARGS", args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()?;
-        child
-            .stdin
-            .take()
-            .context("stdin")?
-            .write_all(conf.to_string().as_bytes())?;
-        let out = child.wait_with_output()?;
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        Ok(CniRun {
-            ok: out.status.success(),
-            json: if stdout.trim().is_empty() {
-                Value::Null
-            } else {
-                serde_json::from_str(&stdout)?
-            },
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-            took: t.elapsed(),
-        })
     }
 }
 

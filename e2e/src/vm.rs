@@ -1,6 +1,34 @@
-//! Running the guest on a macvtap inside a pod namespace, the two ways
-//! virt-launcher's stack does it: QEMU given an open `/dev/tapN` as fd 3, and
-//! libvirtd (inside the pod namespace) with an unmanaged ethernet interface.
+//! Running the guest on a macvtap inside a pod namespace as virt-launcher's
+//! stack does it: one shared emulation of virt-launcher (KubeVirt ≥ 1.1,
+//! non-root, macvtap binding plugin with `domainAttachmentType: tap`).
+//!
+//! What it reproduces, and from where (kubevirt/kubevirt):
+//! - virt-launcher and everything it starts run as uid/gid 107
+//!   (`pkg/util/util.go` `NonRootUID = 107`); the CNI gives `/dev/tapN` to
+//!   107 by default, so QEMU and libvirt open it as that user here too
+//!   ([`QEMU_UID`], `setpriv`).
+//! - libvirt runs unprivileged in session mode with virt-launcher's
+//!   `qemu.conf` copied to its config home
+//!   (`pkg/virt-launcher/virtwrap/util/libvirt_helper.go` `SetupLibvirt`,
+//!   `qemuNonRootConfPath`; `cmd/virt-launcher/qemu.conf`: `user`/`group`
+//!   `qemu`, `dynamic_ownership = 1`, `remember_owner = 0`, no namespaces,
+//!   no cgroup controllers). `stdio_handler` is `file` here, not `logd`:
+//!   virtlogd is not started.
+//! - The domain's NIC is `<interface type='ethernet'>` with `<target
+//!   dev='<pod ifname>' managed='no'/>`, its `<mac>` the VM's `macAddress`
+//!   or else the pod link's own MAC, and `<mtu size>` the pod link's MTU
+//!   (`pkg/network/domainspec/generators.go`,
+//!   `MacvtapLibvirtSpecGenerator.discoverDomainIfaceSpec`). libvirt opens
+//!   the macvtap's `/dev/tapN` itself, once per queue, and never sets its
+//!   MAC or state.
+//! - Multiqueue gives the interface `<driver name='vhost' queues=N>`, N from
+//!   the vCPUs (`pkg/virt-launcher/virtwrap/converter`,
+//!   `CalculateNetworkQueues`). This host has no `/dev/vhost-net`, so the
+//!   emulation leaves out `name='vhost'` (QEMU's userspace virtio-net, same
+//!   queues, same tap fds) and gives the VM as many vCPUs as queues.
+//!
+//! [`run_qemu`] is the short path the data path needs: QEMU (as 107) given
+//! an open `/dev/tapN` as fd 3.
 
 use crate::guest::{Guest, PING_FAIL, PING_OK};
 use anyhow::{Context, Result, bail};
@@ -43,6 +71,68 @@ pub struct VmRun {
     pub to_marker: Option<Duration>,
     /// From start until QEMU exited (or the domain was gone).
     pub total: Duration,
+    /// The processes that held the tap device open once QEMU held it.
+    pub tap_holders: Vec<TapHolder>,
+}
+
+/// A process holding a tap device open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TapHolder {
+    /// Its pid.
+    pub pid: u32,
+    /// Its command name.
+    pub comm: String,
+    /// Its real uid.
+    pub uid: u32,
+    /// Its real gid.
+    pub gid: u32,
+    /// How many of its descriptors are the tap device.
+    pub fds: usize,
+}
+
+/// Whether QEMU is among `holders` (libvirtd or the shell that starts QEMU
+/// hold the tap only briefly before it).
+fn held_by_qemu(holders: &[TapHolder]) -> bool {
+    holders.iter().any(|h| h.comm.starts_with("qemu"))
+}
+
+/// The processes that have `tap` (a `/dev/tapN`) open now, from `/proc`.
+pub fn tap_holders(tap: &Path) -> Vec<TapHolder> {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut v = Vec::new();
+    for pid in rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()) {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        let n = fds
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|l| l == tap)
+            .count();
+        if n == 0 {
+            continue;
+        }
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let field = |key: &str| -> u32 {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|r| r.split_whitespace().next()?.parse().ok())
+                .unwrap_or(u32::MAX)
+        };
+        v.push(TapHolder {
+            pid,
+            comm: std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .unwrap_or_default()
+                .trim()
+                .to_string(),
+            uid: field("Uid:"),
+            gid: field("Gid:"),
+            fds: n,
+        });
+    }
+    v
 }
 
 impl VmRun {
@@ -57,6 +147,27 @@ impl VmRun {
 }
 
 const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// The uid and gid virt-launcher, libvirt and QEMU run as (KubeVirt's
+/// `NonRootUID`), and the CNI's default owner of `/dev/tapN`.
+pub const QEMU_UID: u32 = 107;
+
+/// `setpriv` arguments that become uid/gid [`QEMU_UID`] with no other groups.
+fn as_qemu_user() -> Vec<String> {
+    vec![
+        "setpriv".into(),
+        format!("--reuid={QEMU_UID}"),
+        format!("--regid={QEMU_UID}"),
+        "--clear-groups".into(),
+    ]
+}
+
+/// Gives `path` to [`QEMU_UID`] (a work dir QEMU writes into).
+pub fn give_to_qemu(path: &Path) -> Result<()> {
+    let id = Some(nix::unistd::Uid::from_raw(QEMU_UID));
+    nix::unistd::chown(path, id, Some(nix::unistd::Gid::from_raw(QEMU_UID)))
+        .with_context(|| format!("chown {} to {QEMU_UID}", path.display()))
+}
 
 /// A child process killed (TERM, then KILL) and reaped on drop.
 pub struct Reaped {
@@ -118,8 +229,9 @@ pub struct Qemu {
 }
 
 impl Qemu {
-    /// Starts QEMU (TCG) in `pod_ns` with the guest NIC on `netdev` and
-    /// `extra` appended to the kernel command line.
+    /// Starts QEMU (TCG) in `pod_ns` as uid/gid [`QEMU_UID`] (which opens
+    /// the tap), with the guest NIC on `netdev` and `extra` appended to the
+    /// kernel command line; `work` is given to that user.
     pub fn spawn(
         pod_ns: &str,
         netdev: &Netdev,
@@ -140,17 +252,12 @@ impl Qemu {
                 "/dev/null".to_string(),
             ),
         };
+        give_to_qemu(work)?;
         let start = Instant::now();
         let child = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                pod_ns,
-                "sh",
-                "-c",
-                r#"exec "$@" 3<>"$TAP""#,
-                "sh",
-            ])
+            .args(["netns", "exec", pod_ns])
+            .args(as_qemu_user())
+            .args(["sh", "-c", r#"exec "$@" 3<>"$TAP""#, "sh"])
             .arg("qemu-system-x86_64")
             .args([
                 "-accel", "tcg", "-m", "256", "-smp", "1", "-display", "none", "-monitor", "none",
@@ -209,6 +316,7 @@ impl Qemu {
                     console: console_text,
                     to_marker,
                     total: self.start.elapsed(),
+                    tap_holders: Vec::new(),
                 });
             }
             if self.start.elapsed() > BOOT_TIMEOUT {
@@ -220,8 +328,8 @@ impl Qemu {
     }
 }
 
-/// Boots the guest with QEMU (TCG) in `pod_ns`, its NIC on `tap_node`
-/// opened read-write as fd 3, as virt-launcher hands QEMU a tap fd.
+/// Boots the guest with QEMU (TCG) in `pod_ns` as uid 107, its NIC on
+/// `tap_node` opened read-write by that user as fd 3.
 pub fn run_qemu(
     pod_ns: &str,
     tap_node: &Path,
@@ -229,83 +337,136 @@ pub fn run_qemu(
     net: &GuestNet,
     work: &Path,
 ) -> Result<VmRun> {
-    Qemu::spawn(pod_ns, &Netdev::TapNode(tap_node), guest, net, "", work)?.wait(|_| {})
+    let mut holders = Vec::new();
+    let mut run =
+        Qemu::spawn(pod_ns, &Netdev::TapNode(tap_node), guest, net, "", work)?.wait(|_| {
+            if !held_by_qemu(&holders) {
+                holders = tap_holders(tap_node);
+            }
+        })?;
+    run.tap_holders = holders;
+    Ok(run)
 }
 
-/// A libvirtd running inside a pod namespace with private state, as
-/// virt-launcher runs it; stopped on drop.
+/// What virt-launcher reads from the pod's link before it writes the domain.
+#[derive(Debug, Clone)]
+pub struct PodLink {
+    /// The pod interface (e.g. `pod9d32cad27e2`).
+    pub ifname: String,
+    /// Its MAC.
+    pub mac: String,
+    /// Its MTU.
+    pub mtu: u32,
+    /// Its ifindex (the `N` of `/dev/tapN`).
+    pub ifindex: u32,
+}
+
+impl PodLink {
+    /// Reads `ifname` in the network namespace named `pod_ns`.
+    pub fn read(pod_ns: &str, ifname: &str) -> Result<Self> {
+        let out = crate::sandbox::ip(&["-n", pod_ns, "-j", "link", "show", "dev", ifname])?;
+        let v: serde_json::Value = serde_json::from_str(&out)?;
+        Ok(PodLink {
+            ifname: ifname.to_string(),
+            mac: v[0]["address"]
+                .as_str()
+                .context("the pod link has no MAC")?
+                .to_string(),
+            mtu: v[0]["mtu"]
+                .as_u64()
+                .and_then(|m| u32::try_from(m).ok())
+                .context("the pod link has no MTU")?,
+            ifindex: v[0]["ifindex"]
+                .as_u64()
+                .and_then(|m| u32::try_from(m).ok())
+                .context("the pod link has no ifindex")?,
+        })
+    }
+}
+
+/// The VM's side of one macvtap-bound interface.
+#[derive(Debug, Clone)]
+pub struct VmIface {
+    /// The VM spec's `macAddress`, if it sets one.
+    pub mac_address: Option<String>,
+    /// Queues (and vCPUs): more than 1 is KubeVirt's
+    /// `networkInterfaceMultiqueue`.
+    pub queues: u32,
+}
+
+/// A libvirtd running inside a pod namespace as virt-launcher runs it
+/// (unprivileged, uid 107, session mode, virt-launcher's `qemu.conf`);
+/// stopped on drop.
 pub struct Libvirtd {
     process: Reaped,
     dir: PathBuf,
     uri: String,
-    created: Vec<PathBuf>,
 }
 
-const LIBVIRT_STATE_DIRS: [&str; 4] = [
-    "/run/libvirt",
-    "/var/lib/libvirt",
-    "/var/cache/libvirt",
-    "/var/log/libvirt",
-];
+/// virt-launcher's `qemu.conf` (`cmd/virt-launcher/qemu.conf`), but for
+/// `stdio_handler`, which is `logd` there (virtlogd is not run here).
+const VIRT_LAUNCHER_QEMU_CONF: &str = "stdio_handler = \"file\"\nvnc_tls = 0\nvnc_sasl = 0\n\
+user = \"qemu\"\ngroup = \"qemu\"\ndynamic_ownership = 1\nremember_owner = 0\n\
+namespaces = [ ]\ncgroup_controllers = [ ]\n";
 
 impl Libvirtd {
-    /// Starts libvirtd in `pod_ns` with its config, sockets and state under
-    /// `dir` (tmpfs and bind mounts private to its mount namespace).
+    /// Starts libvirtd in `pod_ns` as uid/gid 107 with its home, config,
+    /// sockets and state under `dir` (given to that user); `/etc/passwd`
+    /// and `/etc/group` carry virt-launcher's `qemu` user (107) in a mount
+    /// namespace private to it.
     pub fn start(pod_ns: &str, dir: &Path) -> Result<Self> {
-        let etc = dir.join("etc");
-        let sock = dir.join("sock");
-        std::fs::create_dir_all(&etc)?;
-        std::fs::create_dir_all(&sock)?;
+        let home = dir.join("home");
+        let config = home.join("config/libvirt");
+        let run = home.join("run");
+        std::fs::create_dir_all(&config)?;
+        std::fs::create_dir_all(&run)?;
         std::fs::create_dir_all(dir.join("log"))?;
+        std::fs::write(config.join("qemu.conf"), VIRT_LAUNCHER_QEMU_CONF)?;
+        let sock = run.join("libvirt");
         std::fs::write(
-            etc.join("libvirtd.conf"),
+            config.join("libvirtd.conf"),
             format!(
-                "unix_sock_dir = \"{}\"\nunix_sock_rw_perms = \"0700\"\nauth_unix_ro = \"none\"\n\
-                 auth_unix_rw = \"none\"\nlog_outputs = \"3:file:{}/log/libvirtd.log\"\n",
+                "unix_sock_dir = \"{}\"\nlog_outputs = \"3:file:{}/log/libvirtd.log\"\n",
                 sock.display(),
                 dir.display()
             ),
         )?;
-        // Without libvirt-daemon-system: qemu runs as root, no cgroups, no
-        // private /dev, no security driver, no virtlogd.
-        std::fs::write(
-            etc.join("qemu.conf"),
-            "user = \"root\"\ngroup = \"root\"\ndynamic_ownership = 0\nremember_owner = 0\n\
-             security_driver = \"none\"\ncgroup_controllers = [ ]\nnamespaces = [ ]\n\
-             stdio_handler = \"file\"\n",
-        )?;
-        // libvirt resolves its default user before reading qemu.conf.
         let mut passwd = std::fs::read_to_string("/etc/passwd")?;
-        if !passwd.contains("\nlibvirt-qemu:") {
-            passwd.push_str("libvirt-qemu:x:64055:64055::/var/lib/libvirt:/usr/sbin/nologin\n");
-        }
+        passwd.push_str(&format!(
+            "qemu:x:{QEMU_UID}:{QEMU_UID}:qemu user:{}:/usr/sbin/nologin\n",
+            home.display()
+        ));
         let mut group = std::fs::read_to_string("/etc/group")?;
-        if !group.contains("\nlibvirt-qemu:") {
-            group.push_str("libvirt-qemu:x:64055:\n");
-        }
+        group.push_str(&format!("qemu:x:{QEMU_UID}:\n"));
         std::fs::write(dir.join("passwd"), passwd)?;
         std::fs::write(dir.join("group"), group)?;
-        let mut created = Vec::new();
-        for d in LIBVIRT_STATE_DIRS {
-            let p = PathBuf::from(d);
-            if !p.exists() {
-                std::fs::create_dir_all(&p)?;
-                created.push(p);
-            }
-        }
-        if !Path::new("/etc/libvirt").exists() {
+        if !Path::new("/usr/sbin/libvirtd").exists() {
             bail!(
-                "/etc/libvirt is missing: apt-get install libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients"
+                "libvirtd is missing: apt-get install libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients"
             );
         }
+        let out = Command::new("chown")
+            .arg("-R")
+            .arg(format!("{QEMU_UID}:{QEMU_UID}"))
+            .arg(dir)
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "chown {}: {}",
+                dir.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        // `ip netns exec` gives the shell its own mount namespace.
         let script = format!(
-            "set -e\nfor d in {dirs}; do mount -t tmpfs tmpfs $d; done\n\
-             mount --bind {etc} /etc/libvirt\nmount --bind {dir}/passwd /etc/passwd\n\
-             mount --bind {dir}/group /etc/group\n\
-             exec libvirtd -p {dir}/libvirtd.pid -f {etc}/libvirtd.conf\n",
-            dirs = LIBVIRT_STATE_DIRS.join(" "),
-            etc = etc.display(),
-            dir = dir.display()
+            "set -e\nmount --bind {dir}/passwd /etc/passwd\nmount --bind {dir}/group /etc/group\n\
+             exec {setpriv} env HOME={home} XDG_RUNTIME_DIR={run} XDG_CONFIG_HOME={home}/config \
+             XDG_CACHE_HOME={home}/cache libvirtd -p {run}/libvirtd.pid -f {config}/libvirtd.conf\n",
+            dir = dir.display(),
+            home = home.display(),
+            run = run.display(),
+            config = config.display(),
+            setpriv = as_qemu_user().join(" "),
         );
         let log = std::fs::File::create(dir.join("log/stdout"))?;
         let child = Command::new("ip")
@@ -316,7 +477,10 @@ impl Libvirtd {
             .stderr(log)
             .spawn()
             .context("starting libvirtd")?;
-        let uri = format!("qemu:///system?socket={}/libvirt-sock", sock.display());
+        let uri = format!(
+            "qemu+unix:///session?socket={}/libvirt-sock",
+            sock.display()
+        );
         let mut me = Libvirtd {
             process: Reaped {
                 child,
@@ -324,7 +488,6 @@ impl Libvirtd {
             },
             dir: dir.to_path_buf(),
             uri,
-            created,
         };
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -342,7 +505,7 @@ impl Libvirtd {
         }
     }
 
-    /// The pid of libvirtd.
+    /// The pid of libvirtd's process tree root (the `ip netns exec` child).
     pub fn pid(&self) -> u32 {
         self.process.pid()
     }
@@ -364,23 +527,29 @@ impl Libvirtd {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
-    /// Creates a transient domain whose NIC is the unmanaged ethernet
-    /// interface `ifname` (what KubeVirt's macvtap binding produces) and
-    /// waits until the guest powers off.
-    pub fn run_domain(
+    /// The domain XML virt-launcher writes for a VM whose one NIC is bound
+    /// to the macvtap `link` in the pod: an unmanaged ethernet interface,
+    /// the VM's MAC or else the link's, the link's MTU, and with more than
+    /// one queue as many vCPUs and `<driver queues>`.
+    pub fn domain_xml(
         &self,
         name: &str,
-        ifname: &str,
-        guest: &Guest,
-        net: &GuestNet,
-    ) -> Result<VmRun> {
-        let console = self.dir.join(format!("{name}.console"));
-        let _ = std::fs::remove_file(&console);
-        let xml = format!(
+        link: &PodLink,
+        vm: &VmIface,
+        guest_files: (&Path, &Path),
+        cmdline: &str,
+    ) -> String {
+        let mac = vm.mac_address.as_deref().unwrap_or(&link.mac);
+        let driver = if vm.queues > 1 {
+            format!("\n      <driver queues='{}'/>", vm.queues)
+        } else {
+            String::new()
+        };
+        format!(
             r#"<domain type='qemu'>
   <name>{name}</name>
   <memory unit='MiB'>256</memory>
-  <vcpu>1</vcpu>
+  <vcpu>{vcpus}</vcpu>
   <os>
     <type arch='x86_64' machine='pc'>hvm</type>
     <kernel>{kernel}</kernel>
@@ -397,6 +566,7 @@ impl Libvirtd {
       <target dev='{ifname}' managed='no'/>
       <mac address='{mac}'/>
       <model type='virtio'/>
+      <mtu size='{mtu}'/>{driver}
       <rom enabled='no'/>
     </interface>
     <serial type='file'><source path='{console}'/><target port='0'/></serial>
@@ -404,29 +574,66 @@ impl Libvirtd {
   </devices>
 </domain>
 "#,
-            kernel = guest.kernel.display(),
-            initrd = guest.initrd.display(),
-            cmdline = net.cmdline(),
-            mac = net.mac,
-            console = console.display(),
-        );
+            vcpus = vm.queues.max(1),
+            kernel = guest_files.0.display(),
+            initrd = guest_files.1.display(),
+            ifname = link.ifname,
+            mtu = link.mtu,
+            console = self.dir.join(format!("{name}.console")).display(),
+        )
+    }
+
+    /// virt-launcher's part for one VM: reads the pod link, writes the
+    /// domain ([`Libvirtd::domain_xml`]), creates it and waits until the
+    /// guest powers off. Returns the run and the domain XML.
+    pub fn run_vm(
+        &self,
+        name: &str,
+        pod_ns: &str,
+        ifname: &str,
+        vm: &VmIface,
+        guest: &Guest,
+        net: &GuestNet,
+    ) -> Result<(VmRun, String)> {
+        let link = PodLink::read(pod_ns, ifname)?;
+        // libvirt chowns what the domain uses (dynamic_ownership): give it
+        // copies, not the shared cache.
+        let kernel = self.dir.join("vmlinuz");
+        let initrd = self.dir.join("initrd");
+        std::fs::copy(&guest.kernel, &kernel)?;
+        std::fs::copy(&guest.initrd, &initrd)?;
+        for f in [&kernel, &initrd] {
+            give_to_qemu(f)?;
+        }
+        let xml = self.domain_xml(name, &link, vm, (&kernel, &initrd), &net.cmdline());
+        let console = self.dir.join(format!("{name}.console"));
+        let _ = std::fs::remove_file(&console);
         let xml_path = self.dir.join(format!("{name}.xml"));
-        std::fs::write(&xml_path, xml)?;
+        std::fs::write(&xml_path, &xml)?;
+        let tap = PathBuf::from(format!("/dev/tap{}", link.ifindex));
         let start = Instant::now();
         self.virsh(&["create", &xml_path.to_string_lossy()])?;
         let mut to_marker = None;
+        let mut holders = Vec::new();
         loop {
+            if !held_by_qemu(&holders) {
+                holders = tap_holders(&tap);
+            }
             let text = std::fs::read_to_string(&console).unwrap_or_default();
             if to_marker.is_none() && (text.contains(PING_OK) || text.contains(PING_FAIL)) {
                 to_marker = Some(start.elapsed());
             }
             if self.virsh(&["domstate", name]).is_err() {
-                return Ok(VmRun {
-                    ping_ok: text.contains(PING_OK),
-                    console: text,
-                    to_marker,
-                    total: start.elapsed(),
-                });
+                return Ok((
+                    VmRun {
+                        ping_ok: text.contains(PING_OK),
+                        console: text,
+                        to_marker,
+                        total: start.elapsed(),
+                        tap_holders: holders,
+                    },
+                    xml,
+                ));
             }
             if start.elapsed() > BOOT_TIMEOUT {
                 let _ = self.virsh(&["destroy", name]);
@@ -440,8 +647,5 @@ impl Libvirtd {
 impl Drop for Libvirtd {
     fn drop(&mut self) {
         self.process.stop();
-        for d in self.created.iter().rev() {
-            let _ = std::fs::remove_dir(d);
-        }
     }
 }

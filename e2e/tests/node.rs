@@ -2,17 +2,21 @@
 //! way kubelet, Multus and KubeVirt drive them. Each test builds a sandbox
 //! node (network namespaces, a veth as the NIC, a temp kubelet dir), runs the
 //! real device plugin against the test kubelet, allocates a device, runs the
-//! real CNI as Multus does, boots the guest on the macvtap (QEMU given the
-//! tap fd, or libvirtd in the pod namespace as virt-launcher runs it), and
-//! tears down as a pod deletion does, checking nothing is left behind.
+//! real Multus (v4.2.2, with a fake API server and the test kubelet's
+//! PodResources) as the runtime runs it, which runs our CNI, boots the guest
+//! on the macvtap as virt-launcher does (QEMU as uid 107 on the tap fd, or
+//! libvirtd in the pod namespace), and tears down as a pod deletion does,
+//! checking nothing is left behind.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use anyhow::{Result, ensure};
 use macvtap_e2e::guest::{self, Guest};
-use macvtap_e2e::node::{self, Allocation, FAST_RECLAIM, GUEST_IP, Multus, Node, PEER_IP};
+use macvtap_e2e::multus::{Multus, MultusRun, Pod, kubevirt_pod_ifname};
+use macvtap_e2e::node::{self, Allocation, FAST_RECLAIM, GUEST_IP, Node, PEER_IP};
 use macvtap_e2e::sandbox::TestNs;
 use macvtap_e2e::steps::Steps;
-use macvtap_e2e::vm::{GuestNet, Libvirtd, run_qemu};
+use macvtap_e2e::vm::{GuestNet, Libvirtd, QEMU_UID, VmIface, run_qemu};
+use serde_json::{Value, json};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -36,8 +40,8 @@ fn net(mac: &str, tries: u32) -> GuestNet {
     }
 }
 
-fn nad(version: &str) -> String {
-    format!(r#"{{"cniVersion":"{version}","name":"dataplane","type":"macvtap","mtu":1500}}"#)
+fn nad(version: &str, name: &str) -> String {
+    format!(r#"{{"cniVersion":"{version}","name":"{name}","type":"macvtap","mtu":1500}}"#)
 }
 
 /// The full name of resource `name`.
@@ -45,21 +49,161 @@ fn resource(name: &str) -> String {
     format!("{}/{name}", macvtap_link::RESOURCE_PREFIX)
 }
 
-/// A pod deletion as a node does it: CNI DEL (the macvtap goes back to the
+/// A virt-launcher pod for a VM with one macvtap network `network` (whose
+/// NAD has the same name), as virt-controller templates it: the selection
+/// names the pod interface (`pod` + hash) and carries the VM's
+/// `macAddress` only when the VM sets one.
+fn vm_pod(vm: &str, network: &str, mac: Option<&str>) -> Pod {
+    let mut sel = json!({"name": network, "namespace": "default",
+                         "interface": kubevirt_pod_ifname(network)});
+    if let Some(m) = mac {
+        sel["mac"] = Value::from(m);
+    }
+    Pod {
+        namespace: "default".into(),
+        name: format!("virt-launcher-{vm}-x7k2p"),
+        uid: format!("0b5e{:08x}-5c1d-4c39-9d55-3f0d2a7e61aa", vm.len()),
+        networks: json!([sel]),
+    }
+}
+
+/// What Multus did on ADD, checked against what the real one is known to
+/// do: ran our plugin once as the selection's interface, with `deviceID`
+/// and `pciBusID` injected, the pod's `K8S_*` pairs in `CNI_ARGS` (twice),
+/// `MAC=` exactly when the selection has a MAC, and the node's settings
+/// reaching the plugin; it asked the API server only what it serves; the
+/// pod link exists under that name; the pod's network-status annotation
+/// (PUT as protobuf) names it.
+fn check_multus_add(
+    multus: &Multus,
+    add: &MultusRun,
+    pod: &Pod,
+    netns: &TestNs,
+    alloc: &Allocation,
+    mac: Option<&str>,
+) -> Result<String> {
+    ensure!(
+        add.ok,
+        "Multus ADD failed: {} {}\nMultus log:\n{}",
+        add.json,
+        add.stderr,
+        multus.log()
+    );
+    let ifname = pod.networks[0]["interface"].as_str().unwrap().to_string();
+    let calls = add.calls_of("macvtap");
+    ensure!(calls.len() == 1, "Multus ran macvtap {} times", calls.len());
+    let c = calls[0];
+    ensure!(c.command == "ADD" && c.ifname == ifname, "{c:?}");
+    ensure!(
+        c.config["deviceID"] == alloc.device_id.as_str(),
+        "{}",
+        c.config
+    );
+    ensure!(
+        c.config["pciBusID"] == alloc.device_id.as_str(),
+        "{}",
+        c.config
+    );
+    for pair in [
+        format!("K8S_POD_NAMESPACE={}", pod.namespace),
+        format!("K8S_POD_NAME={}", pod.name),
+        format!("K8S_POD_UID={}", pod.uid),
+        "K8S_POD_INFRA_CONTAINER_ID=".to_string(),
+    ] {
+        ensure!(c.args.contains(&pair), "CNI_ARGS {} lacks {pair}", c.args);
+    }
+    match mac {
+        Some(m) => ensure!(
+            c.args.contains(&format!("MAC={m}")),
+            "no MAC= in {}",
+            c.args
+        ),
+        None => ensure!(
+            !c.args.contains("MAC="),
+            "MAC= without a selection MAC: {}",
+            c.args
+        ),
+    }
+    // Multus appends its own K8S_* pairs to the runtime's CNI_ARGS.
+    ensure!(
+        c.args
+            .matches(&format!("K8S_POD_NAME={};", pod.name))
+            .count()
+            == 2,
+        "CNI_ARGS does not repeat the pod's pairs as Multus does: {}",
+        c.args
+    );
+    ensure!(
+        c.settings_env,
+        "MACVTAP_CNI_SETTINGS did not reach the plugin"
+    );
+    let unserved: Vec<String> = multus
+        .api
+        .requests()
+        .into_iter()
+        .filter(|r| !(200..300).contains(&r.status))
+        .map(|r| format!("{} {} -> {}", r.method, r.path, r.status))
+        .collect();
+    ensure!(
+        unserved.is_empty(),
+        "Multus asked the API server for what it does not serve: {unserved:?}"
+    );
+    ensure!(
+        netns.links()?.contains(&ifname),
+        "{ifname} is not in the pod"
+    );
+    let status = multus.network_status(pod)?;
+    let ours = status
+        .as_array()
+        .and_then(|a| {
+            a.iter()
+                .find(|s| s["name"] == "default/dataplane" || s["interface"] == ifname.as_str())
+        })
+        .cloned()
+        .unwrap_or(Value::Null);
+    ensure!(
+        ours["interface"] == ifname.as_str(),
+        "network-status does not list {ifname}: {status}"
+    );
+    if let Some(m) = mac {
+        ensure!(ours["mac"] == m, "network-status MAC: {status}");
+    }
+    Ok(ifname)
+}
+
+/// A pod deletion as a node does it: Multus DEL (our plugin gets the cached
+/// config, with `deviceID` and without `MAC=`; the macvtap goes back to the
 /// node namespace with its ifindex), the pod namespace removed, the kubelet
 /// frees the device (PodResources no longer lists it), and the device
 /// plugin's reclaim removes the link after its grace.
 fn delete_pod(
     node: &Node,
     multus: &Multus,
-    pod: TestNs,
+    pod: &Pod,
+    netns: TestNs,
     alloc: &Allocation,
     resource_name: &str,
 ) -> Result<()> {
-    let del = multus.run("DEL", &pod, "net1", Some(&alloc.device_id))?;
-    ensure!(del.ok, "CNI DEL failed: {}", del.json);
+    let del = multus.run("DEL", pod, &netns)?;
+    ensure!(del.ok, "Multus DEL failed: {} {}", del.json, del.stderr);
+    let calls = del.calls_of("macvtap");
+    ensure!(
+        calls.len() == 1,
+        "Multus DEL ran macvtap {} times",
+        calls.len()
+    );
+    ensure!(
+        calls[0].config["deviceID"] == alloc.device_id.as_str(),
+        "DEL config: {}",
+        calls[0].config
+    );
+    ensure!(
+        !calls[0].args.contains("MAC="),
+        "DEL carries MAC=: {}",
+        calls[0].args
+    );
     node.returned_link(&alloc.device_id, alloc.ifindex()?)?;
-    drop(pod);
+    drop(netns);
     node.hold(&resource(resource_name), &[])?;
     node.wait_for_reclaim()
 }
@@ -85,6 +229,14 @@ fn nothing_left(node: &Node, taps_before: &[String], pids: &[u32]) -> Result<()>
     Ok(())
 }
 
+/// The pod link's flags contain `flag`.
+fn has_flag(netns: &TestNs, ifname: &str, flag: &str) -> Result<bool> {
+    let v: Value = serde_json::from_str(&netns.ip(&["-j", "link", "show", "dev", ifname])?)?;
+    Ok(v[0]["flags"]
+        .as_array()
+        .is_some_and(|f| f.iter().any(|x| x == flag)))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qemu_vm_pings_through_the_macvtap_and_a_wrong_mac_does_not() -> Result<()> {
     let mut steps = Steps::new();
@@ -95,11 +247,18 @@ async fn qemu_vm_pings_through_the_macvtap_and_a_wrong_mac_does_not() -> Result<
     node.start_pod_resources().await?;
     let dp = node.start_device_plugin(GO_README_CONF, &FAST_RECLAIM)?;
     let mut client = node.plugin("dataplane", 50).await?;
+    let multus = Multus::start(&node)?;
     let guest = guest();
 
-    steps.step("kubelet Allocate for one device");
+    steps.step("kubelet Allocate for the VM pod (its VM sets macAddress)");
+    let pod = vm_pod("vm-1", "dataplane", Some(VM_MAC));
     let alloc = Node::allocate(&mut client, "dataplaneMvp0").await?;
-    node.hold(&resource("dataplane"), &["dataplaneMvp0"])?;
+    node.hold_pod(
+        &pod.namespace,
+        &pod.name,
+        &resource("dataplane"),
+        &["dataplaneMvp0"],
+    )?;
     steps.say(format!(
         "{} -> {} ({:.1} ms)",
         alloc.device_id,
@@ -109,21 +268,23 @@ async fn qemu_vm_pings_through_the_macvtap_and_a_wrong_mac_does_not() -> Result<
     let link = macvtap_link::link_name_for_device("dataplaneMvp0");
     ensure!(node.ns.links()?.contains(&link), "Allocate made {link}");
 
-    steps.step("Multus: NAD config (0.3.1) + deviceID, CNI ADD into the pod");
-    let pod = TestNs::new("pod")?;
-    let nad = nad("0.3.1");
-    let multus = Multus {
-        node: &node.ns,
-        nad_config: &nad,
-        pod: ("default", "virt-launcher-vm-1"),
-        mac: VM_MAC,
-    };
-    let add = multus.run("ADD", &pod, "net1", Some("dataplaneMvp0"))?;
-    ensure!(add.ok, "CNI ADD failed: {} {}", add.json, add.stderr);
-    ensure!(add.json["interfaces"][0]["mac"] == VM_MAC, "{}", add.json);
+    steps.step("Multus ADD (NAD cniVersion 0.3.1, resourceName annotation)");
+    multus.add_nad(
+        "default",
+        "dataplane",
+        Some(&resource("dataplane")),
+        &nad("0.3.1", "dataplane"),
+    );
+    multus.add_pod(&pod);
+    let netns = TestNs::new("pod")?;
+    let add = multus.run("ADD", &pod, &netns)?;
+    let ifname = check_multus_add(&multus, &add, &pod, &netns, &alloc, Some(VM_MAC))?;
+    for l in add.describe() {
+        steps.say(l);
+    }
     ensure!(
-        pod.links()?.contains(&"net1".to_string()),
-        "net1 in the pod"
+        ifname == "pod9d32cad27e2",
+        "KubeVirt's name for dataplane: {ifname}"
     );
     ensure!(
         !node.ns.links()?.contains(&link),
@@ -135,11 +296,11 @@ async fn qemu_vm_pings_through_the_macvtap_and_a_wrong_mac_does_not() -> Result<
         alloc.host_path.display()
     );
 
-    steps.step("QEMU in the pod namespace on the Allocate response's tap fd");
+    steps.step("QEMU as uid 107 in the pod namespace on the Allocate response's tap");
     let work = tempfile::tempdir()?;
     let run = tokio::task::block_in_place(|| {
         run_qemu(
-            &pod.name,
+            &netns.name,
             &alloc.host_path,
             &guest,
             &net(VM_MAC, 20),
@@ -147,16 +308,26 @@ async fn qemu_vm_pings_through_the_macvtap_and_a_wrong_mac_does_not() -> Result<
         )
     })?;
     steps.say(run.markers());
+    steps.say(format!("held the tap: {:?}", run.tap_holders));
     ensure!(
         run.ping_ok,
         "the guest could not ping {PEER_IP}:\n{}",
         run.console
     );
+    ensure!(
+        !run.tap_holders.is_empty()
+            && run
+                .tap_holders
+                .iter()
+                .all(|h| h.uid == QEMU_UID && h.gid == QEMU_UID),
+        "the tap was not held by uid/gid {QEMU_UID}: {:?}",
+        run.tap_holders
+    );
 
     steps.step("negative: a guest MAC other than the one given to the CNI gets no connectivity");
     let wrong = tokio::task::block_in_place(|| {
         run_qemu(
-            &pod.name,
+            &netns.name,
             &alloc.host_path,
             &guest,
             &net("52:54:00:00:00:99", 3),
@@ -170,51 +341,78 @@ async fn qemu_vm_pings_through_the_macvtap_and_a_wrong_mac_does_not() -> Result<
     );
 
     steps.step(
-        "teardown as a pod deletion: CNI DEL gives the link back, pod namespace removed, \
+        "teardown as a pod deletion: Multus DEL gives the link back, pod namespace removed, \
          device freed, link reclaimed, daemon stopped",
     );
-    delete_pod(&node, &multus, pod, &alloc, "dataplane")?;
+    delete_pod(&node, &multus, &pod, netns, &alloc, "dataplane")?;
     node.stop_device_plugin()?;
     nothing_left(&node, &taps_before, &[dp])?;
     println!("\n{}", steps.summary());
     Ok(())
 }
 
+/// virt-launcher's libvirt, as KubeVirt runs it, for a VM without
+/// `macAddress`, with multiqueue (two queues) and a NAD MTU below the NIC's:
+/// libvirtd and QEMU run as uid 107, libvirt opens the tap once per queue,
+/// the domain takes the link's own MAC and MTU, and the guest sees both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn libvirt_domain_with_an_unmanaged_ethernet_interface_pings() -> Result<()> {
+async fn virt_launcher_libvirt_runs_a_multiqueue_vm_with_the_links_mac_and_mtu() -> Result<()> {
     let mut steps = Steps::new();
-    steps.step("sandbox node, test kubelet, device plugin");
+    steps.step("sandbox node, test kubelet, device plugin, Multus");
     let mut node = Node::new()?;
     let taps_before = node::tap_nodes();
     node.start_kubelet().await?;
     node.start_pod_resources().await?;
     let dp = node.start_device_plugin(GO_README_CONF, &FAST_RECLAIM)?;
     let mut client = node.plugin("dataplane", 50).await?;
+    let multus = Multus::start(&node)?;
     let guest = guest();
 
-    steps.step("Allocate and CNI ADD (NAD cniVersion 1.0.0)");
+    steps.step("Allocate, Multus ADD (NAD cniVersion 1.0.0, mtu 1400; the VM sets no MAC)");
+    let pod = vm_pod("vm-2", "dataplane", None);
     let alloc = Node::allocate(&mut client, "dataplaneMvp7").await?;
-    node.hold(&resource("dataplane"), &["dataplaneMvp7"])?;
-    let pod = TestNs::new("pod")?;
-    let nad = nad("1.0.0");
-    let multus = Multus {
-        node: &node.ns,
-        nad_config: &nad,
-        pod: ("default", "virt-launcher-vm-2"),
-        mac: VM_MAC,
-    };
-    let add = multus.run("ADD", &pod, "net1", Some(&alloc.device_id))?;
-    ensure!(add.ok, "CNI ADD failed: {} {}", add.json, add.stderr);
-    ensure!(add.json["interfaces"][0]["mtu"] == 1500, "{}", add.json);
+    node.hold_pod(
+        &pod.namespace,
+        &pod.name,
+        &resource("dataplane"),
+        &["dataplaneMvp7"],
+    )?;
+    let link = macvtap_link::link_name_for_device("dataplaneMvp7");
+    let before: Value = serde_json::from_str(&node.ns.ip(&["-j", "link", "show", "dev", &link])?)?;
+    let own_mac = before[0]["address"].as_str().unwrap().to_string();
+    multus.add_nad(
+        "default",
+        "dataplane",
+        Some(&resource("dataplane")),
+        r#"{"cniVersion":"1.0.0","name":"dataplane","type":"macvtap","mtu":1400}"#,
+    );
+    multus.add_pod(&pod);
+    let netns = TestNs::new("pod")?;
+    let add = multus.run("ADD", &pod, &netns)?;
+    let ifname = check_multus_add(&multus, &add, &pod, &netns, &alloc, None)?;
+    for l in add.describe() {
+        steps.say(l);
+    }
 
-    steps.step("libvirtd in the pod namespace (as virt-launcher runs it)");
+    steps.step("libvirtd in the pod namespace as virt-launcher runs it (uid 107, session)");
     let lv_dir = tempfile::tempdir()?;
-    let libvirtd = tokio::task::block_in_place(|| Libvirtd::start(&pod.name, lv_dir.path()))?;
+    let libvirtd = tokio::task::block_in_place(|| Libvirtd::start(&netns.name, lv_dir.path()))?;
     let lv_pid = libvirtd.pid();
 
-    steps.step("transient domain: <interface type='ethernet'><target dev='net1' managed='no'/>");
-    let run = tokio::task::block_in_place(|| {
-        libvirtd.run_domain("vm-macvtap", "net1", &guest, &net(VM_MAC, 20))
+    steps.step("domain: unmanaged ethernet interface, the link's MAC and MTU, two queues");
+    let vm = VmIface {
+        mac_address: None,
+        queues: 2,
+    };
+    let (run, xml) = tokio::task::block_in_place(|| {
+        libvirtd.run_vm(
+            "vm-macvtap",
+            &netns.name,
+            &ifname,
+            &vm,
+            &guest,
+            &net(&own_mac, 20),
+        )
     })?;
     steps.say(run.markers());
     let qemus = node::children(lv_pid);
@@ -223,12 +421,53 @@ async fn libvirt_domain_with_an_unmanaged_ethernet_interface_pings() -> Result<(
         "the guest could not ping {PEER_IP}:\n{}",
         run.console
     );
-
-    steps.step(
-        "teardown: libvirtd stopped, CNI DEL, pod namespace removed, link reclaimed, daemon stopped",
+    ensure!(
+        xml.contains(&format!("<mac address='{own_mac}'/>")),
+        "{xml}"
     );
+    ensure!(xml.contains("<mtu size='1400'/>"), "{xml}");
+    ensure!(
+        xml.contains(&format!("<target dev='{ifname}' managed='no'/>")),
+        "{xml}"
+    );
+    ensure!(
+        run.console
+            .contains(&format!("mac={own_mac} mtu=1400 queues=2")),
+        "the guest did not see the link's MAC, MTU 1400 and two queues:\n{}",
+        run.markers()
+    );
+    let holders = &run.tap_holders;
+    steps.say(format!("held the tap: {holders:?}"));
+    let lv_uid = std::fs::read_to_string(format!("/proc/{lv_pid}/status"))?
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("Uid:")
+                .map(|r| r.split_whitespace().next().unwrap_or("").to_string())
+        })
+        .unwrap_or_default();
+    ensure!(
+        lv_uid == QEMU_UID.to_string(),
+        "libvirtd runs as uid {lv_uid}"
+    );
+    ensure!(
+        holders.len() == 1
+            && holders[0].comm.starts_with("qemu")
+            && holders[0].uid == QEMU_UID
+            && holders[0].gid == QEMU_UID
+            && holders[0].fds == 2,
+        "expected QEMU as {QEMU_UID} holding the tap once per queue: {holders:?}"
+    );
+    let pod_link: Value =
+        serde_json::from_str(&netns.ip(&["-j", "link", "show", "dev", &ifname])?)?;
+    ensure!(
+        pod_link[0]["address"] == own_mac.as_str(),
+        "the link's MAC changed: {}",
+        pod_link[0]["address"]
+    );
+
+    steps.step("teardown: libvirtd stopped, Multus DEL, pod namespace removed, link reclaimed");
     drop(libvirtd);
-    delete_pod(&node, &multus, pod, &alloc, "dataplane")?;
+    delete_pod(&node, &multus, &pod, netns, &alloc, "dataplane")?;
     node.stop_device_plugin()?;
     let mut pids = vec![dp, lv_pid];
     pids.extend(qemus);
@@ -237,8 +476,11 @@ async fn libvirt_domain_with_an_unmanaged_ethernet_interface_pings() -> Result<(
     Ok(())
 }
 
+/// Auto-discovery, with a conflist NAD (ours, then the reference `tuning`
+/// plugin): Multus injects `deviceID` into both, tuning acts on the link our
+/// plugin moved, and a VM pings through it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn auto_discovery_resource_carries_a_vm() -> Result<()> {
+async fn auto_discovery_resource_with_a_conflist_nad_carries_a_vm() -> Result<()> {
     let mut steps = Steps::new();
     steps.step("device plugin with DP_MACVTAP_CONF=[] (auto-discovery; veth counts as a NIC here)");
     let mut node = Node::new()?;
@@ -257,25 +499,63 @@ async fn auto_discovery_resource_carries_a_vm() -> Result<()> {
         ],
     )?;
     let mut client = node.plugin("lower0", 100).await?;
+    let multus = Multus::start(&node)?;
     let guest = guest();
 
-    steps.step("Allocate lower0Mvp3, CNI ADD, QEMU");
+    steps.step("Allocate lower0Mvp3, Multus ADD with a conflist NAD (macvtap, then tuning)");
+    let pod = vm_pod("vm-3", "lower0", Some(VM_MAC));
     let alloc = Node::allocate(&mut client, "lower0Mvp3").await?;
-    node.hold(&resource("lower0"), &["lower0Mvp3"])?;
-    let pod = TestNs::new("pod")?;
-    let nad = nad("1.0.0").replace("dataplane", "lower0");
-    let multus = Multus {
-        node: &node.ns,
-        nad_config: &nad,
-        pod: ("default", "virt-launcher-vm-3"),
-        mac: VM_MAC,
-    };
-    let add = multus.run("ADD", &pod, "net1", Some(&alloc.device_id))?;
-    ensure!(add.ok, "CNI ADD failed: {} {}", add.json, add.stderr);
+    node.hold_pod(
+        &pod.namespace,
+        &pod.name,
+        &resource("lower0"),
+        &["lower0Mvp3"],
+    )?;
+    // tuning keeps what it changed in its data dir: a temp dir, not /run.
+    let tuning_dir = tempfile::tempdir()?;
+    let conflist = json!({"cniVersion": "1.0.0", "name": "lower0", "plugins": [
+        {"type": "macvtap", "mtu": 1500},
+        {"type": "tuning", "allmulti": true, "dataDir": tuning_dir.path()}]});
+    multus.add_nad(
+        "default",
+        "lower0",
+        Some(&resource("lower0")),
+        &conflist.to_string(),
+    );
+    multus.add_pod(&pod);
+    let netns = TestNs::new("pod")?;
+    let add = multus.run("ADD", &pod, &netns)?;
+    let ifname = check_multus_add(&multus, &add, &pod, &netns, &alloc, Some(VM_MAC))?;
+    for l in add.describe() {
+        steps.say(l);
+    }
+    let tuning = add.calls_of("tuning");
+    ensure!(
+        tuning.len() == 1,
+        "Multus ran tuning {} times",
+        tuning.len()
+    );
+    ensure!(
+        tuning[0].config["deviceID"] == "lower0Mvp3" && tuning[0].ifname == ifname,
+        "tuning got {} as {}",
+        tuning[0].config,
+        tuning[0].ifname
+    );
+    ensure!(
+        tuning[0].config["prevResult"]["interfaces"][0]["name"] == ifname.as_str(),
+        "tuning's prevResult is not our result: {}",
+        tuning[0].config
+    );
+    ensure!(
+        has_flag(&netns, &ifname, "ALLMULTI")?,
+        "tuning did not set allmulti on {ifname}"
+    );
+
+    steps.step("QEMU on the tap");
     let work = tempfile::tempdir()?;
     let run = tokio::task::block_in_place(|| {
         run_qemu(
-            &pod.name,
+            &netns.name,
             &alloc.host_path,
             &guest,
             &net(VM_MAC, 20),
@@ -290,14 +570,14 @@ async fn auto_discovery_resource_carries_a_vm() -> Result<()> {
     );
 
     steps.step("teardown");
-    delete_pod(&node, &multus, pod, &alloc, "lower0")?;
+    delete_pod(&node, &multus, &pod, netns, &alloc, "lower0")?;
     node.stop_device_plugin()?;
     nothing_left(&node, &taps_before, &[dp])?;
     println!("\n{}", steps.summary());
     Ok(())
 }
 
-/// A sandbox that fails after our CNI ran is torn down (CNI DEL while its
+/// A sandbox that fails after our CNI ran is torn down (Multus DEL while its
 /// namespace lives) and created again with a new namespace; the kubelet never
 /// Allocates again and hands the same `/dev/tapN` to the containers. The
 /// retried ADD gets the same link, and a VM on that `/dev/tapN` pings. Then
@@ -307,38 +587,45 @@ async fn auto_discovery_resource_carries_a_vm() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recreated_sandbox_gets_the_same_device_and_its_vm_pings() -> Result<()> {
     let mut steps = Steps::new();
-    steps.step("sandbox node, test kubelet with PodResources, device plugin");
+    steps.step("sandbox node, test kubelet with PodResources, device plugin, Multus");
     let mut node = Node::new()?;
     let taps_before = node::tap_nodes();
     node.start_kubelet().await?;
     node.start_pod_resources().await?;
     let dp = node.start_device_plugin(GO_README_CONF, &FAST_RECLAIM)?;
     let mut client = node.plugin("dataplane", 50).await?;
+    let multus = Multus::start(&node)?;
     let guest = guest();
 
     steps.step("kubelet Allocate, once for the pod's whole life");
+    let pod = vm_pod("vm-retry", "dataplane", Some(VM_MAC));
     let alloc = Node::allocate(&mut client, "dataplaneMvp2").await?;
-    node.hold(&resource("dataplane"), &["dataplaneMvp2"])?;
+    node.hold_pod(
+        &pod.namespace,
+        &pod.name,
+        &resource("dataplane"),
+        &["dataplaneMvp2"],
+    )?;
     let index = alloc.ifindex()?;
     steps.say(format!(
         "{} -> {}",
         alloc.device_id,
         alloc.host_path.display()
     ));
+    multus.add_nad(
+        "default",
+        "dataplane",
+        Some(&resource("dataplane")),
+        &nad("1.0.0", "dataplane"),
+    );
+    multus.add_pod(&pod);
 
-    steps.step("first sandbox: CNI ADD, then a later network fails, so the runtime calls DEL");
-    let nad = nad("1.0.0");
-    let multus = Multus {
-        node: &node.ns,
-        nad_config: &nad,
-        pod: ("default", "virt-launcher-vm-retry"),
-        mac: VM_MAC,
-    };
+    steps.step("first sandbox: Multus ADD, then the sandbox fails, so the runtime calls DEL");
     let first = TestNs::new("sandbox-a")?;
-    let add = multus.run("ADD", &first, "net1", Some(&alloc.device_id))?;
-    ensure!(add.ok, "first CNI ADD failed: {} {}", add.json, add.stderr);
-    let del = multus.run("DEL", &first, "net1", Some(&alloc.device_id))?;
-    ensure!(del.ok, "CNI DEL failed: {}", del.json);
+    let add = multus.run("ADD", &pod, &first)?;
+    let ifname = check_multus_add(&multus, &add, &pod, &first, &alloc, Some(VM_MAC))?;
+    let del = multus.run("DEL", &pod, &first)?;
+    ensure!(del.ok, "Multus DEL failed: {} {}", del.json, del.stderr);
     node.returned_link(&alloc.device_id, index)?;
     drop(first);
     ensure!(
@@ -347,17 +634,11 @@ async fn a_recreated_sandbox_gets_the_same_device_and_its_vm_pings() -> Result<(
         alloc.host_path.display()
     );
 
-    steps.step("second sandbox, new namespace: the retried CNI ADD");
+    steps.step("second sandbox, new namespace: the retried Multus ADD");
     let second = TestNs::new("sandbox-b")?;
-    let add = multus.run("ADD", &second, "net1", Some(&alloc.device_id))?;
-    ensure!(
-        add.ok,
-        "retried CNI ADD failed: {} {}",
-        add.json,
-        add.stderr
-    );
-    let moved: serde_json::Value =
-        serde_json::from_str(&second.ip(&["-j", "link", "show", "dev", "net1"])?)?;
+    let add = multus.run("ADD", &pod, &second)?;
+    check_multus_add(&multus, &add, &pod, &second, &alloc, Some(VM_MAC))?;
+    let moved: Value = serde_json::from_str(&second.ip(&["-j", "link", "show", "dev", &ifname])?)?;
     ensure!(
         moved[0]["ifindex"].as_u64() == Some(u64::from(index)),
         "the retried ADD got ifindex {} instead of {index}",
@@ -399,17 +680,11 @@ async fn a_recreated_sandbox_gets_the_same_device_and_its_vm_pings() -> Result<(
         healed.elapsed().as_secs_f64() * 1e3
     ));
 
-    steps.step("third sandbox: the retried CNI ADD works on the healed link");
+    steps.step("third sandbox: the retried Multus ADD works on the healed link");
     let third = TestNs::new("sandbox-c")?;
-    let add = multus.run("ADD", &third, "net1", Some(&alloc.device_id))?;
-    ensure!(
-        add.ok,
-        "CNI ADD after healing failed: {} {}",
-        add.json,
-        add.stderr
-    );
-    let moved: serde_json::Value =
-        serde_json::from_str(&third.ip(&["-j", "link", "show", "dev", "net1"])?)?;
+    let add = multus.run("ADD", &pod, &third)?;
+    check_multus_add(&multus, &add, &pod, &third, &alloc, Some(VM_MAC))?;
+    let moved: Value = serde_json::from_str(&third.ip(&["-j", "link", "show", "dev", &ifname])?)?;
     ensure!(
         moved[0]["ifindex"].as_u64() == Some(u64::from(index)),
         "the healed link has ifindex {} instead of {index}",
@@ -422,13 +697,17 @@ async fn a_recreated_sandbox_gets_the_same_device_and_its_vm_pings() -> Result<(
     );
 
     steps.step("teardown as a pod deletion");
-    delete_pod(&node, &multus, third, &alloc, "dataplane")?;
+    delete_pod(&node, &multus, &pod, third, &alloc, "dataplane")?;
     node.stop_device_plugin()?;
     nothing_left(&node, &taps_before, &[dp])?;
     println!("\n{}", steps.summary());
     Ok(())
 }
 
+/// A pod whose network names the macvtap NAD but that holds no device:
+/// Multus finds none in PodResources and injects no `deviceID`; our plugin's
+/// error reaches the runtime through Multus, Multus rolls back with DEL,
+/// and no link moves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_without_the_resource_gets_the_cnis_error_and_no_link_moves() -> Result<()> {
     let mut node = Node::new()?;
@@ -436,30 +715,48 @@ async fn a_pod_without_the_resource_gets_the_cnis_error_and_no_link_moves() -> R
     node.start_pod_resources().await?;
     node.start_device_plugin(GO_README_CONF, &FAST_RECLAIM)?;
     let mut client = node.plugin("dataplane", 50).await?;
+    let multus = Multus::start(&node)?;
     // Another pod holds a device: its link must stay where it is.
     Node::allocate(&mut client, "dataplaneMvp1").await?;
-    node.hold(&resource("dataplane"), &["dataplaneMvp1"])?;
+    node.hold_pod(
+        "default",
+        "other-pod",
+        &resource("dataplane"),
+        &["dataplaneMvp1"],
+    )?;
     let before = node.ns.links()?;
-    let pod = TestNs::new("pod")?;
-    let nad = nad("1.0.0");
-    let multus = Multus {
-        node: &node.ns,
-        nad_config: &nad,
-        pod: ("default", "no-resource"),
-        mac: VM_MAC,
-    };
-    // Multus injects nothing: the pod did not request the resource.
-    let add = multus.run("ADD", &pod, "net1", None)?;
-    ensure!(!add.ok, "ADD without deviceID succeeded");
-    ensure!(add.json["code"] == 100, "{}", add.json);
-    let msg = add.json["msg"].as_str().unwrap_or_default();
+    multus.add_nad(
+        "default",
+        "dataplane",
+        Some(&resource("dataplane")),
+        &nad("1.0.0", "dataplane"),
+    );
+    let pod = vm_pod("no-resource", "dataplane", Some(VM_MAC));
+    multus.add_pod(&pod);
+    let netns = TestNs::new("pod")?;
+    let add = multus.run("ADD", &pod, &netns)?;
+    ensure!(!add.ok, "ADD without a device succeeded: {}", add.json);
+    // Multus ran our ADD without a device, and after its failure our DEL
+    // (it tears down what it tried, `delPlugins` in pkg/multus/multus.go).
+    let calls: Vec<(&str, bool)> = add
+        .calls_of("macvtap")
+        .iter()
+        .map(|c| (c.command.as_str(), c.config.get("deviceID").is_some()))
+        .collect();
+    ensure!(
+        calls == [("ADD", false), ("DEL", false)],
+        "Multus ran (command, with deviceID): {calls:?}"
+    );
+    let msg = add.json["msg"].as_str().unwrap_or_default().to_string()
+        + add.json["details"].as_str().unwrap_or_default();
     ensure!(
         msg.contains("k8s.v1.cni.cncf.io/resourceName"),
-        "the error says what to fix: {msg}"
+        "the error that reaches the runtime says what to fix: {}",
+        add.json
     );
     ensure!(node.ns.links()? == before, "links on the node changed");
     ensure!(
-        pod.links()? == vec!["lo".to_string()],
+        netns.links()? == vec!["lo".to_string()],
         "something moved into the pod"
     );
     node.stop_device_plugin()?;

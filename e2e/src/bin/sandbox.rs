@@ -1,12 +1,14 @@
 //! `macvtap-sandbox`: the main job on one machine. A throwaway sandbox node
 //! where the real device plugin registers with a test kubelet, a device is
-//! allocated as for an admitted VM pod, the real CNI runs as Multus runs it,
-//! a VM boots on the macvtap and pings a peer host, and everything is
-//! cleaned up. Each step is printed in plain words. Run by `hack/sandbox.sh`.
+//! allocated as for an admitted VM pod, the real Multus (v4.2.2, built once
+//! with Go 1.23) runs our CNI as a runtime runs Multus, a VM boots on the
+//! macvtap (QEMU as uid 107, as virt-launcher) and pings a peer host, and
+//! everything is cleaned up. Each step is printed in plain words. Run by `hack/sandbox.sh`.
 
 use anyhow::{Context, Result, ensure};
 use macvtap_e2e::guest;
-use macvtap_e2e::node::{self, FAST_RECLAIM, GUEST_IP, Multus, Node, PEER_IP};
+use macvtap_e2e::multus::{self, Multus, Pod, kubevirt_pod_ifname};
+use macvtap_e2e::node::{self, FAST_RECLAIM, GUEST_IP, Node, PEER_IP};
 use macvtap_e2e::sandbox::{TestNs, require_root};
 use macvtap_e2e::steps::Steps;
 use macvtap_e2e::vm::{GuestNet, run_qemu};
@@ -14,6 +16,7 @@ use std::path::Path;
 
 const CONF: &str = r#"[{"name":"dataplane","lowerDevice":"lower0","mode":"bridge","capacity":50}]"#;
 const NAD: &str = r#"{"cniVersion":"1.0.0","name":"dataplane","type":"macvtap","mtu":1500}"#;
+const POD: &str = "virt-launcher-vm-demo-x7k2p";
 const VM_MAC: &str = "52:54:00:c0:ff:ee";
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -56,10 +59,33 @@ async fn main() -> Result<()> {
         "registered macvtap.network.kubevirt.io/dataplane; ListAndWatch shows 50 healthy devices",
     );
 
-    s.step("the kubelet admits a VM pod: Allocate one device");
-    let alloc = Node::allocate(&mut client, "dataplaneMvp0").await?;
+    s.step("the real Multus (built once from ../shared/peers/, cached in target/)");
+    let multus = tokio::task::block_in_place(|| Multus::start(&n))?;
+    s.say(format!(
+        "{} {}, a fake API server at {} in the node namespace, {} -> the test kubelet's PodResources",
+        multus.binary().display(),
+        multus::VERSION,
+        multus.api.url,
+        multus::HOST_POD_RESOURCES
+    ));
     let resource = format!("{}/dataplane", macvtap_link::RESOURCE_PREFIX);
-    n.hold(&resource, &[&alloc.device_id])?;
+    multus.add_nad("default", "dataplane", Some(&resource), NAD);
+    let pod_obj = Pod {
+        namespace: "default".into(),
+        name: POD.into(),
+        uid: "5d1f3c2e-8a4b-4e0f-9c7d-2b6a1e9f0c11".into(),
+        networks: serde_json::json!([{"name": "dataplane", "namespace": "default",
+            "interface": kubevirt_pod_ifname("dataplane"), "mac": VM_MAC}]),
+    };
+    multus.add_pod(&pod_obj);
+    s.say(format!(
+        "NAD default/dataplane ({NAD}, resourceName {resource}); pod default/{POD} with networks {}",
+        pod_obj.networks
+    ));
+
+    s.step("the kubelet admits the VM pod: Allocate one device");
+    let alloc = Node::allocate(&mut client, "dataplaneMvp0").await?;
+    n.hold_pod("default", POD, &resource, &[&alloc.device_id])?;
     let link = macvtap_link::link_name_for_device(&alloc.device_id);
     s.say(format!(
         "device {} -> macvtap {link} on lower0 in the node namespace, {} for the pod ({:.1} ms)",
@@ -68,24 +94,31 @@ async fn main() -> Result<()> {
         alloc.took.as_secs_f64() * 1e3
     ));
 
-    s.step("Multus runs the macvtap CNI (ADD) with the deviceID");
+    s.step("the runtime runs Multus (ADD, CNI_IFNAME=eth0); Multus runs loopback, then macvtap");
     let pod = TestNs::new("pod")?;
-    let multus = Multus {
-        node: &n.ns,
-        nad_config: NAD,
-        pod: ("default", "virt-launcher-vm-demo"),
-        mac: VM_MAC,
-    };
-    let add = multus.run("ADD", &pod, "net1", Some(&alloc.device_id))?;
-    ensure!(add.ok, "CNI ADD failed: {} {}", add.json, add.stderr);
+    let add = multus.run("ADD", &pod_obj, &pod)?;
+    ensure!(
+        add.ok,
+        "Multus ADD failed: {} {}\n{}",
+        add.json,
+        add.stderr,
+        multus.log()
+    );
+    for line in add.describe() {
+        s.say(format!("Multus ran: {line}"));
+    }
+    let ifname = kubevirt_pod_ifname("dataplane");
     s.say(format!(
-        "pod netns {}: {link} is now net1, MAC {VM_MAC}, up ({:.1} ms)",
+        "pod netns {}: {link} is now {ifname}, MAC {VM_MAC}, up ({:.1} ms for Multus and its delegates)",
         pod.name,
         add.took.as_secs_f64() * 1e3
     ));
-    s.say(format!("result: {}", add.json));
+    s.say(format!(
+        "network-status: {}",
+        multus.network_status(&pod_obj)?
+    ));
 
-    s.step("virt-launcher's part: QEMU (TCG) in the pod namespace on the tap fd");
+    s.step("virt-launcher's part: QEMU (TCG) as uid 107 in the pod namespace on the tap fd");
     let work = tempfile::tempdir()?;
     let net = GuestNet {
         mac: VM_MAC.into(),
@@ -109,9 +142,12 @@ async fn main() -> Result<()> {
         run.total.as_secs_f64()
     ));
 
-    s.step("the pod is deleted: CNI DEL gives the macvtap back to the node");
-    let del = multus.run("DEL", &pod, "net1", Some(&alloc.device_id))?;
-    ensure!(del.ok, "CNI DEL failed: {}", del.json);
+    s.step("the pod is deleted: Multus DEL (from its cache) gives the macvtap back to the node");
+    let del = multus.run("DEL", &pod_obj, &pod)?;
+    ensure!(del.ok, "Multus DEL failed: {} {}", del.json, del.stderr);
+    for line in del.describe() {
+        s.say(format!("Multus ran: {line}"));
+    }
     n.returned_link(&alloc.device_id, alloc.ifindex()?)?;
     s.say(format!(
         "{link} is back in the node namespace, down, still {} (a re-created sandbox would get it again)",
@@ -129,6 +165,7 @@ async fn main() -> Result<()> {
         .context("stopping the device plugin")?;
     ensure!(!node::alive(pid), "the device plugin is still running");
     s.say("no macvtap left, the device plugin exited cleanly; the namespaces go next");
+    drop(multus);
     drop(n);
 
     println!("\nsandbox done\n\n{}", s.summary());
