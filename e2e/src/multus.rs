@@ -655,6 +655,15 @@ impl Multus {
         }));
     }
 
+    /// Puts another plugin `name` (a shell `script`) in Multus' bin dir, for a
+    /// NAD whose `type` names it.
+    pub fn add_plugin(&self, name: &str, script: &str) -> Result<()> {
+        let path = self.work.path().join("bin").join(name);
+        std::fs::write(&path, script)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
+        Ok(())
+    }
+
     /// Adds the pod object.
     pub fn add_pod(&self, pod: &Pod) {
         self.api.put_pod(pod.object());

@@ -9,7 +9,7 @@
 //! checking nothing is left behind.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 use macvtap_e2e::guest::{self, Guest};
 use macvtap_e2e::multus::{Multus, MultusRun, Pod, kubevirt_pod_ifname};
 use macvtap_e2e::node::{self, Allocation, FAST_RECLAIM, GUEST_IP, Node, PEER_IP};
@@ -577,8 +577,9 @@ async fn auto_discovery_resource_with_a_conflist_nad_carries_a_vm() -> Result<()
     Ok(())
 }
 
-/// A sandbox that fails after our CNI ran is torn down (Multus DEL while its
-/// namespace lives) and created again with a new namespace; the kubelet never
+/// A sandbox whose second network fails after our CNI ran (the real Multus
+/// rolls back with DEL, the runtime calls DEL while the namespace lives and
+/// removes it) is created again with a new namespace; the kubelet never
 /// Allocates again and hands the same `/dev/tapN` to the containers. The
 /// retried ADD gets the same link, and a VM on that `/dev/tapN` pings. Then
 /// that sandbox dies without DEL (its namespace takes the macvtap along): the
@@ -598,7 +599,33 @@ async fn a_recreated_sandbox_gets_the_same_device_and_its_vm_pings() -> Result<(
     let guest = guest();
 
     steps.step("kubelet Allocate, once for the pod's whole life");
-    let pod = vm_pod("vm-retry", "dataplane", Some(VM_MAC));
+    let mut pod = vm_pod("vm-retry", "dataplane", Some(VM_MAC));
+    // A second network whose plugin fails its first ADD (as one does while
+    // a node's network is still starting) and works afterwards.
+    pod.networks
+        .as_array_mut()
+        .context("networks")?
+        .push(json!({"name": "flaky", "namespace": "default", "interface": "net2"}));
+    let flaky_state = tempfile::tempdir()?;
+    multus.add_plugin(
+        "flaky",
+        &format!(
+            "#!/bin/sh\ncat >/dev/null\nstate={}/failed-once\n\
+             case \"$CNI_COMMAND\" in\n\
+             ADD) if [ ! -e \"$state\" ]; then touch \"$state\"; \
+             echo '{{\"cniVersion\":\"1.0.0\",\"code\":11,\"msg\":\"not ready yet\"}}'; exit 1; fi\n\
+             echo '{{\"cniVersion\":\"1.0.0\"}}';;\n\
+             VERSION) echo '{{\"cniVersion\":\"1.0.0\",\"supportedVersions\":[\"1.0.0\"]}}';;\n\
+             esac\n",
+            flaky_state.path().display()
+        ),
+    )?;
+    multus.add_nad(
+        "default",
+        "flaky",
+        None,
+        r#"{"cniVersion":"1.0.0","name":"flaky","type":"flaky"}"#,
+    );
     let alloc = Node::allocate(&mut client, "dataplaneMvp2").await?;
     node.hold_pod(
         &pod.namespace,
@@ -620,21 +647,43 @@ async fn a_recreated_sandbox_gets_the_same_device_and_its_vm_pings() -> Result<(
     );
     multus.add_pod(&pod);
 
-    steps.step("first sandbox: Multus ADD, then the sandbox fails, so the runtime calls DEL");
+    steps.step(
+        "first sandbox: Multus ADD runs our network, then the second network fails: \
+         Multus rolls back, the runtime calls DEL and removes the namespace",
+    );
     let first = TestNs::new("sandbox-a")?;
     let add = multus.run("ADD", &pod, &first)?;
-    let ifname = check_multus_add(&multus, &add, &pod, &first, &alloc, Some(VM_MAC))?;
+    ensure!(
+        !add.ok,
+        "the first ADD should fail on the flaky network: {}",
+        add.json
+    );
+    let ours: Vec<&str> = add
+        .calls_of("macvtap")
+        .iter()
+        .map(|c| c.command.as_str())
+        .collect();
+    ensure!(
+        ours == ["ADD", "DEL"],
+        "Multus ran our plugin {ours:?} (expected ADD, then DEL on the rollback)"
+    );
+    steps.say(format!("Multus: {}", add.json["msg"]));
+    node.returned_link(&alloc.device_id, index)?;
     let del = multus.run("DEL", &pod, &first)?;
     ensure!(del.ok, "Multus DEL failed: {} {}", del.json, del.stderr);
     node.returned_link(&alloc.device_id, index)?;
     drop(first);
+    let ifname = pod.networks[0]["interface"]
+        .as_str()
+        .context("interface")?
+        .to_string();
     ensure!(
         alloc.host_path.exists(),
         "{} vanished with the first sandbox",
         alloc.host_path.display()
     );
 
-    steps.step("second sandbox, new namespace: the retried Multus ADD");
+    steps.step("second sandbox, new namespace: the retried Multus ADD, both networks work");
     let second = TestNs::new("sandbox-b")?;
     let add = multus.run("ADD", &pod, &second)?;
     check_multus_add(&multus, &add, &pod, &second, &alloc, Some(VM_MAC))?;
