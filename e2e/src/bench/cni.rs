@@ -51,10 +51,15 @@ struct Node {
     go: TestNs,
     checked: TestNs,
     _peer: TestNs,
+    // Fresh namespaces number links from 1: hold the tests' tap-node lock so
+    // no test makes a macvtap with the same ifindex meanwhile.
+    _tap_lock: nix::fcntl::Flock<std::fs::File>,
 }
 
 impl Node {
     fn new() -> Result<Self> {
+        let lock = macvtap_deviceplugin::testkubelet::tap_node_lock()
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
         let node = TestNs::new("bn")?;
         let peer = TestNs::new("bp")?;
         node.ip(&[
@@ -69,6 +74,7 @@ impl Node {
             go: TestNs::new("bg")?,
             checked: TestNs::new("bc")?,
             _peer: peer,
+            _tap_lock: lock,
         })
     }
 }
