@@ -14,7 +14,7 @@
 //! [`topology`] (device health and NUMA), [`devices`] (the device list),
 //! [`server`] and [`allocate`] (the gRPC service), [`registration`] and
 //! [`fswatch`] (the kubelet's lifecycle), [`reclaim`] (leaked links),
-//! [`metrics`] and [`http`] (observability), [`daemon`] (the loop tying
+//! [`metrics`], [`procstat`] and [`http`] (observability), [`daemon`] (the loop tying
 //! them together).
 
 pub mod allocate;
@@ -32,11 +32,14 @@ pub mod install;
 pub mod links;
 pub mod logging;
 pub mod metrics;
+pub mod procstat;
 pub mod reclaim;
 pub mod registration;
 pub mod server;
 #[cfg(feature = "testkubelet")]
 pub mod testkubelet;
+#[cfg(feature = "testkubelet")]
+pub mod testtools;
 pub mod topology;
 
 pub use error::{Error, Result};

@@ -912,9 +912,32 @@ async fn metrics_and_healthz_are_served() {
         "macvtap_dp_allocation_errors_total{resource=\"macvtap.network.kubevirt.io/dp\"} 1",
         "macvtap_dp_registrations_total{resource=\"macvtap.network.kubevirt.io/dp\"} 1",
         "macvtap_dp_leaked_links_removed_total 0",
+        "macvtap_dp_allocate_seconds_bucket{resource=\"macvtap.network.kubevirt.io/dp\",le=\"+Inf\"} 2",
+        "macvtap_dp_allocate_seconds_count{resource=\"macvtap.network.kubevirt.io/dp\"} 2",
+        "# TYPE process_resident_memory_bytes gauge",
+        "# TYPE process_start_time_seconds gauge",
     ] {
         assert!(m.contains(want), "want {want:?} in:\n{m}");
     }
+    assert!(
+        m.starts_with("HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4"),
+        "{m}"
+    );
+    let body = &m[m.find("\r\n\r\n").unwrap() + 4..];
+    let parsed = macvtap_deviceplugin::testtools::parse_exposition(body)
+        .unwrap_or_else(|e| panic!("{e}\n{body}"));
+    // The daemon's own process: it has the plugin socket, the kubelet's
+    // connection and the metrics listener open.
+    let fds = parsed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "process_open_fds")
+        .unwrap()["samples"][0]["value"]
+        .as_f64()
+        .unwrap();
+    assert!(fds >= 3.0, "{body}");
+    println!("{body}");
     // --log-format=json: every log line is a JSON object.
     let mut node = node;
     let log = node.daemon().log();
