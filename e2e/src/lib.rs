@@ -6,7 +6,7 @@
 pub mod bench;
 pub mod cpio;
 pub mod guest;
-pub mod kustomize;
+pub mod manifests;
 pub mod node;
 pub mod runtime;
 pub mod sandbox;

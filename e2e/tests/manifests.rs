@@ -1,5 +1,5 @@
-//! The manifests in `manifests/`: base and overlays render (with the
-//! project's offline renderer), every object parses into its typed or
+//! The manifests in `manifests/`: base and overlays render (with the real
+//! kustomize, `kubectl kustomize` of kubectl 1.37), every object parses into its typed or
 //! dynamic Kubernetes type, and the fields that matter agree with the
 //! binaries: configs parse with the binaries' own parsers, resource names
 //! match, one image everywhere, host paths match flags and defaults.
@@ -9,7 +9,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
 use kube::api::DynamicObject;
 use macvtap_deviceplugin::config::{Resources, Source, parse_json};
-use macvtap_e2e::kustomize::{parse_docs, render};
+use macvtap_e2e::manifests::{parse_docs, render};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -164,7 +164,7 @@ fn one_image_everywhere() {
     let mut images = std::collections::BTreeSet::new();
     for (_, mut docs) in renderings() {
         for d in &mut docs {
-            for c in macvtap_e2e::kustomize::containers_mut(d) {
+            for c in macvtap_e2e::manifests::containers_mut(d) {
                 images.insert(c["image"].as_str().unwrap().to_string());
             }
         }
@@ -174,7 +174,7 @@ fn one_image_everywhere() {
     let containerfile =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../Containerfile"))
             .unwrap();
-    let (name, tag) = macvtap_e2e::kustomize::split_image(&image);
+    let (name, tag) = macvtap_e2e::manifests::split_image(&image);
     let build = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/build-image.sh"),
     )
