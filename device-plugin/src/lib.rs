@@ -13,7 +13,7 @@
 //! [`links`] (which NICs exist, from netlink events), [`health`] and
 //! [`topology`] (device health and NUMA), [`devices`] (the device list),
 //! [`server`] and [`allocate`] (the gRPC service), [`registration`] and
-//! [`fswatch`] (the kubelet's lifecycle), [`reclaim`] (leaked links),
+//! [`fswatch`] (the kubelet's lifecycle), [`reclaim`] (leaked links), [`events`] (Kubernetes Events on the Node),
 //! [`metrics`], [`procstat`] and [`http`] (observability), [`daemon`] (the loop tying
 //! them together).
 
@@ -24,6 +24,7 @@ pub mod daemon;
 pub mod devices;
 pub mod discovery;
 pub mod error;
+pub mod events;
 pub mod fswatch;
 pub mod grpc;
 pub mod health;

@@ -25,6 +25,7 @@
 use crate::allocate;
 use crate::config::ResourceConfig;
 use crate::error::{Error, Result};
+use crate::events::{EventSink, NodeEvent};
 use crate::grpc::connect_unix;
 use crate::metrics::Metrics;
 use kubelet_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
@@ -192,6 +193,7 @@ pub struct Reclaimer {
     assignments: Assignments,
     dev_dir: PathBuf,
     said_socket_absent: bool,
+    events: EventSink,
 }
 
 impl Reclaimer {
@@ -207,6 +209,7 @@ impl Reclaimer {
             assignments: Assignments::default(),
             dev_dir: PathBuf::from(crate::allocate::DEV_DIR),
             said_socket_absent: false,
+            events: EventSink::off(),
         }
     }
 
@@ -215,6 +218,12 @@ impl Reclaimer {
     pub fn with_healing(mut self, assignments: Assignments, dev_dir: PathBuf) -> Self {
         self.assignments = assignments;
         self.dev_dir = dev_dir;
+        self
+    }
+
+    /// Posts a Kubernetes Event for every leaked link removed.
+    pub fn with_events(mut self, events: EventSink) -> Self {
+        self.events = events;
         self
     }
 
@@ -293,6 +302,10 @@ impl Reclaimer {
             .map_err(|e| Error::Task(format!("deleting links: {e}")))??;
         for id in &deleted {
             self.first_seen.remove(id);
+            self.events.post(NodeEvent::LeakedLinkRemoved {
+                link: id.0.clone(),
+                ifindex: id.1,
+            });
         }
         metrics.leaked_links_removed(deleted.len() as u64);
         Ok(deleted.len())

@@ -946,6 +946,8 @@ async fn metrics_and_healthz_are_served() {
         first.starts_with('{') && first.contains("\"level\""),
         "{first}"
     );
+    // No NODE_NAME here: Events are off, said once, and all else works.
+    assert_eq!(log.matches("Kubernetes Events are off").count(), 1, "{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
