@@ -245,7 +245,7 @@ pub async fn run(opts: Options) -> Result<()> {
     let plugin_dir = opts.plugin_dir();
     std::fs::create_dir_all(&plugin_dir).map_err(Error::io(&plugin_dir))?;
     let metrics = Arc::new(Metrics::default());
-    let events = EventSink::from_environment(opts.node_name.as_deref());
+    let events = EventSink::from_environment(opts.node_name.as_deref()).await;
     let http = match opts.metrics_addr {
         Some(addr) => Some(crate::http::serve(addr, metrics.clone()).await?),
         None => None,

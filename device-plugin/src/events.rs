@@ -235,20 +235,20 @@ impl EventSink {
         (Self { tx: Some(tx) }, task)
     }
 
-    /// Events from inside a pod: on when `NODE_NAME` is set and the
-    /// in-cluster service account works, otherwise off, which is logged
-    /// once.
-    pub fn from_environment(node_name: Option<&str>) -> Self {
+    /// Events from the environment: on when `node_name` is set and API
+    /// credentials are found (a kubeconfig named by `KUBECONFIG`, else the
+    /// pod's service account), otherwise off, which is logged once.
+    pub async fn from_environment(node_name: Option<&str>) -> Self {
         let Some(node) = node_name.filter(|n| !n.is_empty()) else {
             info!(
                 "Kubernetes Events are off: NODE_NAME is not set (the DaemonSet sets it from spec.nodeName)"
             );
             return Self::off();
         };
-        let config = match kube::Config::incluster() {
+        let config = match kube::Config::infer().await {
             Ok(c) => c,
             Err(e) => {
-                info!(error = %e, "Kubernetes Events are off: no in-cluster API access (service account token or KUBERNETES_SERVICE_HOST missing)");
+                info!(error = %e, "Kubernetes Events are off: no API access (no kubeconfig, and no service account token or KUBERNETES_SERVICE_HOST)");
                 return Self::off();
             }
         };

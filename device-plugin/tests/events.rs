@@ -5,6 +5,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::describe_events as describe;
+
 use macvtap_deviceplugin::events::{CONTROLLER, EventSink, NodeEvent};
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -157,60 +161,6 @@ fn assert_repeat(req: &Request, first: &Request, count: i64) {
     for k in ["reason", "note", "type", "action", "regarding", "eventTime"] {
         assert_eq!(req.body[k], first.body[k], "{k} stays the first one's");
     }
-}
-
-/// The Events as `kubectl describe node` lists them (its `DescribeEvents`:
-/// Age is "<last> (x<count> over <first>)" for a series, From is
-/// `reportingController, reportingInstance`).
-fn describe(objects: &[Value]) -> String {
-    let now = objects
-        .iter()
-        .filter_map(|o| {
-            o["series"]["lastObservedTime"]
-                .as_str()
-                .or(o["eventTime"].as_str())
-        })
-        .max()
-        .unwrap()
-        .to_string();
-    let secs = |t: &str| -> f64 {
-        let p = |s: &str| -> f64 {
-            let hms = &s[11..s.len() - 1];
-            let mut it = hms.split(':');
-            let h: f64 = it.next().unwrap().parse().unwrap();
-            let m: f64 = it.next().unwrap().parse().unwrap();
-            let s: f64 = it.next().unwrap().parse().unwrap();
-            h * 3600.0 + m * 60.0 + s
-        };
-        (p(&now) - p(t)).max(0.0)
-    };
-    let mut out = String::from(
-        "Events:\n  Type     Reason          Age               From                                                               Message\n  ----     ------          ----              ----                                                               -------\n",
-    );
-    for o in objects {
-        let first = secs(o["eventTime"].as_str().unwrap());
-        let age = match o["series"]["count"].as_i64() {
-            Some(n) => format!(
-                "{:.0}s (x{n} over {:.0}s)",
-                secs(o["series"]["lastObservedTime"].as_str().unwrap()),
-                first
-            ),
-            None => format!("{first:.0}s"),
-        };
-        out.push_str(&format!(
-            "  {:<8} {:<15} {:<17} {:<66} {}\n",
-            o["type"].as_str().unwrap(),
-            o["reason"].as_str().unwrap(),
-            age,
-            format!(
-                "{}, {}",
-                o["reportingController"].as_str().unwrap(),
-                o["reportingInstance"].as_str().unwrap()
-            ),
-            o["note"].as_str().unwrap()
-        ));
-    }
-    out
 }
 
 #[tokio::test]

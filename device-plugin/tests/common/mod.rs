@@ -117,6 +117,9 @@ impl Daemon {
         ])
         .args(args)
         .env_remove("DP_MACVTAP_CONF")
+        // Events only where a test asks for them (with its own API server).
+        .env_remove("NODE_NAME")
+        .env_remove("KUBECONFIG")
         .env("RUST_LOG", "macvtap_deviceplugin=debug,info")
         .stdin(Stdio::null())
         .stdout(File::create(&log).unwrap())
@@ -256,5 +259,191 @@ impl Drop for Node {
                 let _ = self.ns.handle().del_link(l.index, &l.name);
             }
         }
+    }
+}
+
+/// The Events as `kubectl describe node` lists them (its `DescribeEvents`:
+/// Age is "<last> (x<count> over <first>)" for a series, From is
+/// `reportingController, reportingInstance`).
+pub fn describe_events(objects: &[serde_json::Value]) -> String {
+    let now = objects
+        .iter()
+        .filter_map(|o| {
+            o["series"]["lastObservedTime"]
+                .as_str()
+                .or(o["eventTime"].as_str())
+        })
+        .max()
+        .unwrap()
+        .to_string();
+    let secs = |t: &str| -> f64 {
+        let p = |s: &str| -> f64 {
+            let hms = &s[11..s.len() - 1];
+            let mut it = hms.split(':');
+            let h: f64 = it.next().unwrap().parse().unwrap();
+            let m: f64 = it.next().unwrap().parse().unwrap();
+            let s: f64 = it.next().unwrap().parse().unwrap();
+            h * 3600.0 + m * 60.0 + s
+        };
+        (p(&now) - p(t)).max(0.0)
+    };
+    let mut out = String::from(
+        "Events:\n  Type     Reason          Age               From                                                               Message\n  ----     ------          ----              ----                                                               -------\n",
+    );
+    for o in objects {
+        let first = secs(o["eventTime"].as_str().unwrap());
+        let age = match o["series"]["count"].as_i64() {
+            Some(n) => format!(
+                "{:.0}s (x{n} over {:.0}s)",
+                secs(o["series"]["lastObservedTime"].as_str().unwrap()),
+                first
+            ),
+            None => format!("{first:.0}s"),
+        };
+        out.push_str(&format!(
+            "  {:<8} {:<15} {:<17} {:<66} {}\n",
+            o["type"].as_str().unwrap(),
+            o["reason"].as_str().unwrap(),
+            age,
+            format!(
+                "{}, {}",
+                o["reportingController"].as_str().unwrap(),
+                o["reportingInstance"].as_str().unwrap()
+            ),
+            o["note"].as_str().unwrap()
+        ));
+    }
+    out
+}
+
+/// One request the [`FakeApiServer`] got.
+#[derive(Debug, Clone)]
+pub struct ApiRequest {
+    /// `POST`, `PATCH`, ...
+    pub method: String,
+    /// The path, without the query.
+    pub path: String,
+    /// The `Content-Type` header.
+    pub content_type: String,
+    /// The JSON body.
+    pub body: serde_json::Value,
+}
+
+/// A plain-HTTP stand-in for the API server, on 127.0.0.1 inside a test
+/// namespace, with a kubeconfig that points at it. It answers every request
+/// with the object it got (201 for a POST, 200 otherwise), as the API
+/// server answers with the stored object, and records the request.
+pub struct FakeApiServer {
+    /// A kubeconfig for it (for `KUBECONFIG`).
+    pub kubeconfig: PathBuf,
+    /// The requests, in arrival order.
+    pub requests: tokio::sync::mpsc::UnboundedReceiver<ApiRequest>,
+    _dir: tempfile::TempDir,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FakeApiServer {
+    /// Listens on a free port of 127.0.0.1 in `ns`.
+    pub fn start(ns: &TestNs) -> Self {
+        let std_listener = Netns::open(ns.path())
+            .unwrap()
+            .run(|| std::net::TcpListener::bind("127.0.0.1:0").map_err(macvtap_link::Error::Socket))
+            .unwrap();
+        std_listener.set_nonblocking(true).unwrap();
+        let port = std_listener.local_addr().unwrap().port();
+        let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://127.0.0.1:{port}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\ncurrent-context: fake\nusers:\n- name: fake\n  user: {{}}\n"
+            ),
+        )
+        .unwrap();
+        let (tx, requests) = tokio::sync::mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let tx = tx.clone();
+                tokio::spawn(serve_api_connection(stream, tx));
+            }
+        });
+        Self {
+            kubeconfig,
+            requests,
+            _dir: dir,
+            task,
+        }
+    }
+
+    /// The next request, within [`DEADLINE`].
+    pub async fn next(&mut self) -> ApiRequest {
+        tokio::time::timeout(DEADLINE, self.requests.recv())
+            .await
+            .expect("the API server got no request in time")
+            .expect("the API server stopped")
+    }
+}
+
+impl Drop for FakeApiServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Answers HTTP/1.1 requests on one (keep-alive) connection.
+async fn serve_api_connection(
+    stream: tokio::net::TcpStream,
+    tx: tokio::sync::mpsc::UnboundedSender<ApiRequest>,
+) {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    let mut stream = BufReader::new(stream);
+    loop {
+        let mut request_line = String::new();
+        if stream.read_line(&mut request_line).await.unwrap_or(0) == 0 {
+            return;
+        }
+        let mut parts = request_line.split_whitespace();
+        let method = parts.next().unwrap_or_default().to_string();
+        let target = parts.next().unwrap_or_default();
+        let path = target.split('?').next().unwrap_or_default().to_string();
+        let (mut length, mut content_type) = (0usize, String::new());
+        loop {
+            let mut line = String::new();
+            if stream.read_line(&mut line).await.unwrap_or(0) == 0 {
+                return;
+            }
+            let line = line.trim_end();
+            if line.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = line.split_once(':') {
+                match k.to_ascii_lowercase().as_str() {
+                    "content-length" => length = v.trim().parse().unwrap(),
+                    "content-type" => content_type = v.trim().to_string(),
+                    _ => {}
+                }
+            }
+        }
+        let mut body = vec![0u8; length];
+        stream.read_exact(&mut body).await.unwrap();
+        let status = if method == "POST" {
+            "201 Created"
+        } else {
+            "200 OK"
+        };
+        let head = format!(
+            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        stream.get_mut().write_all(head.as_bytes()).await.unwrap();
+        stream.get_mut().write_all(&body).await.unwrap();
+        let body = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+        let _ = tx.send(ApiRequest {
+            method,
+            path,
+            content_type,
+            body,
+        });
     }
 }
