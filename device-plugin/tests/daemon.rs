@@ -260,7 +260,9 @@ async fn a_flapping_nic_posts_events_on_the_node() {
     let events = "/apis/events.k8s.io/v1/namespaces/default/events";
     let mut got = Vec::new();
     for _ in 0..5 {
-        got.push(api.next().await);
+        let req = api.next().await;
+        assert!(req.invalid.is_empty(), "{:?}: {}", req.invalid, req.body);
+        got.push(req);
     }
     let (down, up) = (&got[0], &got[1]);
     for (req, reason, note) in [

@@ -40,6 +40,9 @@ fn api_server(status: u16) -> (kube::Client, mpsc::UnboundedReceiver<Request>) {
             let bytes = body.collect_bytes().await.unwrap();
             let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
             let method = parts.method.to_string();
+            // What the API server checks before storing the (patched) Event.
+            let invalid = common::validate_event_v1("default", &body);
+            assert!(invalid.is_empty(), "{invalid:?}: {body}");
             let (code, answer) = match (status, method.as_str()) {
                 (403, _) => (
                     403,
@@ -287,4 +290,31 @@ async fn an_rbac_refusal_turns_events_off_after_one_request() {
             .is_none(),
         "no request after the refusal (the client is dropped with the publisher)"
     );
+}
+
+#[test]
+fn the_api_servers_event_validation_refuses_what_it_should() {
+    // Proves the stand-in's checks can fail: the core/v1-era fields, no
+    // eventTime, a series of one, a cluster-scoped object's Event outside
+    // namespace default.
+    let bad = json!({
+        "metadata": {"name": "Node_A"}, "type": "Info", "reason": "", "action": "x",
+        "reportingController": "plain", "reportingInstance": "i",
+        "deprecatedCount": 3, "series": {"count": 1},
+        "regarding": {"kind": "Node", "name": "a"},
+    });
+    let errs = common::validate_event_v1("kube-system", &bad);
+    for want in [
+        "metadata.name",
+        "eventTime",
+        "type",
+        "reason",
+        "deprecatedCount",
+        "reportingController",
+        "series.count",
+        "series.lastObservedTime",
+        "namespace kube-system",
+    ] {
+        assert!(errs.iter().any(|e| e.starts_with(want)), "{want}: {errs:?}");
+    }
 }

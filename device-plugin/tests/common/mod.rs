@@ -316,6 +316,88 @@ pub fn describe_events(objects: &[serde_json::Value]) -> String {
     out
 }
 
+/// What the API server checks of an events.k8s.io/v1 Event before storing
+/// it (kubernetes/kubernetes `pkg/apis/core/validation/events.go`,
+/// `ValidateEventCreate` for `events/v1`, and `validateV1EventSeries`), as
+/// a list of the rules broken; in `namespace`, for a Node (cluster-scoped).
+pub fn validate_event_v1(namespace: &str, e: &serde_json::Value) -> Vec<String> {
+    let mut errs = Vec::new();
+    let s = |k: &str| e[k].as_str().unwrap_or_default().to_string();
+    let name = e["metadata"]["name"].as_str().unwrap_or_default();
+    let dns_subdomain = !name.is_empty()
+        && name.len() <= 253
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if !dns_subdomain {
+        errs.push(format!("metadata.name {name:?} is not a DNS subdomain"));
+    }
+    if s("eventTime").is_empty() {
+        errs.push("eventTime: Required value".into());
+    }
+    if !["Normal", "Warning"].contains(&s("type").as_str()) {
+        errs.push(format!(
+            "type {:?} is neither Normal nor Warning",
+            s("type")
+        ));
+    }
+    for k in [
+        "deprecatedFirstTimestamp",
+        "deprecatedLastTimestamp",
+        "deprecatedSource",
+    ] {
+        if e.get(k).is_some_and(|v| !v.is_null()) {
+            errs.push(format!("{k}: needs to be unset"));
+        }
+    }
+    if e["deprecatedCount"].as_i64().unwrap_or(0) != 0 {
+        errs.push("deprecatedCount: needs to be unset".into());
+    }
+    let controller = s("reportingController");
+    if controller.is_empty() || controller.len() > 316 || !controller.contains('/') {
+        errs.push(format!(
+            "reportingController {controller:?} is not a qualified name"
+        ));
+    }
+    for (k, max) in [
+        ("reportingInstance", 128),
+        ("action", 128),
+        ("reason", 128),
+        ("note", 1024),
+    ] {
+        let v = s(k);
+        if (v.is_empty() && k != "note") || v.len() > max {
+            errs.push(format!("{k}: required, at most {max} characters"));
+        }
+    }
+    // A cluster-scoped object's Events live in namespace default.
+    if e["regarding"]["namespace"]
+        .as_str()
+        .unwrap_or_default()
+        .is_empty()
+        && namespace != "default"
+    {
+        errs.push(format!(
+            "namespace {namespace} does not match the regarding object's"
+        ));
+    }
+    if let Some(series) = e.get("series").filter(|v| !v.is_null()) {
+        if series["count"].as_i64().unwrap_or(0) < 2 {
+            errs.push("series.count: should be at least 2".into());
+        }
+        if series["lastObservedTime"]
+            .as_str()
+            .unwrap_or_default()
+            .is_empty()
+        {
+            errs.push("series.lastObservedTime: Required value".into());
+        }
+    }
+    errs
+}
+
 /// One request the [`FakeApiServer`] got.
 #[derive(Debug, Clone)]
 pub struct ApiRequest {
@@ -327,12 +409,16 @@ pub struct ApiRequest {
     pub content_type: String,
     /// The JSON body.
     pub body: serde_json::Value,
+    /// The validation rules the body broke (then the answer was 422).
+    pub invalid: Vec<String>,
 }
 
 /// A plain-HTTP stand-in for the API server, on 127.0.0.1 inside a test
-/// namespace, with a kubeconfig that points at it. It answers every request
-/// with the object it got (201 for a POST, 200 otherwise), as the API
-/// server answers with the stored object, and records the request.
+/// namespace, with a kubeconfig that points at it. Like the real one
+/// (`staging/src/k8s.io/apiserver/pkg/endpoints/handlers/create.go` and
+/// `patch.go`) it answers a create with 201 and a patch with 200 and the
+/// stored object, and an Event the validation of [`validate_event_v1`]
+/// refuses with 422; it records every request.
 pub struct FakeApiServer {
     /// A kubeconfig for it (for `KUBECONFIG`).
     pub kubeconfig: PathBuf,
@@ -427,23 +513,45 @@ async fn serve_api_connection(
         }
         let mut body = vec![0u8; length];
         stream.read_exact(&mut body).await.unwrap();
-        let status = if method == "POST" {
-            "201 Created"
+        let json: serde_json::Value =
+            serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+        let namespace = path
+            .split("/namespaces/")
+            .nth(1)
+            .and_then(|r| r.split('/').next())
+            .unwrap_or_default()
+            .to_string();
+        let invalid = validate_event_v1(&namespace, &json);
+        let (status, answer) = if invalid.is_empty() {
+            let status = if method == "POST" {
+                "201 Created"
+            } else {
+                "200 OK"
+            };
+            (status, body)
         } else {
-            "200 OK"
+            let message = format!("Event is invalid: {}", invalid.join(", "));
+            let answer = serde_json::json!({
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "reason": "Invalid", "code": 422, "message": message,
+            });
+            (
+                "422 Unprocessable Entity",
+                serde_json::to_vec(&answer).unwrap(),
+            )
         };
         let head = format!(
             "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            body.len()
+            answer.len()
         );
         stream.get_mut().write_all(head.as_bytes()).await.unwrap();
-        stream.get_mut().write_all(&body).await.unwrap();
-        let body = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+        stream.get_mut().write_all(&answer).await.unwrap();
         let _ = tx.send(ApiRequest {
             method,
             path,
             content_type,
-            body,
+            body: json,
+            invalid,
         });
     }
 }
