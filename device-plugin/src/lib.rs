@@ -13,8 +13,8 @@
 //! [`links`] (which NICs exist, from netlink events), [`health`] and
 //! [`topology`] (device health and NUMA), [`devices`] (the device list),
 //! [`server`] and [`allocate`] (the gRPC service), [`registration`] and
-//! [`fswatch`] (the kubelet's lifecycle), [`reclaim`] (leaked links),
-//! [`metrics`] and [`http`] (observability), [`daemon`] (the loop tying
+//! [`fswatch`] (the kubelet's lifecycle), [`reclaim`] (leaked links), [`events`] (Kubernetes Events on the Node),
+//! [`metrics`], [`procstat`] and [`http`] (observability), [`daemon`] (the loop tying
 //! them together).
 
 pub mod allocate;
@@ -24,6 +24,7 @@ pub mod daemon;
 pub mod devices;
 pub mod discovery;
 pub mod error;
+pub mod events;
 pub mod fswatch;
 pub mod grpc;
 pub mod health;
@@ -32,11 +33,14 @@ pub mod install;
 pub mod links;
 pub mod logging;
 pub mod metrics;
+pub mod procstat;
 pub mod reclaim;
 pub mod registration;
 pub mod server;
 #[cfg(feature = "testkubelet")]
 pub mod testkubelet;
+#[cfg(feature = "testkubelet")]
+pub mod testtools;
 pub mod topology;
 
 pub use error::{Error, Result};

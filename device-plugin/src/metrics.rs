@@ -1,9 +1,38 @@
-//! Counters and gauges, rendered in the Prometheus text format.
+//! Counters, gauges and a histogram, rendered in the Prometheus text
+//! exposition format (0.0.4), with the standard `process_*` metrics and a
+//! build-info gauge, as the Go client renders them.
 
+use crate::procstat::ProcessStats;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
 use std::time::Duration;
+
+/// Upper bounds of the Allocate latency buckets, in seconds. Allocate
+/// creates one macvtap and waits for its tap node: a few milliseconds when
+/// all is well, up to the node wait's seconds when it is not.
+pub const ALLOCATE_BUCKETS: [f64; 13] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// A Prometheus histogram with the [`ALLOCATE_BUCKETS`] bounds.
+#[derive(Debug, Default, Clone, PartialEq)]
+struct Histogram {
+    /// Observations per bucket (not cumulative), one per bound.
+    buckets: [u64; ALLOCATE_BUCKETS.len()],
+    count: u64,
+    sum: f64,
+}
+
+impl Histogram {
+    fn observe(&mut self, v: f64) {
+        if let Some(i) = ALLOCATE_BUCKETS.iter().position(|b| v <= *b) {
+            self.buckets[i] += 1;
+        }
+        self.count += 1;
+        self.sum += v;
+    }
+}
 
 /// Per-resource numbers.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -12,7 +41,7 @@ struct ResourceMetrics {
     unhealthy: u64,
     allocations: u64,
     allocation_errors: u64,
-    allocate_seconds_sum: f64,
+    allocate_seconds: Histogram,
     registrations: u64,
     registration_errors: u64,
     /// Times the devices became Unhealthy (or changed reason), by reason.
@@ -74,7 +103,7 @@ impl Metrics {
             } else {
                 r.allocation_errors += 1;
             }
-            r.allocate_seconds_sum += took.as_secs_f64();
+            r.allocate_seconds.observe(took.as_secs_f64());
         });
     }
 
@@ -113,7 +142,7 @@ impl Metrics {
 
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
-        self.with(|m| {
+        let mut out = self.with(|m| {
             let mut out = String::new();
             let rs = &m.resources;
             family(
@@ -145,13 +174,11 @@ impl Metrics {
                 rs,
                 |r| vec![("", r.allocation_errors as f64)],
             );
-            family(
+            histogram(
                 &mut out,
-                "macvtap_dp_allocate_seconds_sum",
-                "counter",
-                "Total time spent in Allocate.",
+                "macvtap_dp_allocate_seconds",
+                "Time Allocate took, successful or not, in seconds.",
                 rs,
-                |r| vec![("", r.allocate_seconds_sum)],
             );
             family(
                 &mut out,
@@ -210,8 +237,105 @@ impl Metrics {
                     "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
                 );
             }
+            let _ = writeln!(
+                out,
+                "# HELP macvtap_dp_build_info The running build: its version as a label, value always 1.\n\
+                 # TYPE macvtap_dp_build_info gauge\n\
+                 macvtap_dp_build_info{{version=\"{}\"}} 1",
+                escape_label(env!("CARGO_PKG_VERSION"))
+            );
             out
-        })
+        });
+        // Without /proc (never the case on a node) the page just lacks them.
+        if let Ok(p) = ProcessStats::read_self() {
+            process_metrics(&mut out, &p);
+        }
+        out
+    }
+}
+
+/// Appends the Go client's standard process metrics.
+fn process_metrics(out: &mut String, p: &ProcessStats) {
+    let mut one = |name: &str, kind: &str, help: &str, v: f64| {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+        );
+    };
+    one(
+        "process_cpu_seconds_total",
+        "counter",
+        "Total user and system CPU time spent in seconds.",
+        p.cpu_seconds,
+    );
+    one(
+        "process_resident_memory_bytes",
+        "gauge",
+        "Resident memory size in bytes.",
+        p.resident_memory_bytes as f64,
+    );
+    one(
+        "process_virtual_memory_bytes",
+        "gauge",
+        "Virtual memory size in bytes.",
+        p.virtual_memory_bytes as f64,
+    );
+    one(
+        "process_open_fds",
+        "gauge",
+        "Number of open file descriptors.",
+        p.open_fds as f64,
+    );
+    if let Some(max) = p.max_fds {
+        one(
+            "process_max_fds",
+            "gauge",
+            "Maximum number of open file descriptors.",
+            max as f64,
+        );
+    }
+    one(
+        "process_start_time_seconds",
+        "gauge",
+        "Start time of the process since unix epoch in seconds.",
+        p.start_time_seconds,
+    );
+}
+
+/// A label value with `\`, `"` and newlines escaped, as the format requires.
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// A histogram family per resource: cumulative `_bucket{le}` series ending
+/// in `+Inf`, then `_sum` and `_count`.
+fn histogram(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    resources: &BTreeMap<String, ResourceMetrics>,
+) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+    for (resource, r) in resources {
+        let resource = escape_label(resource);
+        let h = &r.allocate_seconds;
+        let mut cumulative = 0;
+        for (bound, n) in ALLOCATE_BUCKETS.iter().zip(h.buckets) {
+            cumulative += n;
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{resource=\"{resource}\",le=\"{bound}\"}} {cumulative}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{resource=\"{resource}\",le=\"+Inf\"}} {}\n\
+             {name}_sum{{resource=\"{resource}\"}} {}\n\
+             {name}_count{{resource=\"{resource}\"}} {}",
+            h.count, h.sum, h.count
+        );
     }
 }
 
@@ -225,6 +349,7 @@ fn family(
 ) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
     for (resource, r) in resources {
+        let resource = escape_label(resource);
         for (extra, v) in values(r) {
             let sep = if extra.is_empty() { "" } else { "," };
             let _ = writeln!(out, "{name}{{resource=\"{resource}\"{sep}{extra}}} {v}");
@@ -268,5 +393,38 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("# TYPE macvtap_dp_devices gauge"), "{t}");
+        // 5 ms and 0 s: both in the 0.005 bucket, one in 0.001.
+        let e = "resource=\"macvtap.network.kubevirt.io/eth0\"";
+        for want in [
+            "# TYPE macvtap_dp_allocate_seconds histogram\n".to_string(),
+            format!("macvtap_dp_allocate_seconds_bucket{{{e},le=\"0.001\"}} 1\n"),
+            format!("macvtap_dp_allocate_seconds_bucket{{{e},le=\"0.0025\"}} 1\n"),
+            format!("macvtap_dp_allocate_seconds_bucket{{{e},le=\"0.005\"}} 2\n"),
+            format!("macvtap_dp_allocate_seconds_bucket{{{e},le=\"10\"}} 2\n"),
+            format!("macvtap_dp_allocate_seconds_bucket{{{e},le=\"+Inf\"}} 2\n"),
+            format!("macvtap_dp_allocate_seconds_sum{{{e}}} 0.005\n"),
+            format!("macvtap_dp_allocate_seconds_count{{{e}}} 2\n"),
+            format!(
+                "macvtap_dp_build_info{{version=\"{}\"}} 1\n",
+                env!("CARGO_PKG_VERSION")
+            ),
+            "# TYPE process_cpu_seconds_total counter\n".to_string(),
+            "# TYPE process_resident_memory_bytes gauge\n".to_string(),
+            "# TYPE process_open_fds gauge\n".to_string(),
+            "# TYPE process_start_time_seconds gauge\n".to_string(),
+        ] {
+            assert!(t.contains(&want), "want {want:?} in:\n{t}");
+        }
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let m = Metrics::default();
+        m.set_devices("a\"b\\c\nd", 1, 0);
+        let t = m.render();
+        assert!(
+            t.contains("macvtap_dp_devices{resource=\"a\\\"b\\\\c\\nd\",state=\"healthy\"} 1\n"),
+            "{t}"
+        );
     }
 }

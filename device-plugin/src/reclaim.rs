@@ -25,6 +25,7 @@
 use crate::allocate;
 use crate::config::ResourceConfig;
 use crate::error::{Error, Result};
+use crate::events::{EventSink, NodeEvent};
 use crate::grpc::connect_unix;
 use crate::metrics::Metrics;
 use kubelet_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
@@ -218,6 +219,7 @@ pub struct Reclaimer {
     assignments: Assignments,
     dev_dir: PathBuf,
     said_socket_absent: bool,
+    events: EventSink,
 }
 
 impl Reclaimer {
@@ -233,6 +235,7 @@ impl Reclaimer {
             assignments: Assignments::default(),
             dev_dir: PathBuf::from(crate::allocate::DEV_DIR),
             said_socket_absent: false,
+            events: EventSink::off(),
         }
     }
 
@@ -241,6 +244,12 @@ impl Reclaimer {
     pub fn with_healing(mut self, assignments: Assignments, dev_dir: PathBuf) -> Self {
         self.assignments = assignments;
         self.dev_dir = dev_dir;
+        self
+    }
+
+    /// Posts a Kubernetes Event for every leaked link removed.
+    pub fn with_events(mut self, events: EventSink) -> Self {
+        self.events = events;
         self
     }
 
@@ -320,6 +329,10 @@ impl Reclaimer {
             .map_err(|e| Error::Task(format!("deleting links: {e}")))??;
         for id in &deleted {
             self.first_seen.remove(id);
+            self.events.post(NodeEvent::LeakedLinkRemoved {
+                link: id.0.clone(),
+                ifindex: id.1,
+            });
         }
         metrics.leaked_links_removed(deleted.len() as u64);
         Ok(deleted.len())

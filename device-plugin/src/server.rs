@@ -9,6 +9,7 @@
 use crate::allocate;
 use crate::config::ResourceConfig;
 use crate::error::{Error, Result};
+use crate::events::{EventSink, NodeEvent};
 use crate::grpc::bind_unix;
 use crate::metrics::Metrics;
 use crate::reclaim::{AllocationClock, Assignments, tap_index};
@@ -44,6 +45,8 @@ pub struct StreamEvent {
 pub struct ServerContext {
     /// Counters.
     pub metrics: Arc<Metrics>,
+    /// Kubernetes Events on the Node.
+    pub events: EventSink,
     /// Where ListAndWatch streams opening and ending are reported.
     pub streams: mpsc::UnboundedSender<StreamEvent>,
     /// The leak clock Allocate restarts.
@@ -217,6 +220,10 @@ impl DevicePlugin for PluginService {
             }
             Err(e) => {
                 warn!(%resource, error = %e, "Allocate failed");
+                self.ctx.events.post(NodeEvent::AllocateRefused {
+                    resource: resource.clone(),
+                    error: e.to_string(),
+                });
                 Err(e.to_status())
             }
         }

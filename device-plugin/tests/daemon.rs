@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{DEADLINE, Node, TestNs, require_root};
+use common::{DEADLINE, FakeApiServer, Node, TestNs, describe_events, require_root};
 use kubelet_proto::v1beta1::Device;
 use macvtap_deviceplugin::testkubelet::{ResourceView, TestPodResources, summary};
 use macvtap_link::tapdev::{check_tap_node, tap_dev_in_netns};
@@ -223,6 +223,81 @@ async fn allocate_of_an_unknown_id_fails_and_leaves_no_link() {
     assert!(e.message().contains("eth1"), "{e}");
     let links = node.ns.handle().list_links().unwrap();
     assert!(links.iter().all(|l| !l.is_macvtap()), "{links:?}");
+}
+
+/// A NIC that flaps (down, up, down, up, down) makes two Events on the
+/// Node, posted by the real daemon to an API server (a plain-HTTP stand-in
+/// in the node's namespace, named by `KUBECONFIG`): the first down and the
+/// first up are created, every repeat patches its series count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flapping_nic_posts_events_on_the_node() {
+    require_root();
+    let mut node = Node::new("events");
+    let mut api = FakeApiServer::start(&node.ns);
+    node.start_kubelet().await;
+    let kubeconfig = api.kubeconfig.to_str().unwrap().to_string();
+    node.start_daemon(
+        &["--resource=name=dp,lowerDevice=eth1,capacity=3"],
+        &[("NODE_NAME", "node-flap"), ("KUBECONFIG", &kubeconfig)],
+    );
+    let k = node.kubelet();
+    k.wait_resource(DP, DEADLINE, |v| serving(v, 3))
+        .await
+        .unwrap();
+    for i in 0..5 {
+        if i % 2 == 0 {
+            node.ns.ip(&["link", "set", "eth1", "down"]);
+            k.wait_resource(DP, DEADLINE, |v| all_unhealthy(&v.devices))
+                .await
+                .unwrap();
+        } else {
+            node.ns.ip(&["link", "set", "eth1", "up"]);
+            k.wait_resource(DP, DEADLINE, |v| all_healthy(&v.devices))
+                .await
+                .unwrap();
+        }
+    }
+    let events = "/apis/events.k8s.io/v1/namespaces/default/events";
+    let mut got = Vec::new();
+    for _ in 0..5 {
+        let req = api.next().await;
+        assert!(req.invalid.is_empty(), "{:?}: {}", req.invalid, req.body);
+        got.push(req);
+    }
+    let (down, up) = (&got[0], &got[1]);
+    for (req, reason, note) in [
+        (
+            down,
+            "MacvtapNICDown",
+            "NIC eth1 is down or gone: 3 devices of macvtap.network.kubevirt.io/dp are Unhealthy",
+        ),
+        (
+            up,
+            "MacvtapNICUp",
+            "NIC eth1 is up: 3 devices of macvtap.network.kubevirt.io/dp are Healthy again",
+        ),
+    ] {
+        assert_eq!((req.method.as_str(), req.path.as_str()), ("POST", events));
+        assert_eq!(req.body["reason"], reason);
+        assert_eq!(req.body["note"], note);
+        assert_eq!(req.body["regarding"]["kind"], "Node");
+        assert_eq!(req.body["regarding"]["name"], "node-flap");
+        assert_eq!(
+            req.body["reportingInstance"],
+            "macvtap-deviceplugin-node-flap"
+        );
+    }
+    for (req, first, count) in [(&got[2], down, 2), (&got[3], up, 2), (&got[4], down, 3)] {
+        let name = first.body["metadata"]["name"].as_str().unwrap();
+        assert_eq!(req.method, "PATCH");
+        assert_eq!(req.path, format!("{events}/{name}"));
+        assert_eq!(req.content_type, "application/merge-patch+json");
+        assert_eq!(req.body["series"]["count"], count);
+    }
+    println!(
+        "{}",
+        describe_events(&[got[4].body.clone(), got[3].body.clone()])
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -851,9 +926,32 @@ async fn metrics_and_healthz_are_served() {
         "macvtap_dp_allocation_errors_total{resource=\"macvtap.network.kubevirt.io/dp\"} 1",
         "macvtap_dp_registrations_total{resource=\"macvtap.network.kubevirt.io/dp\"} 1",
         "macvtap_dp_leaked_links_removed_total 0",
+        "macvtap_dp_allocate_seconds_bucket{resource=\"macvtap.network.kubevirt.io/dp\",le=\"+Inf\"} 2",
+        "macvtap_dp_allocate_seconds_count{resource=\"macvtap.network.kubevirt.io/dp\"} 2",
+        "# TYPE process_resident_memory_bytes gauge",
+        "# TYPE process_start_time_seconds gauge",
     ] {
         assert!(m.contains(want), "want {want:?} in:\n{m}");
     }
+    assert!(
+        m.starts_with("HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4"),
+        "{m}"
+    );
+    let body = &m[m.find("\r\n\r\n").unwrap() + 4..];
+    let parsed = macvtap_deviceplugin::testtools::parse_exposition(body)
+        .unwrap_or_else(|e| panic!("{e}\n{body}"));
+    // The daemon's own process: it has the plugin socket, the kubelet's
+    // connection and the metrics listener open.
+    let fds = parsed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "process_open_fds")
+        .unwrap()["samples"][0]["value"]
+        .as_f64()
+        .unwrap();
+    assert!(fds >= 3.0, "{body}");
+    println!("{body}");
     // --log-format=json: every log line is a JSON object.
     let mut node = node;
     let log = node.daemon().log();
@@ -862,6 +960,8 @@ async fn metrics_and_healthz_are_served() {
         first.starts_with('{') && first.contains("\"level\""),
         "{first}"
     );
+    // No NODE_NAME here: Events are off, said once, and all else works.
+    assert_eq!(log.matches("Kubernetes Events are off").count(), 1, "{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@ pub mod bench;
 pub mod cpio;
 pub mod guest;
 pub mod kubelet_socket;
-pub mod kustomize;
+pub mod manifests;
 pub mod multus;
 pub mod node;
 pub mod runtime;

@@ -555,10 +555,18 @@ impl PodSandbox {
             let k = e["name"]
                 .as_str()
                 .with_context(|| format!("{field}.env[{i}].name"))?;
-            let v = e["value"].as_str().with_context(|| {
-                format!("{field}.env[{i}] ({k}): only a literal value is supported here")
-            })?;
-            set(k, v);
+            // The downward API: the kubelet resolves `spec.nodeName` to the
+            // node's name, by default its hostname (pkg/kubelet/kubelet_pods.go,
+            // podFieldSelectorRuntimeValue).
+            let field_path = e["valueFrom"]["fieldRef"]["fieldPath"].as_str();
+            let v = match (e["value"].as_str(), field_path) {
+                (Some(v), _) => v.to_string(),
+                (None, Some("spec.nodeName")) => self.hostname.clone(),
+                _ => bail!(
+                    "{field}.env[{i}] ({k}): only a literal value or the fieldRef spec.nodeName is supported here"
+                ),
+            };
+            set(k, &v);
         }
         Ok(env.into_iter().map(|(k, v)| format!("{k}={v}")).collect())
     }

@@ -12,7 +12,7 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::{Scope, pinned_kind};
-use macvtap_e2e::kustomize::{parse_docs, render};
+use macvtap_e2e::manifests::{parse_docs, render};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

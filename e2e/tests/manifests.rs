@@ -1,5 +1,5 @@
-//! The manifests in `manifests/`: base and overlays render (with the
-//! project's offline renderer), every object parses into its typed or
+//! The manifests in `manifests/`: base and overlays render (with the real
+//! kustomize, `kubectl kustomize` of kubectl 1.37), every object parses into its typed or
 //! dynamic Kubernetes type, and the fields that matter agree with the
 //! binaries: configs parse with the binaries' own parsers, resource names
 //! match, one image everywhere, host paths match flags and defaults.
@@ -7,9 +7,10 @@
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule};
 use kube::api::DynamicObject;
 use macvtap_deviceplugin::config::{Resources, Source, parse_json};
-use macvtap_e2e::kustomize::{parse_docs, render};
+use macvtap_e2e::manifests::{parse_docs, render};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -61,6 +62,10 @@ fn every_object_parses_into_its_kubernetes_type() {
                 "ConfigMap" => drop(serde_json::from_value::<ConfigMap>(v).unwrap()),
                 "Namespace" => drop(serde_json::from_value::<Namespace>(v).unwrap()),
                 "ServiceAccount" => drop(serde_json::from_value::<ServiceAccount>(v).unwrap()),
+                "ClusterRole" => drop(serde_json::from_value::<ClusterRole>(v).unwrap()),
+                "ClusterRoleBinding" => {
+                    drop(serde_json::from_value::<ClusterRoleBinding>(v).unwrap())
+                }
                 "SecurityContextConstraints" => {
                     let scc: DynamicObject = serde_json::from_value(v).unwrap();
                     assert_eq!(scc.data["allowHostNetwork"], true);
@@ -74,10 +79,15 @@ fn every_object_parses_into_its_kubernetes_type() {
                 other => panic!("{dir}: unexpected kind {other}"),
             }
         }
-        for d in docs
-            .iter()
-            .filter(|d| d["kind"] != "Namespace" && d["kind"] != "SecurityContextConstraints")
-        {
+        for d in docs.iter().filter(|d| {
+            ![
+                "Namespace",
+                "SecurityContextConstraints",
+                "ClusterRole",
+                "ClusterRoleBinding",
+            ]
+            .contains(&d["kind"].as_str().unwrap())
+        }) {
             assert_eq!(
                 d["metadata"]["namespace"], "macvtap-system",
                 "{dir}: {}",
@@ -164,7 +174,7 @@ fn one_image_everywhere() {
     let mut images = std::collections::BTreeSet::new();
     for (_, mut docs) in renderings() {
         for d in &mut docs {
-            for c in macvtap_e2e::kustomize::containers_mut(d) {
+            for c in macvtap_e2e::manifests::containers_mut(d) {
                 images.insert(c["image"].as_str().unwrap().to_string());
             }
         }
@@ -174,7 +184,7 @@ fn one_image_everywhere() {
     let containerfile =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../Containerfile"))
             .unwrap();
-    let (name, tag) = macvtap_e2e::kustomize::split_image(&image);
+    let (name, tag) = macvtap_e2e::manifests::split_image(&image);
     let build = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/build-image.sh"),
     )
@@ -373,4 +383,77 @@ fn no_termination_log_lies_in_a_read_only_mount() {
     }
     assert!(is_at_or_under("/dev/termination-log", "/dev"));
     assert!(!is_at_or_under("/devices/x", "/dev"));
+}
+
+/// The daemon's API access: creating and patching events.k8s.io Events
+/// (what `kube::runtime::events::Recorder` does), for the DaemonSet's
+/// service account only, and nothing else in any rendering.
+#[test]
+fn rbac_grants_events_create_and_patch_only() {
+    for (dir, docs) in renderings() {
+        let roles: Vec<ClusterRole> = docs
+            .iter()
+            .filter(|d| d["kind"] == "ClusterRole")
+            .map(|d| serde_json::from_value(d.clone()).unwrap())
+            .collect();
+        assert_eq!(roles.len(), 1, "{dir}: one ClusterRole");
+        assert_eq!(
+            roles[0].rules.clone().unwrap(),
+            vec![PolicyRule {
+                api_groups: Some(vec!["events.k8s.io".into()]),
+                resources: Some(vec!["events".into()]),
+                verbs: vec!["create".into(), "patch".into()],
+                ..Default::default()
+            }],
+            "{dir}: events create and patch, nothing more"
+        );
+        assert!(roles[0].aggregation_rule.is_none());
+        for kind in ["Role", "RoleBinding"] {
+            assert!(!docs.iter().any(|d| d["kind"] == kind), "{dir}: no {kind}");
+        }
+        let bindings: Vec<ClusterRoleBinding> = docs
+            .iter()
+            .filter(|d| d["kind"] == "ClusterRoleBinding")
+            .map(|d| serde_json::from_value(d.clone()).unwrap())
+            .collect();
+        assert_eq!(bindings.len(), 1, "{dir}: one ClusterRoleBinding");
+        let b = &bindings[0];
+        assert_eq!(b.role_ref.kind, "ClusterRole");
+        assert_eq!(Some(&b.role_ref.name), roles[0].metadata.name.as_ref());
+        let subjects = b.subjects.clone().unwrap();
+        assert_eq!(subjects.len(), 1, "{dir}: one subject");
+        let ds = daemonset(&docs);
+        let spec = ds.spec.template.spec.clone().unwrap();
+        assert_eq!(subjects[0].kind, "ServiceAccount");
+        assert_eq!(
+            Some(&subjects[0].name),
+            spec.service_account_name.as_ref(),
+            "{dir}: bound to the DaemonSet's account"
+        );
+        assert_eq!(
+            subjects[0].namespace.as_deref(),
+            ds.metadata.namespace.as_deref(),
+            "{dir}: in the DaemonSet's namespace"
+        );
+        assert_eq!(spec.automount_service_account_token, Some(true), "{dir}");
+        let sa: ServiceAccount =
+            serde_json::from_value(one(&docs, "ServiceAccount").clone()).unwrap();
+        assert_eq!(sa.automount_service_account_token, Some(true), "{dir}");
+        let env = spec.containers[0].env.clone().unwrap();
+        let node = env
+            .iter()
+            .find(|e| e.name == "NODE_NAME")
+            .expect("NODE_NAME");
+        assert_eq!(
+            node.value_from
+                .as_ref()
+                .unwrap()
+                .field_ref
+                .as_ref()
+                .unwrap()
+                .field_path,
+            "spec.nodeName",
+            "{dir}: the downward API names the node"
+        );
+    }
 }

@@ -1,5 +1,6 @@
 //! The DaemonSet run by a real container runtime, exactly as a node runs it:
-//! each kustomization (base and both overlays) is rendered, its pod spec is
+//! each kustomization (base and both overlays) is rendered by `kubectl
+//! kustomize`, its pod spec is
 //! translated into OCI configs the way the kubelet and containerd translate
 //! it (`macvtap_e2e::runtime`), and Debian's `runc` runs the init container
 //! and then the daemon from the image that `hack/build-image.sh --prebuilt`
@@ -21,7 +22,7 @@
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use macvtap_deviceplugin::testkubelet::{TestKubelet, TestPodResources, tap_node_lock};
-use macvtap_e2e::kustomize::render;
+use macvtap_e2e::manifests::render;
 use macvtap_e2e::runtime::{
     Image, PodSandbox, RuncContainer, cap_mask, cap_names, capabilities, http_get, process_caps,
     repo_root, unique_id,

@@ -117,6 +117,9 @@ impl Daemon {
         ])
         .args(args)
         .env_remove("DP_MACVTAP_CONF")
+        // Events only where a test asks for them (with its own API server).
+        .env_remove("NODE_NAME")
+        .env_remove("KUBECONFIG")
         .env("RUST_LOG", "macvtap_deviceplugin=debug,info")
         .stdin(Stdio::null())
         .stdout(File::create(&log).unwrap())
@@ -256,5 +259,299 @@ impl Drop for Node {
                 let _ = self.ns.handle().del_link(l.index, &l.name);
             }
         }
+    }
+}
+
+/// The Events as `kubectl describe node` lists them (its `DescribeEvents`:
+/// Age is "<last> (x<count> over <first>)" for a series, From is
+/// `reportingController, reportingInstance`).
+pub fn describe_events(objects: &[serde_json::Value]) -> String {
+    let now = objects
+        .iter()
+        .filter_map(|o| {
+            o["series"]["lastObservedTime"]
+                .as_str()
+                .or(o["eventTime"].as_str())
+        })
+        .max()
+        .unwrap()
+        .to_string();
+    let secs = |t: &str| -> f64 {
+        let p = |s: &str| -> f64 {
+            let hms = &s[11..s.len() - 1];
+            let mut it = hms.split(':');
+            let h: f64 = it.next().unwrap().parse().unwrap();
+            let m: f64 = it.next().unwrap().parse().unwrap();
+            let s: f64 = it.next().unwrap().parse().unwrap();
+            h * 3600.0 + m * 60.0 + s
+        };
+        (p(&now) - p(t)).max(0.0)
+    };
+    let mut out = String::from(
+        "Events:\n  Type     Reason          Age               From                                                               Message\n  ----     ------          ----              ----                                                               -------\n",
+    );
+    for o in objects {
+        let first = secs(o["eventTime"].as_str().unwrap());
+        let age = match o["series"]["count"].as_i64() {
+            Some(n) => format!(
+                "{:.0}s (x{n} over {:.0}s)",
+                secs(o["series"]["lastObservedTime"].as_str().unwrap()),
+                first
+            ),
+            None => format!("{first:.0}s"),
+        };
+        out.push_str(&format!(
+            "  {:<8} {:<15} {:<17} {:<66} {}\n",
+            o["type"].as_str().unwrap(),
+            o["reason"].as_str().unwrap(),
+            age,
+            format!(
+                "{}, {}",
+                o["reportingController"].as_str().unwrap(),
+                o["reportingInstance"].as_str().unwrap()
+            ),
+            o["note"].as_str().unwrap()
+        ));
+    }
+    out
+}
+
+/// What the API server checks of an events.k8s.io/v1 Event before storing
+/// it (kubernetes/kubernetes `pkg/apis/core/validation/events.go`,
+/// `ValidateEventCreate` for `events/v1`, and `validateV1EventSeries`), as
+/// a list of the rules broken; in `namespace`, for a Node (cluster-scoped).
+pub fn validate_event_v1(namespace: &str, e: &serde_json::Value) -> Vec<String> {
+    let mut errs = Vec::new();
+    let s = |k: &str| e[k].as_str().unwrap_or_default().to_string();
+    let name = e["metadata"]["name"].as_str().unwrap_or_default();
+    let dns_subdomain = !name.is_empty()
+        && name.len() <= 253
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if !dns_subdomain {
+        errs.push(format!("metadata.name {name:?} is not a DNS subdomain"));
+    }
+    if s("eventTime").is_empty() {
+        errs.push("eventTime: Required value".into());
+    }
+    if !["Normal", "Warning"].contains(&s("type").as_str()) {
+        errs.push(format!(
+            "type {:?} is neither Normal nor Warning",
+            s("type")
+        ));
+    }
+    for k in [
+        "deprecatedFirstTimestamp",
+        "deprecatedLastTimestamp",
+        "deprecatedSource",
+    ] {
+        if e.get(k).is_some_and(|v| !v.is_null()) {
+            errs.push(format!("{k}: needs to be unset"));
+        }
+    }
+    if e["deprecatedCount"].as_i64().unwrap_or(0) != 0 {
+        errs.push("deprecatedCount: needs to be unset".into());
+    }
+    let controller = s("reportingController");
+    if controller.is_empty() || controller.len() > 316 || !controller.contains('/') {
+        errs.push(format!(
+            "reportingController {controller:?} is not a qualified name"
+        ));
+    }
+    for (k, max) in [
+        ("reportingInstance", 128),
+        ("action", 128),
+        ("reason", 128),
+        ("note", 1024),
+    ] {
+        let v = s(k);
+        if (v.is_empty() && k != "note") || v.len() > max {
+            errs.push(format!("{k}: required, at most {max} characters"));
+        }
+    }
+    // A cluster-scoped object's Events live in namespace default.
+    if e["regarding"]["namespace"]
+        .as_str()
+        .unwrap_or_default()
+        .is_empty()
+        && namespace != "default"
+    {
+        errs.push(format!(
+            "namespace {namespace} does not match the regarding object's"
+        ));
+    }
+    if let Some(series) = e.get("series").filter(|v| !v.is_null()) {
+        if series["count"].as_i64().unwrap_or(0) < 2 {
+            errs.push("series.count: should be at least 2".into());
+        }
+        if series["lastObservedTime"]
+            .as_str()
+            .unwrap_or_default()
+            .is_empty()
+        {
+            errs.push("series.lastObservedTime: Required value".into());
+        }
+    }
+    errs
+}
+
+/// One request the [`FakeApiServer`] got.
+#[derive(Debug, Clone)]
+pub struct ApiRequest {
+    /// `POST`, `PATCH`, ...
+    pub method: String,
+    /// The path, without the query.
+    pub path: String,
+    /// The `Content-Type` header.
+    pub content_type: String,
+    /// The JSON body.
+    pub body: serde_json::Value,
+    /// The validation rules the body broke (then the answer was 422).
+    pub invalid: Vec<String>,
+}
+
+/// A plain-HTTP stand-in for the API server, on 127.0.0.1 inside a test
+/// namespace, with a kubeconfig that points at it. Like the real one
+/// (`staging/src/k8s.io/apiserver/pkg/endpoints/handlers/create.go` and
+/// `patch.go`) it answers a create with 201 and a patch with 200 and the
+/// stored object, and an Event the validation of [`validate_event_v1`]
+/// refuses with 422; it records every request.
+pub struct FakeApiServer {
+    /// A kubeconfig for it (for `KUBECONFIG`).
+    pub kubeconfig: PathBuf,
+    /// The requests, in arrival order.
+    pub requests: tokio::sync::mpsc::UnboundedReceiver<ApiRequest>,
+    _dir: tempfile::TempDir,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FakeApiServer {
+    /// Listens on a free port of 127.0.0.1 in `ns`.
+    pub fn start(ns: &TestNs) -> Self {
+        let std_listener = Netns::open(ns.path())
+            .unwrap()
+            .run(|| std::net::TcpListener::bind("127.0.0.1:0").map_err(macvtap_link::Error::Socket))
+            .unwrap();
+        std_listener.set_nonblocking(true).unwrap();
+        let port = std_listener.local_addr().unwrap().port();
+        let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://127.0.0.1:{port}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\ncurrent-context: fake\nusers:\n- name: fake\n  user: {{}}\n"
+            ),
+        )
+        .unwrap();
+        let (tx, requests) = tokio::sync::mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let tx = tx.clone();
+                tokio::spawn(serve_api_connection(stream, tx));
+            }
+        });
+        Self {
+            kubeconfig,
+            requests,
+            _dir: dir,
+            task,
+        }
+    }
+
+    /// The next request, within [`DEADLINE`].
+    pub async fn next(&mut self) -> ApiRequest {
+        tokio::time::timeout(DEADLINE, self.requests.recv())
+            .await
+            .expect("the API server got no request in time")
+            .expect("the API server stopped")
+    }
+}
+
+impl Drop for FakeApiServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Answers HTTP/1.1 requests on one (keep-alive) connection.
+async fn serve_api_connection(
+    stream: tokio::net::TcpStream,
+    tx: tokio::sync::mpsc::UnboundedSender<ApiRequest>,
+) {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    let mut stream = BufReader::new(stream);
+    loop {
+        let mut request_line = String::new();
+        if stream.read_line(&mut request_line).await.unwrap_or(0) == 0 {
+            return;
+        }
+        let mut parts = request_line.split_whitespace();
+        let method = parts.next().unwrap_or_default().to_string();
+        let target = parts.next().unwrap_or_default();
+        let path = target.split('?').next().unwrap_or_default().to_string();
+        let (mut length, mut content_type) = (0usize, String::new());
+        loop {
+            let mut line = String::new();
+            if stream.read_line(&mut line).await.unwrap_or(0) == 0 {
+                return;
+            }
+            let line = line.trim_end();
+            if line.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = line.split_once(':') {
+                match k.to_ascii_lowercase().as_str() {
+                    "content-length" => length = v.trim().parse().unwrap(),
+                    "content-type" => content_type = v.trim().to_string(),
+                    _ => {}
+                }
+            }
+        }
+        let mut body = vec![0u8; length];
+        stream.read_exact(&mut body).await.unwrap();
+        let json: serde_json::Value =
+            serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+        let namespace = path
+            .split("/namespaces/")
+            .nth(1)
+            .and_then(|r| r.split('/').next())
+            .unwrap_or_default()
+            .to_string();
+        let invalid = validate_event_v1(&namespace, &json);
+        let (status, answer) = if invalid.is_empty() {
+            let status = if method == "POST" {
+                "201 Created"
+            } else {
+                "200 OK"
+            };
+            (status, body)
+        } else {
+            let message = format!("Event is invalid: {}", invalid.join(", "));
+            let answer = serde_json::json!({
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "reason": "Invalid", "code": 422, "message": message,
+            });
+            (
+                "422 Unprocessable Entity",
+                serde_json::to_vec(&answer).unwrap(),
+            )
+        };
+        let head = format!(
+            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            answer.len()
+        );
+        stream.get_mut().write_all(head.as_bytes()).await.unwrap();
+        stream.get_mut().write_all(&answer).await.unwrap();
+        let _ = tx.send(ApiRequest {
+            method,
+            path,
+            content_type,
+            body: json,
+            invalid,
+        });
     }
 }

@@ -1,0 +1,346 @@
+//! Kubernetes Events on the daemon's Node, so that `kubectl describe node`
+//! says what the device plugin knows first: a NIC went down or came back,
+//! a config reload added or removed a resource, registration keeps
+//! failing, a leaked link was removed, an Allocate was refused.
+//!
+//! Events are posted by `kube::runtime::events::Recorder` (events.k8s.io/v1,
+//! in namespace `default` as for every Node event), which aggregates a
+//! repeat of the same type, reason and action into the first Event's
+//! `series` (a PATCH), as client-go's recorder does. The daemon never waits
+//! for the API server: [`EventSink::post`] queues, a task publishes. Without
+//! API access (no `NODE_NAME`, no service account, RBAC refusing) it says
+//! once that Events are off and drops them.
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use std::fmt;
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+/// The `reportingController` of our Events.
+pub const CONTROLLER: &str = "macvtap.network.kubevirt.io/device-plugin";
+/// How many Events may wait for the publisher before new ones are dropped.
+const QUEUE: usize = 256;
+/// The API server refuses a longer `note`.
+const NOTE_MAX: usize = 1024;
+
+/// Something an operator should see on the Node.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NodeEvent {
+    /// A resource's NIC went down or vanished: its devices are Unhealthy.
+    NicDown {
+        /// The resource name.
+        resource: String,
+        /// The lower NIC.
+        nic: String,
+        /// How many devices changed health.
+        devices: u32,
+    },
+    /// A master (bridge, bond, OVS) took a resource's NIC: its devices are
+    /// Unhealthy until it is released.
+    NicEnslaved {
+        /// The resource name.
+        resource: String,
+        /// How many devices changed health.
+        devices: u32,
+        /// Why, with the master and the fix.
+        why: String,
+    },
+    /// A resource's NIC is up again: its devices are Healthy.
+    NicUp {
+        /// The resource name.
+        resource: String,
+        /// The lower NIC.
+        nic: String,
+        /// How many devices changed health.
+        devices: u32,
+    },
+    /// A config reload added a resource.
+    ResourceAdded {
+        /// The resource name.
+        resource: String,
+        /// The lower NIC.
+        nic: String,
+        /// Its device count.
+        devices: u32,
+    },
+    /// A config reload removed a resource.
+    ResourceRemoved {
+        /// The resource name.
+        resource: String,
+    },
+    /// Registration with the kubelet failed several times in a row.
+    RegistrationFailing {
+        /// The resource name.
+        resource: String,
+        /// Failed attempts in a row so far.
+        failures: u32,
+        /// The last error.
+        error: String,
+    },
+    /// A macvtap that no pod holds was deleted.
+    LeakedLinkRemoved {
+        /// The link's name.
+        link: String,
+        /// Its ifindex (its tap was `/dev/tap<ifindex>`).
+        ifindex: u32,
+    },
+    /// An Allocate was refused.
+    AllocateRefused {
+        /// The resource name.
+        resource: String,
+        /// Why.
+        error: String,
+    },
+}
+
+impl NodeEvent {
+    /// The Event as the recorder posts it: type, reason, action and note.
+    pub fn to_event(&self) -> Event {
+        let (type_, reason, action, note) = match self {
+            Self::NicDown {
+                resource,
+                nic,
+                devices,
+            } => (
+                EventType::Warning,
+                "MacvtapNICDown",
+                "MarkUnhealthy",
+                format!("NIC {nic} is down or gone: {devices} devices of {resource} are Unhealthy"),
+            ),
+            Self::NicEnslaved {
+                resource,
+                devices,
+                why,
+            } => (
+                EventType::Warning,
+                "MacvtapNICEnslaved",
+                "MarkUnhealthy",
+                format!("{devices} devices of {resource} are Unhealthy: {why}"),
+            ),
+            Self::NicUp {
+                resource,
+                nic,
+                devices,
+            } => (
+                EventType::Normal,
+                "MacvtapNICUp",
+                "MarkHealthy",
+                format!("NIC {nic} is up: {devices} devices of {resource} are Healthy again"),
+            ),
+            Self::ResourceAdded {
+                resource,
+                nic,
+                devices,
+            } => (
+                EventType::Normal,
+                "MacvtapResourceAdded",
+                "Reload",
+                format!("Config reload added {resource}: {devices} devices on NIC {nic}"),
+            ),
+            Self::ResourceRemoved { resource } => (
+                EventType::Normal,
+                "MacvtapResourceRemoved",
+                "Reload",
+                format!("Config reload removed {resource}"),
+            ),
+            Self::RegistrationFailing {
+                resource,
+                failures,
+                error,
+            } => (
+                EventType::Warning,
+                "MacvtapRegistrationFailing",
+                "Register",
+                format!(
+                    "Registering {resource} with the kubelet failed {failures} times in a row: {error}"
+                ),
+            ),
+            Self::LeakedLinkRemoved { link, ifindex } => (
+                EventType::Normal,
+                "MacvtapLeakedLinkRemoved",
+                "Reclaim",
+                format!("Removed macvtap {link} (/dev/tap{ifindex}): no pod holds its device"),
+            ),
+            Self::AllocateRefused { resource, error } => (
+                EventType::Warning,
+                "MacvtapAllocateFailed",
+                "Allocate",
+                format!("Allocate of {resource} refused: {error}"),
+            ),
+        };
+        Event {
+            type_,
+            reason: reason.into(),
+            note: Some(truncate(note, NOTE_MAX)),
+            action: action.into(),
+            secondary: None,
+        }
+    }
+}
+
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut cut = max - 3;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push_str("...");
+    }
+    s
+}
+
+/// The reference to a Node that Events are about. The kubelet sets the
+/// UID of its own Node events to the node name
+/// (kubernetes/kubernetes `pkg/kubelet/kubelet.go`, `nodeRef`), and
+/// `kubectl describe node` looks Events up by that UID as well as by the
+/// Node's (`staging/src/k8s.io/kubectl/pkg/describe/describe.go`,
+/// `NodeDescriber`), so no read access to Nodes is needed to learn it.
+pub fn node_reference(node: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(node.into()),
+        uid: Some(node.into()),
+        namespace: None,
+        ..Default::default()
+    }
+}
+
+/// Where the daemon posts Events; a cheap handle that never blocks.
+#[derive(Clone, Default)]
+pub struct EventSink {
+    tx: Option<mpsc::Sender<NodeEvent>>,
+}
+
+impl fmt::Debug for EventSink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.tx.is_some() {
+            "EventSink(on)"
+        } else {
+            "EventSink(off)"
+        })
+    }
+}
+
+impl EventSink {
+    /// A sink that drops every Event.
+    pub fn off() -> Self {
+        Self::default()
+    }
+
+    /// Queues `ev` for the publisher; dropped when Events are off or the
+    /// queue is full.
+    pub fn post(&self, ev: NodeEvent) {
+        if let Some(tx) = &self.tx
+            && let Err(mpsc::error::TrySendError::Full(ev)) = tx.try_send(ev)
+        {
+            debug!(event = ?ev, "the Event queue is full; dropping an Event");
+        }
+    }
+
+    /// Starts publishing Events about Node `node` with `client`; returns
+    /// the sink and the publisher task, which ends when every sink is
+    /// dropped or the API server refuses Events (401 or 403).
+    pub fn start(client: kube::Client, node: &str) -> (Self, tokio::task::JoinHandle<()>) {
+        let reporter = Reporter {
+            controller: CONTROLLER.into(),
+            instance: Some(truncate(format!("macvtap-deviceplugin-{node}"), 128)),
+        };
+        let recorder = Recorder::new(client, reporter);
+        let reference = node_reference(node);
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let task = tokio::spawn(publish(recorder, reference, rx));
+        (Self { tx: Some(tx) }, task)
+    }
+
+    /// Events from the environment: on when `node_name` is set and API
+    /// credentials are found (a kubeconfig named by `KUBECONFIG`, else the
+    /// pod's service account), otherwise off, which is logged once.
+    pub async fn from_environment(node_name: Option<&str>) -> Self {
+        let Some(node) = node_name.filter(|n| !n.is_empty()) else {
+            info!(
+                "Kubernetes Events are off: NODE_NAME is not set (the DaemonSet sets it from spec.nodeName)"
+            );
+            return Self::off();
+        };
+        let config = match kube::Config::infer().await {
+            Ok(c) => c,
+            Err(e) => {
+                info!(error = %e, "Kubernetes Events are off: no API access (no kubeconfig, and no service account token or KUBERNETES_SERVICE_HOST)");
+                return Self::off();
+            }
+        };
+        match kube::Client::try_from(config) {
+            Ok(client) => {
+                info!(node, "posting Kubernetes Events on the Node");
+                Self::start(client, node).0
+            }
+            Err(e) => {
+                info!(error = %e, "Kubernetes Events are off: the API client cannot be built");
+                Self::off()
+            }
+        }
+    }
+}
+
+async fn publish(
+    recorder: Recorder,
+    reference: ObjectReference,
+    mut rx: mpsc::Receiver<NodeEvent>,
+) {
+    let mut failing = false;
+    while let Some(ev) = rx.recv().await {
+        match recorder.publish(&ev.to_event(), &reference).await {
+            Ok(()) => {
+                if failing {
+                    info!("posting Kubernetes Events works again");
+                }
+                failing = false;
+            }
+            Err(kube::Error::Api(status)) if status.code == 401 || status.code == 403 => {
+                warn!(error = %status.message, "Kubernetes Events are off: the API server refused to create an Event (the service account needs create and patch on events.k8s.io events)");
+                return;
+            }
+            Err(e) => {
+                if !failing {
+                    warn!(error = %e, "posting a Kubernetes Event failed; the daemon carries on");
+                } else {
+                    debug!(error = %e, "posting a Kubernetes Event failed again");
+                }
+                failing = true;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notes_are_cut_at_the_api_limit_on_a_char_boundary() {
+        let long = "é".repeat(600);
+        let ev = NodeEvent::AllocateRefused {
+            resource: "r".into(),
+            error: long,
+        }
+        .to_event();
+        let note = ev.note.unwrap();
+        assert!(
+            note.len() <= NOTE_MAX && note.ends_with("..."),
+            "{}",
+            note.len()
+        );
+    }
+
+    #[tokio::test]
+    async fn an_off_sink_drops_events() {
+        let s = EventSink::off();
+        s.post(NodeEvent::ResourceRemoved {
+            resource: "r".into(),
+        });
+        assert_eq!(format!("{s:?}"), "EventSink(off)");
+    }
+}
