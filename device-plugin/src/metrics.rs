@@ -202,8 +202,12 @@ impl Metrics {
                 "# HELP {name} Times a resource's devices became Unhealthy, by reason \
                  (nic_missing, nic_down, nic_enslaved).\n# TYPE {name} counter"
             );
+            // Every reason of every resource, 0 until it happens: a series
+            // that appears only on its first increment breaks rate().
             for (resource, r) in rs {
-                for (reason, v) in &r.unhealthy_reasons {
+                let resource = escape_label(resource);
+                for reason in UNHEALTHY_REASONS {
+                    let v = r.unhealthy_reasons.get(reason).copied().unwrap_or(0);
                     let _ = writeln!(
                         out,
                         "{name}{{resource=\"{resource}\",reason=\"{reason}\"}} {v}"
@@ -303,6 +307,9 @@ fn process_metrics(out: &mut String, p: &ProcessStats) {
 }
 
 /// A label value with `\`, `"` and newlines escaped, as the format requires.
+/// The `reason` label values of `macvtap_dp_unhealthy_total`.
+pub const UNHEALTHY_REASONS: [&str; 3] = ["nic_missing", "nic_down", "nic_enslaved"];
+
 fn escape_label(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")

@@ -24,6 +24,7 @@ fn busy_metrics() -> Metrics {
     m.registration(R, false);
     m.leaked_links_removed(2);
     m.links_healed(1);
+    m.unhealthy(R, "nic_enslaved");
     m.config_reload(true);
     m.config_reload(false);
     m
