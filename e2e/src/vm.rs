@@ -230,8 +230,9 @@ pub struct Qemu {
 
 impl Qemu {
     /// Starts QEMU (TCG) in `pod_ns` as uid/gid [`QEMU_UID`] (which opens
-    /// the tap), with the guest NIC on `netdev` and `extra` appended to the
-    /// kernel command line; `work` is given to that user.
+    /// the tap; as root for a tap by name, see below), with the guest NIC on
+    /// `netdev` and `extra` appended to the kernel command line; `work` is
+    /// given to that user.
     pub fn spawn(
         pod_ns: &str,
         netdev: &Netdev,
@@ -253,10 +254,17 @@ impl Qemu {
             ),
         };
         give_to_qemu(work)?;
+        // The bridge binding's QEMU opens /dev/net/tun, which KubeVirt grants
+        // its launcher through the tun device plugin; on this host the node
+        // is root's (0600), so that QEMU runs as root here.
+        let user = match netdev {
+            Netdev::TapNode(_) => as_qemu_user(),
+            Netdev::TapIfname(_) => Vec::new(),
+        };
         let start = Instant::now();
         let child = Command::new("ip")
             .args(["netns", "exec", pod_ns])
-            .args(as_qemu_user())
+            .args(user)
             .args(["sh", "-c", r#"exec "$@" 3<>"$TAP""#, "sh"])
             .arg("qemu-system-x86_64")
             .args([
