@@ -56,9 +56,34 @@ fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The source tarball, beside the repository (`../shared/peers/`).
+/// Where the peer sources live on this machine when the checkout is not
+/// beside them (a clone elsewhere, as CI makes one).
+const MACHINE_PEERS: &str = "/work/shared/peers";
+
+/// The environment variable naming the peers directory explicitly.
+pub const PEERS_ENV: &str = "MACVTAP_PEERS_DIR";
+
+/// The source tarball: in `$MACVTAP_PEERS_DIR`, else in `shared/peers/`
+/// beside the repository or beside any directory above it, else in this
+/// machine's `/work/shared/peers`. The first candidate is returned (for the
+/// error message) when none exists.
 pub fn tarball() -> PathBuf {
-    workspace().join(format!("../shared/peers/multus-{VERSION}.tar.gz"))
+    let name = format!("multus-{VERSION}.tar.gz");
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Ok(d) = std::env::var(PEERS_ENV) {
+        candidates.push(PathBuf::from(d).join(&name));
+    }
+    let root = workspace().canonicalize().unwrap_or_else(|_| workspace());
+    for dir in root.ancestors().skip(1) {
+        candidates.push(dir.join("shared/peers").join(&name));
+    }
+    candidates.push(Path::new(MACHINE_PEERS).join(&name));
+    candidates
+        .iter()
+        .find(|p| p.exists())
+        .or(candidates.first())
+        .cloned()
+        .unwrap_or_else(|| Path::new(MACHINE_PEERS).join(&name))
 }
 
 /// Builds Multus once into `target/e2e-multus/<version>/multus` and returns
@@ -77,8 +102,10 @@ pub fn build() -> Result<PathBuf> {
     let src_tar = tarball();
     if !src_tar.exists() {
         bail!(
-            "the Multus {VERSION} source is missing at {}: the node e2e runs the real Multus \
-             and builds it from that tarball (see ../shared/peers/README.md)",
+            "the Multus {VERSION} source is missing at {} (also looked in shared/peers/ above \
+             the repository and in {MACHINE_PEERS}; set {PEERS_ENV} to its directory): the node \
+             e2e runs the real Multus and builds it from that tarball (see \
+             ../shared/peers/README.md)",
             src_tar.display()
         );
     }
