@@ -94,12 +94,15 @@ pub struct HealthLog {
 }
 
 impl HealthLog {
-    /// Records `health` for `resource`; logs and counts it when it differs
-    /// from the last one (a new resource counts when it starts unhealthy).
-    /// Returns whether it was a change.
+    /// Records `health` for `resource`; logs and counts it when its reason
+    /// differs from the last one's (a new resource counts when it starts
+    /// unhealthy). Returns whether it was such a change. A detail that
+    /// changes within one reason (a NIC seen administratively down first,
+    /// then operationally down) is no new change.
     pub fn update(&mut self, resource: &str, health: &NicHealth, metrics: &Metrics) -> bool {
         let before = self.last.get(resource);
-        if before == Some(health) || (before.is_none() && health.is_healthy()) {
+        let same_reason = before.is_some_and(|b| b.reason() == health.reason());
+        if same_reason || (before.is_none() && health.is_healthy()) {
             self.last.insert(resource.to_string(), health.clone());
             return false;
         }
@@ -216,6 +219,12 @@ mod tests {
             oper_state: "down".into(),
         };
         assert!(log.update(r, &down, &m));
+        // Seen administratively down first, then operationally down: one change.
+        let down_later = NicHealth::Down {
+            lower: "eth0".into(),
+            oper_state: "lowerlayerdown".into(),
+        };
+        assert!(!log.update(r, &down_later, &m));
         let t = m.render();
         assert!(
             t.contains(&format!(
