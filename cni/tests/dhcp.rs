@@ -15,26 +15,6 @@ fn dhcp_conf(device_id: &str) -> Value {
     conf
 }
 
-fn pod_addrs(sb: &Sandbox) -> Vec<String> {
-    let out = sh(&[
-        "ip",
-        "-n",
-        &sb.pod.name,
-        "-j",
-        "addr",
-        "show",
-        "dev",
-        "net1",
-    ]);
-    let v: Value = serde_json::from_str(&out).unwrap();
-    v[0]["addr_info"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| format!("{}/{}", a["local"].as_str().unwrap(), a["prefixlen"]))
-        .collect()
-}
-
 #[test]
 fn dhcp_leases_an_address_onto_the_macvtap_and_del_releases_it() {
     let lock = lock();
@@ -79,7 +59,7 @@ fn dhcp_leases_an_address_onto_the_macvtap_and_del_releases_it() {
         r["ips"][0]["gateway"], "192.0.2.1",
         "dnsmasq's router option: {r}"
     );
-    assert!(pod_addrs(&sb).contains(&address), "{:?}", pod_addrs(&sb));
+    assert!(sb.pod_addrs().contains(&address), "{:?}", sb.pod_addrs());
     let mac = r["interfaces"][0]["mac"].as_str().unwrap().to_string();
     let leases = server.leases();
     assert!(

@@ -52,23 +52,7 @@ fn host_local_addresses_land_on_the_link_and_are_released() {
         );
         assert_eq!(r["routes"][0]["dst"], "198.51.100.0/24");
 
-        let addrs = sh(&[
-            "ip",
-            "-n",
-            &sb.pod.name,
-            "-j",
-            "addr",
-            "show",
-            "dev",
-            "net1",
-        ]);
-        let addrs: Value = serde_json::from_str(&addrs).unwrap();
-        let have: Vec<String> = addrs[0]["addr_info"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|a| format!("{}/{}", a["local"].as_str().unwrap(), a["prefixlen"]))
-            .collect();
+        let have = sb.pod_addrs();
         assert!(have.contains(&"192.0.2.10/24".to_string()), "{have:?}");
         assert!(have.iter().any(|a| a.starts_with("2001:db8::")), "{have:?}");
         let routes = sh(&["ip", "-n", &sb.pod.name, "route", "show", "198.51.100.0/24"]);

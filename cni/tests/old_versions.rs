@@ -5,27 +5,7 @@
 
 mod common;
 use common::*;
-use serde_json::{Value, json};
-
-fn pod_addrs(sb: &Sandbox) -> Vec<String> {
-    let out = sh(&[
-        "ip",
-        "-n",
-        &sb.pod.name,
-        "-j",
-        "addr",
-        "show",
-        "dev",
-        "net1",
-    ]);
-    let v: Value = serde_json::from_str(&out).unwrap();
-    v[0]["addr_info"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| format!("{}/{}", a["local"].as_str().unwrap(), a["prefixlen"]))
-        .collect()
-}
+use serde_json::json;
 
 #[test]
 fn add_and_del_work_in_0_1_0_and_0_2_0() {
@@ -84,7 +64,7 @@ fn host_local_in_0_2_0_prints_ip4_and_lands_on_the_link() {
         "{r}"
     );
     assert!(r.get("ip6").is_none(), "{r}");
-    assert!(pod_addrs(&sb).contains(&"192.0.2.10/24".to_string()));
+    assert!(sb.pod_addrs().contains(&"192.0.2.10/24".to_string()));
     let routes = sh(&["ip", "-n", &sb.pod.name, "route", "show", "198.51.100.0/24"]);
     assert!(routes.contains("via 192.0.2.1 dev net1"), "{routes}");
 

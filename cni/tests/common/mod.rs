@@ -141,6 +141,27 @@ impl Sandbox {
         run_plugin(&self.node.name, &env, conf.to_string().as_bytes())
     }
 
+    /// The addresses (`addr/prefix`) on `net1` in the pod.
+    pub fn pod_addrs(&self) -> Vec<String> {
+        let out = sh(&[
+            "ip",
+            "-n",
+            &self.pod.name,
+            "-j",
+            "addr",
+            "show",
+            "dev",
+            "net1",
+        ]);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        v[0]["addr_info"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| format!("{}/{}", a["local"].as_str().unwrap(), a["prefixlen"]))
+            .collect()
+    }
+
     /// `ip -d -j link show` of one link in a namespace, or None.
     pub fn link(&self, ns: &TestNs, name: &str) -> Option<Value> {
         link_json(&ns.name, name)
