@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{DEADLINE, FakeApiServer, Node, TestNs, describe_events, require_root};
+use common::{DEADLINE, FakeApiServer, Node, TestNs, describe_events, require_root, wait_log};
 use kubelet_proto::v1beta1::Device;
 use macvtap_deviceplugin::testkubelet::{ResourceView, TestPodResources, summary};
 use macvtap_link::tapdev::{check_tap_node, tap_dev_in_netns};
@@ -721,19 +721,6 @@ async fn config_file_changes_are_applied_without_restart() {
             .join("macvtap.network.kubevirt.io_dp2")
             .exists()
     );
-}
-
-/// Waits until the daemon's log satisfies `pred`.
-async fn wait_log(node: &mut Node, what: &str, pred: impl Fn(&str) -> bool) -> String {
-    let end = Instant::now() + DEADLINE;
-    loop {
-        let log = node.daemon().log();
-        if pred(&log) {
-            return log;
-        }
-        assert!(Instant::now() < end, "no {what} in the daemon log:\n{log}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 fn log_lines_with(log: &str, a: &str, b: &str) -> usize {

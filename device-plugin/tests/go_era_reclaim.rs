@@ -7,23 +7,11 @@
 
 mod common;
 
-use common::{DEADLINE, Node};
+use common::{DEADLINE, Node, wait_log};
 use macvtap_deviceplugin::testkubelet::TestPodResources;
 use std::time::{Duration, Instant};
 
 const DP: &str = "macvtap.network.kubevirt.io/dp";
-
-async fn wait_log(node: &mut Node, what: &str, pred: impl Fn(&str) -> bool) -> String {
-    let end = Instant::now() + DEADLINE;
-    loop {
-        let log = node.daemon().log();
-        if pred(&log) {
-            return log;
-        }
-        assert!(Instant::now() < end, "no {what} in the daemon log:\n{log}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn go_era_links_are_reclaimed_when_no_pod_holds_their_device() {

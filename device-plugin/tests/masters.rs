@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{DEADLINE, Node, TestNs, require_root};
+use common::{DEADLINE, Node, TestNs, require_root, wait_log};
 use kubelet_proto::v1beta1::Device;
 use macvtap_deviceplugin::allocate::create_device;
 use macvtap_deviceplugin::config::ResourceConfig;
@@ -20,7 +20,6 @@ use macvtap_deviceplugin::testkubelet::ResourceView;
 use macvtap_link::{Handle, Netns, link_name_for_device};
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 const PREFIX: &str = "macvtap.network.kubevirt.io/";
 const DP: &str = "macvtap.network.kubevirt.io/dp";
@@ -48,19 +47,6 @@ fn serving_healthy(v: &ResourceView) -> bool {
 fn add_bridge(ns: &TestNs, name: &str) {
     ns.ip(&["link", "add", name, "type", "bridge"]);
     ns.ip(&["link", "set", name, "up"]);
-}
-
-/// Waits until the daemon's log satisfies `pred`, and returns it.
-async fn wait_log(node: &mut Node, what: &str, pred: impl Fn(&str) -> bool) -> String {
-    let end = Instant::now() + DEADLINE;
-    loop {
-        let log = node.daemon().log();
-        if pred(&log) {
-            return log;
-        }
-        assert!(Instant::now() < end, "no {what} in the daemon log:\n{log}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 fn lines_with(log: &str, what: &str) -> usize {

@@ -555,3 +555,16 @@ async fn serve_api_connection(
         });
     }
 }
+
+/// Waits until the daemon's log satisfies `pred`, and returns it.
+pub async fn wait_log(node: &mut Node, what: &str, pred: impl Fn(&str) -> bool) -> String {
+    let end = Instant::now() + DEADLINE;
+    loop {
+        let log = node.daemon().log();
+        if pred(&log) {
+            return log;
+        }
+        assert!(Instant::now() < end, "no {what} in the daemon log:\n{log}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
