@@ -16,10 +16,9 @@
 //! error for ADD (a security setting must not silently fall back) and a
 //! warning for every other command.
 
-use crate::logfile::{DEFAULT_LOG_DIR, LOG_DIR_ENV};
+use crate::logfile::{DEFAULT_LOG_DIR, LOG_DIR_ENV, admin_only};
 use serde::Deserialize;
 use std::collections::HashMap;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// The settings file's name beside the binary.
@@ -137,24 +136,18 @@ pub fn load(vars: &HashMap<String, String>) -> NodeSettings {
 }
 
 fn read(path: &Path) -> Result<Option<File>, String> {
-    let text = match std::fs::read(path) {
-        Ok(t) => t,
+    // One open: the file checked is the file read.
+    let mut file = match std::fs::File::open(path) {
+        Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("cannot read it: {e}")),
     };
-    let meta = std::fs::metadata(path).map_err(|e| format!("cannot stat it: {e}"))?;
-    if meta.uid() != nix::unistd::geteuid().as_raw() {
-        return Err(format!(
-            "it belongs to uid {}, not to the plugin's user",
-            meta.uid()
-        ));
-    }
-    if meta.mode() & 0o022 != 0 {
-        return Err(format!(
-            "it has mode {:o}: others may write it",
-            meta.mode() & 0o7777
-        ));
-    }
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot stat it: {e}"))?;
+    admin_only(&meta).map_err(|why| format!("it {why}"))?;
+    let mut text = Vec::new();
+    std::io::Read::read_to_end(&mut file, &mut text).map_err(|e| format!("cannot read it: {e}"))?;
     let f: File = serde_json::from_slice(&text).map_err(|e| format!("it is not valid: {e}"))?;
     for (key, dir) in [("kubeletDir", &f.kubelet_dir), ("logDir", &f.log_dir)] {
         if dir.as_ref().is_some_and(|d| !d.is_absolute()) {
