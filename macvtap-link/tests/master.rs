@@ -4,33 +4,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use macvtap_link::{Handle, Netns};
-use std::process::Command;
 
-struct Ns(String);
-
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+mod common;
+use common::{Ns, ip};
 
 #[test]
 fn a_bridge_port_names_its_bridge_as_master_until_released() {
-    if !nix::unistd::geteuid().is_root() {
-        panic!("NOT RUN: this test needs root (it creates a network namespace)");
-    }
-    let ns = Ns(format!("master-{}", std::process::id()));
-    ip(&["netns", "add", &ns.0]);
+    let ns = Ns::new("master");
     let n = ns.0.as_str();
     ip(&[
         "-n", n, "link", "add", "p0", "type", "veth", "peer", "name", "p1",

@@ -5,35 +5,15 @@
 
 use macvtap_link::Netns;
 use macvtap_link::monitor::{LinkEvent, LinkMonitor};
-use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;
 
-struct Ns(String);
-
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+mod common;
+use common::{Ns, ip};
 
 #[test]
 fn monitor_reports_links_appearing_changing_and_vanishing() {
-    if !nix::unistd::geteuid().is_root() {
-        panic!("NOT RUN: this test needs root (it creates a network namespace)");
-    }
-    let ns = Ns(format!("mon-{}", std::process::id()));
-    ip(&["netns", "add", &ns.0]);
+    let ns = Ns::new("mon");
     let netns = Netns::open(format!("/run/netns/{}", ns.0)).unwrap();
     let monitor = LinkMonitor::in_netns(&netns).unwrap();
     let (tx, rx) = mpsc::channel();
