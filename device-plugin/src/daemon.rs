@@ -244,7 +244,22 @@ struct Daemon {
 /// Runs the daemon until SIGTERM or SIGINT. Errors are startup errors
 /// (invalid configuration, unusable directories or sockets).
 pub async fn run(opts: Options) -> Result<()> {
+    // The config file's directory is watched before the file is read, so
+    // an edit saved in between is an event the loop applies, not lost.
+    let (fs, mut fs_events) = DirWatcher::new()?;
+    let config_dir = opts.config_file.as_ref().map(|f| match f.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    });
+    let config_wd = match &config_dir {
+        Some(d) => Some(fs.watch_dir(d)?),
+        None => None,
+    };
     let (resolved, file_text) = load_config(&opts)?;
+    #[cfg(feature = "testkubelet")]
+    if let Some(f) = &opts.config_file {
+        crate::testhooks::after_config_read(f);
+    }
     info!(source = %resolved.source, resources = ?resolved.resources, "configuration loaded");
     let plugin_dir = opts.plugin_dir();
     std::fs::create_dir_all(&plugin_dir).map_err(Error::io(&plugin_dir))?;
@@ -259,16 +274,7 @@ pub async fn run(opts: Options) -> Result<()> {
     let mut sigint =
         signal(SignalKind::interrupt()).map_err(|e| Error::Task(format!("SIGINT handler: {e}")))?;
     let mut links_rx = spawn_link_watcher()?;
-    let (fs, mut fs_events) = DirWatcher::new()?;
     let mut plugin_wd = Some(fs.watch_dir(&plugin_dir)?);
-    let config_dir = opts.config_file.as_ref().map(|f| match f.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    });
-    let config_wd = match &config_dir {
-        Some(d) => Some(fs.watch_dir(d)?),
-        None => None,
-    };
 
     let (configs_tx, configs_rx) = watch::channel(Vec::new());
     let clock = AllocationClock::default();

@@ -38,6 +38,8 @@ pub mod reclaim;
 pub mod registration;
 pub mod server;
 #[cfg(feature = "testkubelet")]
+pub mod testhooks;
+#[cfg(feature = "testkubelet")]
 pub mod testkubelet;
 #[cfg(feature = "testkubelet")]
 pub mod testtools;

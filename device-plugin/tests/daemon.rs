@@ -723,6 +723,57 @@ async fn config_file_changes_are_applied_without_restart() {
     );
 }
 
+/// An edit saved while the daemon starts, right after it read the config
+/// file, is applied: the config file's directory is watched before the
+/// file is read (the test hook makes the daemon rename the edit over the
+/// file at exactly that point).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_edit_right_after_the_first_read_is_applied() {
+    let mut node = Node::new("cfgrace");
+    node.start_kubelet().await;
+    let file = node.dir.path().join("conf.json");
+    write_atomically(
+        &file,
+        r#"[{"name":"dp","lowerDevice":"eth1","capacity":2}]"#,
+    );
+    let edit = node.dir.path().join("conf.edit");
+    std::fs::write(
+        &edit,
+        r#"[{"name":"dp","lowerDevice":"eth1","capacity":2},{"name":"dp2","lowerDevice":"eth1"}]"#,
+    )
+    .unwrap();
+    let edit_env = edit.to_str().unwrap().to_string();
+    node.start_daemon(
+        &[&format!("--config={}", file.display())],
+        &[(
+            macvtap_deviceplugin::testhooks::CONFIG_EDIT_ENV,
+            edit_env.as_str(),
+        )],
+    );
+    node.kubelet()
+        .wait_for_registration(DP, 0, DEADLINE)
+        .await
+        .unwrap();
+    // The hook ran: the edit replaced the file after the daemon read it.
+    assert!(!edit.exists(), "the test hook did not run");
+    assert!(
+        node.daemon()
+            .log()
+            .contains("test hook: replaced the config file right after reading it"),
+        "{}",
+        node.daemon().log()
+    );
+    let r = node
+        .kubelet()
+        .wait_for_registration("macvtap.network.kubevirt.io/dp2", 0, DEADLINE)
+        .await;
+    assert!(
+        r.is_ok(),
+        "the edit made right after the first read was lost: {}",
+        node.daemon().log()
+    );
+}
+
 fn log_lines_with(log: &str, a: &str, b: &str) -> usize {
     log.lines()
         .filter(|l| l.contains(a) && l.contains(b))
