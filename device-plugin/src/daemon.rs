@@ -1,7 +1,10 @@
 //! The daemon: keeps one served and registered plugin per resource, in step
 //! with the configuration, the node's NICs and the kubelet.
 //!
-//! One loop owns all plugin state and never waits on the kubelet. It reacts to:
+//! One loop owns all plugin state (the `Daemon` struct) and never waits on
+//! the kubelet. It takes one input at a time and hands it to that kind's
+//! handler (`on_signal`, `on_links`, `on_fs_events`, `on_stream_event`,
+//! `on_registration_done`, `on_timer`). It reacts to:
 //! - link snapshots from [`crate::links`] (health, NUMA, auto-discovery);
 //! - inotify events in the device-plugins directory (a new `kubelet.sock`
 //!   means a restarted kubelet: re-serve where our socket was deleted, and
@@ -40,10 +43,11 @@ use nix::sys::inotify::WatchDescriptor;
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::net::SocketAddr;
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -60,6 +64,10 @@ const RETRY_MAX: Duration = Duration::from_secs(5);
 pub const STREAM_WAIT: Duration = Duration::from_secs(2);
 /// Failed registrations in a row that make a `RegistrationFailing` Event.
 const REGISTRATION_EVENT_AFTER: u32 = 3;
+/// While registration keeps failing, how often a failure is logged as a
+/// warning (and, from the third failure on, posted as an Event); the rest
+/// are debug lines.
+const REGISTRATION_WARN_EVERY: Duration = Duration::from_secs(60);
 /// A stream that lived this long ends the backoff of quick stream losses.
 const STABLE_STREAM: Duration = Duration::from_secs(1);
 /// How long a replaced server's connections get to finish.
@@ -106,21 +114,38 @@ impl Options {
     }
 }
 
-/// Reads the configuration sources named by `opts` and resolves them.
-pub fn load_config(opts: &Options) -> Result<(Resolved, Option<String>)> {
-    let file = match &opts.config_file {
-        Some(p) => Some((p.clone(), std::fs::read_to_string(p).map_err(Error::io(p))?)),
-        None => None,
-    };
-    let file_text = file.as_ref().map(|(_, t)| t.clone());
-    let sources = Sources {
-        flags: opts.resource_flags.clone(),
-        file,
-        env: opts.env_config.clone().filter(|s| !s.trim().is_empty()),
-    };
-    Ok((config::resolve(&sources)?, file_text))
+impl Options {
+    /// The configuration sources: the flags, the config file's `text` (when
+    /// a file is configured) and the environment.
+    fn sources(&self, file_text: Option<String>) -> Sources {
+        Sources {
+            flags: self.resource_flags.clone(),
+            file: self.config_file.clone().zip(file_text),
+            env: self.env_config.clone().filter(|s| !s.trim().is_empty()),
+        }
+    }
+
+    /// The directory holding the config file, which is watched for edits.
+    fn config_dir(&self) -> Option<PathBuf> {
+        self.config_file.as_ref().map(|f| match f.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        })
+    }
 }
 
+/// Reads the configuration sources named by `opts` and resolves them.
+pub fn load_config(opts: &Options) -> Result<(Resolved, Option<String>)> {
+    let file_text = match &opts.config_file {
+        Some(p) => Some(std::fs::read_to_string(p).map_err(Error::io(p))?),
+        None => None,
+    };
+    let resolved = config::resolve(&opts.sources(file_text.clone()))?;
+    Ok((resolved, file_text))
+}
+
+/// One resource's plugin: what the kubelet sees of it, its server, and
+/// where its registration stands.
 struct Plugin {
     state: watch::Sender<ResourceState>,
     server: Option<PluginServer>,
@@ -134,6 +159,8 @@ struct Plugin {
     said_waiting: bool,
     /// Failed registration attempts since the last success.
     failures: u32,
+    /// When a failed registration was last logged as a warning.
+    warned_at: Option<Instant>,
     /// The Register call in flight: its attempt number and task.
     registering: Option<(u64, JoinHandle<()>)>,
     /// Live ListAndWatch streams on the current server.
@@ -163,6 +190,7 @@ impl Plugin {
             backoff: RETRY_MIN,
             said_waiting: false,
             failures: 0,
+            warned_at: None,
             registering: None,
             streams: 0,
             stream_since: None,
@@ -190,6 +218,38 @@ impl Plugin {
             task.abort();
             self.suspect_duplicates = true;
         }
+    }
+
+    /// A Register call returned: registered, waiting for the kubelet's
+    /// ListAndWatch stream unless it is already open.
+    fn registered(&mut self, now: Instant) {
+        self.registered = true;
+        self.retry_at = None;
+        self.backoff = RETRY_MIN;
+        self.said_waiting = false;
+        self.failures = 0;
+        self.warned_at = None;
+        if self.streams == 0 {
+            self.stream_deadline = Some(now + STREAM_WAIT);
+        }
+    }
+
+    /// A Register call failed: retry after the backoff, which doubles up to
+    /// [`RETRY_MAX`]. Returns the wait before the retry, and whether this
+    /// failure is worth a warning (the first, then one per
+    /// [`REGISTRATION_WARN_EVERY`] while it goes on).
+    fn registration_failed(&mut self, now: Instant) -> (Duration, bool) {
+        self.failures += 1;
+        let warn = self
+            .warned_at
+            .is_none_or(|t| now.duration_since(t) >= REGISTRATION_WARN_EVERY);
+        if warn {
+            self.warned_at = Some(now);
+        }
+        let delay = self.backoff;
+        self.retry_at = Some(now + delay);
+        self.backoff = (self.backoff * 2).min(RETRY_MAX);
+        (delay, warn)
     }
 
     /// The registration is gone (its stream ended, or never opened):
@@ -224,12 +284,62 @@ struct RegistrationDone {
     result: Result<()>,
 }
 
+/// Where the daemon's inputs arrive; [`Inputs::next`] waits for one.
+struct Inputs {
+    sigterm: Signal,
+    sigint: Signal,
+    links: watch::Receiver<Links>,
+    fs: mpsc::UnboundedReceiver<Vec<FsEvent>>,
+    streams: mpsc::UnboundedReceiver<StreamEvent>,
+    registrations: mpsc::UnboundedReceiver<RegistrationDone>,
+}
+
+/// One input of the daemon loop; each kind has its handler on [`Daemon`].
+enum Input {
+    /// SIGTERM or SIGINT, by name.
+    Signal(&'static str),
+    /// A new snapshot of the node's links.
+    Links(Links),
+    /// A batch of inotify events.
+    Fs(Vec<FsEvent>),
+    /// A ListAndWatch stream opened or ended.
+    Stream(StreamEvent),
+    /// A Register task finished.
+    Registered(RegistrationDone),
+    /// The earliest timer is due.
+    Timer,
+}
+
+impl Inputs {
+    /// Waits for the next input, or for `wake`. Fails when a helper thread
+    /// that feeds the loop has stopped.
+    async fn next(&mut self, wake: Instant) -> Result<Input> {
+        tokio::select! {
+            _ = self.sigterm.recv() => Ok(Input::Signal("SIGTERM")),
+            _ = self.sigint.recv() => Ok(Input::Signal("SIGINT")),
+            changed = self.links.changed() => match changed {
+                Ok(()) => Ok(Input::Links(self.links.borrow_and_update().clone())),
+                Err(_) => Err(Error::Task("the link event thread stopped".into())),
+            },
+            batch = self.fs.recv() => batch
+                .map(Input::Fs)
+                .ok_or_else(|| Error::Task("the inotify thread stopped".into())),
+            Some(ev) = self.streams.recv() => Ok(Input::Stream(ev)),
+            Some(done) = self.registrations.recv() => Ok(Input::Registered(done)),
+            _ = tokio::time::sleep_until(wake) => Ok(Input::Timer),
+        }
+    }
+}
+
+/// All plugin state, owned by the loop of [`run`].
 struct Daemon {
     opts: Options,
     ctx: ServerContext,
     plugins: BTreeMap<String, Plugin>,
     resolved: Resolved,
     file_text: Option<String>,
+    /// The latest snapshot of the node's links.
+    links: Links,
     configs_tx: watch::Sender<Vec<ResourceConfig>>,
     registrations: mpsc::UnboundedSender<RegistrationDone>,
     next_attempt: u64,
@@ -239,152 +349,206 @@ struct Daemon {
     discovery: Discovery,
     /// Each resource's last NIC health, to log and count its changes.
     health: HealthLog,
+    /// The inotify instance of the device-plugins and config directories.
+    fs: DirWatcher,
+    /// The device-plugins directory's watch; `None` while it is gone.
+    plugin_wd: Option<WatchDescriptor>,
+    /// The config file directory's watch, if there is a config file.
+    config_wd: Option<WatchDescriptor>,
+    /// When the sockets are next checked.
+    next_socket_check: Instant,
+    /// The reclaim loop and the metrics server, aborted at shutdown.
+    tasks: Vec<JoinHandle<()>>,
 }
 
 /// Runs the daemon until SIGTERM or SIGINT. Errors are startup errors
-/// (invalid configuration, unusable directories or sockets).
+/// (invalid configuration, unusable directories or sockets), or a helper
+/// thread that stopped.
 pub async fn run(opts: Options) -> Result<()> {
-    // The config file's directory is watched before the file is read, so
-    // an edit saved in between is an event the loop applies, not lost.
-    let (fs, mut fs_events) = DirWatcher::new()?;
-    let config_dir = opts.config_file.as_ref().map(|f| match f.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    });
-    let config_wd = match &config_dir {
-        Some(d) => Some(fs.watch_dir(d)?),
-        None => None,
-    };
-    let (resolved, file_text) = load_config(&opts)?;
-    #[cfg(feature = "testkubelet")]
-    if let Some(f) = &opts.config_file {
-        crate::testhooks::after_config_read(f);
+    let (mut d, mut inputs) = Daemon::start(opts).await?;
+    loop {
+        let input = inputs.next(d.next_wake()).await?;
+        if d.handle(input).is_break() {
+            break;
+        }
     }
-    info!(source = %resolved.source, resources = ?resolved.resources, "configuration loaded");
-    let plugin_dir = opts.plugin_dir();
-    std::fs::create_dir_all(&plugin_dir).map_err(Error::io(&plugin_dir))?;
-    let metrics = Arc::new(Metrics::default());
-    let events = EventSink::from_environment(opts.node_name.as_deref()).await;
-    let http = match opts.metrics_addr {
-        Some(addr) => Some(crate::http::serve(addr, metrics.clone()).await?),
-        None => None,
-    };
-    let mut sigterm = signal(SignalKind::terminate())
-        .map_err(|e| Error::Task(format!("SIGTERM handler: {e}")))?;
-    let mut sigint =
-        signal(SignalKind::interrupt()).map_err(|e| Error::Task(format!("SIGINT handler: {e}")))?;
-    let mut links_rx = spawn_link_watcher()?;
-    let mut plugin_wd = Some(fs.watch_dir(&plugin_dir)?);
+    d.shutdown().await;
+    Ok(())
+}
 
-    let (configs_tx, configs_rx) = watch::channel(Vec::new());
-    let clock = AllocationClock::default();
-    let assignments = Assignments::default();
-    let dev_dir = PathBuf::from(crate::allocate::DEV_DIR);
-    let tap_gone = watch_tap_nodes(&dev_dir);
-    let reclaim = tokio::spawn(reclaim_loop(
-        Reclaimer::new(
+impl Daemon {
+    /// Sets everything up: the config watch (before the config is read, so
+    /// no edit is lost), the configuration, the device-plugins directory,
+    /// metrics, Events, signals, link events, the reclaim loop; then
+    /// reconciles the plugins with the links and starts registering.
+    async fn start(opts: Options) -> Result<(Self, Inputs)> {
+        let (fs, fs_events) = DirWatcher::new()?;
+        let config_wd = match opts.config_dir() {
+            Some(d) => Some(fs.watch_dir(&d)?),
+            None => None,
+        };
+        let (resolved, file_text) = load_config(&opts)?;
+        #[cfg(feature = "testkubelet")]
+        if let Some(f) = &opts.config_file {
+            crate::testhooks::after_config_read(f);
+        }
+        info!(source = %resolved.source, resources = ?resolved.resources, "configuration loaded");
+        let plugin_dir = opts.plugin_dir();
+        std::fs::create_dir_all(&plugin_dir).map_err(Error::io(&plugin_dir))?;
+        let metrics = Arc::new(Metrics::default());
+        let events = EventSink::from_environment(opts.node_name.as_deref()).await;
+        let mut tasks = Vec::new();
+        if let Some(addr) = opts.metrics_addr {
+            tasks.push(crate::http::serve(addr, metrics.clone()).await?);
+        }
+        let sigterm = signal(SignalKind::terminate())
+            .map_err(|e| Error::Task(format!("SIGTERM handler: {e}")))?;
+        let sigint = signal(SignalKind::interrupt())
+            .map_err(|e| Error::Task(format!("SIGINT handler: {e}")))?;
+        let mut links_rx = spawn_link_watcher()?;
+        let plugin_wd = Some(fs.watch_dir(&plugin_dir)?);
+
+        let (configs_tx, configs_rx) = watch::channel(Vec::new());
+        let clock = AllocationClock::default();
+        let assignments = Assignments::default();
+        let dev_dir = PathBuf::from(crate::allocate::DEV_DIR);
+        let tap_gone = watch_tap_nodes(&dev_dir);
+        let reclaimer = Reclaimer::new(
             opts.pod_resources_socket(),
             opts.reclaim_grace,
             clock.clone(),
         )
         .with_healing(assignments.clone(), dev_dir)
-        .with_events(events.clone()),
-        opts.reclaim_interval,
-        configs_rx,
-        metrics.clone(),
-        tap_gone,
-    ));
-    let (streams_tx, mut stream_events) = mpsc::unbounded_channel();
-    let (reg_tx, mut reg_done) = mpsc::unbounded_channel();
-    let opts_discover_kinds = opts.discover_kinds.clone();
-    let mut d = Daemon {
-        opts,
-        ctx: ServerContext {
-            metrics,
-            events,
-            streams: streams_tx,
-            clock,
-            assignments,
-        },
-        plugins: BTreeMap::new(),
-        resolved,
-        file_text,
-        configs_tx,
-        registrations: reg_tx,
-        next_attempt: 0,
-        background: Vec::new(),
-        discovery: Discovery::new(opts_discover_kinds),
-        health: HealthLog::default(),
-    };
-    let links = links_rx.borrow_and_update().clone();
-    d.reconcile(&links);
-    d.start_due_registrations();
-    let mut next_socket_check = Instant::now() + SOCKET_CHECK;
-
-    loop {
-        let wake = d
-            .next_timer()
-            .unwrap_or(next_socket_check)
-            .min(next_socket_check);
-        tokio::select! {
-            _ = sigterm.recv() => { info!("SIGTERM: shutting down"); break; }
-            _ = sigint.recv() => { info!("SIGINT: shutting down"); break; }
-            changed = links_rx.changed() => {
-                if changed.is_err() {
-                    return Err(Error::Task("the link event thread stopped".into()));
-                }
-                let links = links_rx.borrow_and_update().clone();
-                d.reconcile(&links);
-            }
-            events = fs_events.recv() => {
-                let Some(events) = events else {
-                    return Err(Error::Task("the inotify thread stopped".into()));
-                };
-                for ev in events {
-                    if Some(ev.wd) == plugin_wd {
-                        d.plugin_dir_event(&ev);
-                        if ev.watch_ended() {
-                            warn!(dir = %d.opts.plugin_dir().display(), "device-plugins directory went away; waiting for it");
-                            plugin_wd = None;
-                        }
-                    } else if Some(ev.wd) == config_wd {
-                        if ev.watch_ended() {
-                            warn!("the config file's directory went away; live reload stops");
-                        } else {
-                            let links = links_rx.borrow().clone();
-                            d.reload_config(&links);
-                        }
-                    }
-                }
-            }
-            Some(ev) = stream_events.recv() => d.stream_event(ev),
-            Some(done) = reg_done.recv() => d.registration_done(done),
-            _ = tokio::time::sleep_until(wake) => {}
-        }
-        let now = Instant::now();
-        if now >= next_socket_check {
-            next_socket_check = now + SOCKET_CHECK;
-            if plugin_wd.is_none() {
-                plugin_wd = rewatch(&fs, &d.opts.plugin_dir());
-                if plugin_wd.is_some() {
-                    d.kubelet_restarted();
-                }
-            }
-            d.check_sockets();
-        }
-        d.check_stream_deadlines(now);
+        .with_events(events.clone());
+        tasks.push(tokio::spawn(reclaim_loop(
+            reclaimer,
+            opts.reclaim_interval,
+            configs_rx,
+            metrics.clone(),
+            tap_gone,
+        )));
+        let (streams_tx, streams_rx) = mpsc::unbounded_channel();
+        let (reg_tx, reg_rx) = mpsc::unbounded_channel();
+        let links = links_rx.borrow_and_update().clone();
+        let discovery = Discovery::new(opts.discover_kinds.clone());
+        let mut d = Daemon {
+            opts,
+            ctx: ServerContext {
+                metrics,
+                events,
+                streams: streams_tx,
+                clock,
+                assignments,
+            },
+            plugins: BTreeMap::new(),
+            resolved,
+            file_text,
+            links,
+            configs_tx,
+            registrations: reg_tx,
+            next_attempt: 0,
+            background: Vec::new(),
+            discovery,
+            health: HealthLog::default(),
+            fs,
+            plugin_wd,
+            config_wd,
+            next_socket_check: Instant::now() + SOCKET_CHECK,
+            tasks,
+        };
+        d.reconcile();
         d.start_due_registrations();
+        let inputs = Inputs {
+            sigterm,
+            sigint,
+            links: links_rx,
+            fs: fs_events,
+            streams: streams_rx,
+            registrations: reg_rx,
+        };
+        Ok((d, inputs))
     }
 
-    reclaim.abort();
-    if let Some(h) = http {
-        h.abort();
+    /// When the loop must wake at the latest: the earliest registration
+    /// retry, stream deadline or socket check.
+    fn next_wake(&self) -> Instant {
+        self.plugins
+            .values()
+            .flat_map(|p| [p.retry_at, p.stream_deadline])
+            .flatten()
+            .fold(self.next_socket_check, Instant::min)
     }
-    if let Some(wd) = plugin_wd {
-        fs.unwatch(wd);
+
+    /// Hands `input` to its handler, then runs the timers (an input can
+    /// make a registration due at once). Breaks on a signal.
+    fn handle(&mut self, input: Input) -> ControlFlow<()> {
+        match input {
+            Input::Signal(name) => return self.on_signal(name),
+            Input::Links(links) => self.on_links(links),
+            Input::Fs(batch) => self.on_fs_events(&batch),
+            Input::Stream(ev) => self.on_stream_event(ev),
+            Input::Registered(done) => self.on_registration_done(done),
+            Input::Timer => {}
+        }
+        self.on_timer(Instant::now());
+        ControlFlow::Continue(())
     }
-    d.shutdown().await;
-    Ok(())
+
+    /// SIGTERM or SIGINT: the loop ends and [`Daemon::shutdown`] follows.
+    fn on_signal(&mut self, name: &str) -> ControlFlow<()> {
+        info!(signal = name, "shutting down");
+        ControlFlow::Break(())
+    }
+
+    /// A new link snapshot: health, NUMA and auto-discovered resources follow it.
+    fn on_links(&mut self, links: Links) {
+        self.links = links;
+        self.reconcile();
+    }
+
+    /// Inotify events: the device-plugins directory's go to
+    /// [`Daemon::plugin_dir_event`]; any in the config file's directory
+    /// reloads the configuration (once per batch).
+    fn on_fs_events(&mut self, batch: &[FsEvent]) {
+        let mut config_touched = false;
+        for ev in batch {
+            if self.plugin_wd.is_some_and(|wd| wd == ev.wd) {
+                self.plugin_dir_event(ev);
+                if ev.watch_ended() {
+                    warn!(dir = %self.opts.plugin_dir().display(), "the device-plugins directory went away; waiting for it to come back");
+                    self.plugin_wd = None;
+                }
+            } else if self.config_wd.is_some_and(|wd| wd == ev.wd) {
+                if ev.watch_ended() {
+                    warn!("the config file's directory went away; live reload stops");
+                    self.config_wd = None;
+                } else {
+                    config_touched = true;
+                }
+            }
+        }
+        if config_touched {
+            self.reload_config();
+        }
+    }
+
+    /// Whatever is due at `now`: the socket check (and a new watch of a
+    /// device-plugins directory that came back), stream deadlines, and
+    /// registrations.
+    fn on_timer(&mut self, now: Instant) {
+        if now >= self.next_socket_check {
+            self.next_socket_check = now + SOCKET_CHECK;
+            if self.plugin_wd.is_none() {
+                self.plugin_wd = rewatch(&self.fs, &self.opts.plugin_dir());
+                if self.plugin_wd.is_some() {
+                    self.kubelet_restarted();
+                }
+            }
+            self.check_sockets();
+        }
+        self.check_stream_deadlines(now);
+        self.start_due_registrations();
+    }
 }
 
 fn rewatch(fs: &DirWatcher, dir: &Path) -> Option<WatchDescriptor> {
@@ -405,13 +569,13 @@ fn rewatch(fs: &DirWatcher, dir: &Path) -> Option<WatchDescriptor> {
 
 impl Daemon {
     /// The resources wanted now, each with whether auto-discovery made it.
-    fn wanted(&self, links: &Links) -> Vec<(ResourceConfig, bool)> {
+    fn wanted(&self) -> Vec<(ResourceConfig, bool)> {
         match &self.resolved.resources {
             Resources::Static(list) => list.iter().cloned().map(|c| (c, false)).collect(),
             Resources::AutoDiscover => {
                 let mut found: Vec<(ResourceConfig, bool)> = self
                     .discovery
-                    .discover(links)
+                    .discover(&self.links)
                     .into_iter()
                     .map(|c| (c, true))
                     .collect();
@@ -427,8 +591,8 @@ impl Daemon {
     }
 
     /// Brings the plugins in line with the configuration and the links.
-    fn reconcile(&mut self, links: &Links) {
-        let wanted = self.wanted(links);
+    fn reconcile(&mut self) {
+        let wanted = self.wanted();
         let gone: Vec<String> = self
             .plugins
             .keys()
@@ -436,81 +600,101 @@ impl Daemon {
             .cloned()
             .collect();
         for name in gone {
-            if let Some(mut p) = self.plugins.remove(&name) {
-                let resource = p.config().resource_name();
-                info!(%resource, "resource removed");
-                p.abandon_registration();
-                if let Some(s) = p.server.take() {
-                    self.background
-                        .push(tokio::spawn(s.stop(true, RESTART_WAIT)));
-                }
-                self.ctx.metrics.resource_removed(&resource);
-                self.health.forget(&resource);
-            }
+            self.remove_plugin(&name);
         }
         let now = Instant::now();
         for (cfg, discovered) in wanted {
-            let lower = links.iter().find(|l| l.name == cfg.lower_device);
-            let health = nic_health(&cfg.lower_device, links);
-            let healthy = health.is_healthy();
-            let numa = lower.and_then(|_| numa_node(&self.opts.sysfs, &cfg.lower_device));
-            let state = ResourceState {
-                devices: device_list(&cfg.name, cfg.capacity, healthy, numa),
-                config: cfg.clone(),
-            };
-            let resource = cfg.resource_name();
-            if self.health.update(&resource, &health, &self.ctx.metrics) {
-                let (nic, devices) = (cfg.lower_device.clone(), cfg.capacity);
-                self.ctx.events.post(match &health {
-                    NicHealth::Healthy => NodeEvent::NicUp {
-                        resource: resource.clone(),
-                        nic,
-                        devices,
-                    },
-                    NicHealth::Enslaved(_) => NodeEvent::NicEnslaved {
-                        resource: resource.clone(),
-                        devices,
-                        why: health.to_string(),
-                    },
-                    _ => NodeEvent::NicDown {
-                        resource: resource.clone(),
-                        nic,
-                        devices,
-                    },
-                });
-            }
-            let (nh, nu) = if healthy {
-                (cfg.capacity as u64, 0)
-            } else {
-                (0, cfg.capacity as u64)
-            };
-            self.ctx.metrics.set_devices(&resource, nh, nu);
-            match self.plugins.get_mut(&cfg.name) {
-                Some(p) => {
-                    p.discovered = discovered;
-                    let old_cfg = p.config();
-                    let changed = p.state.send_if_modified(|cur| {
-                        if *cur == state {
-                            false
-                        } else {
-                            *cur = state;
-                            true
-                        }
-                    });
-                    if changed && old_cfg != cfg {
-                        info!(%resource, old = ?old_cfg, new = ?cfg, "resource configuration changed");
-                    }
-                }
-                None => {
-                    info!(%resource, lower = %cfg.lower_device, mode = %cfg.mode, capacity = cfg.capacity, healthy, ?numa, "resource added");
-                    let mut p = Plugin::new(state, discovered);
-                    p.want_registration(now);
-                    self.plugins.insert(cfg.name.clone(), p);
-                }
-            }
+            self.apply_resource(cfg, discovered, now);
         }
         let configs: Vec<ResourceConfig> = self.plugins.values().map(|p| p.config()).collect();
         self.configs_tx.send_replace(configs);
+    }
+
+    /// Stops serving a resource that is no longer wanted.
+    fn remove_plugin(&mut self, name: &str) {
+        let Some(mut p) = self.plugins.remove(name) else {
+            return;
+        };
+        let resource = p.config().resource_name();
+        info!(%resource, "resource removed");
+        p.abandon_registration();
+        if let Some(s) = p.server.take() {
+            self.background
+                .push(tokio::spawn(s.stop(true, RESTART_WAIT)));
+        }
+        self.ctx.metrics.resource_removed(&resource);
+        self.health.forget(&resource);
+    }
+
+    /// Publishes a wanted resource's devices, health and NUMA node, adding
+    /// its plugin if it is new.
+    fn apply_resource(&mut self, cfg: ResourceConfig, discovered: bool, now: Instant) {
+        let links = self.links.clone();
+        let lower = links.iter().find(|l| l.name == cfg.lower_device);
+        let health = nic_health(&cfg.lower_device, &links);
+        let healthy = health.is_healthy();
+        let numa = lower.and_then(|_| numa_node(&self.opts.sysfs, &cfg.lower_device));
+        let state = ResourceState {
+            devices: device_list(&cfg.name, cfg.capacity, healthy, numa),
+            config: cfg.clone(),
+        };
+        let resource = cfg.resource_name();
+        self.health_changed(&cfg, &health);
+        let (nh, nu) = if healthy {
+            (cfg.capacity as u64, 0)
+        } else {
+            (0, cfg.capacity as u64)
+        };
+        self.ctx.metrics.set_devices(&resource, nh, nu);
+        match self.plugins.get_mut(&cfg.name) {
+            Some(p) => {
+                p.discovered = discovered;
+                let old_cfg = p.config();
+                let changed = p.state.send_if_modified(|cur| {
+                    if *cur == state {
+                        false
+                    } else {
+                        *cur = state;
+                        true
+                    }
+                });
+                if changed && old_cfg != cfg {
+                    info!(%resource, old = ?old_cfg, new = ?cfg, "resource configuration changed");
+                }
+            }
+            None => {
+                info!(%resource, lower = %cfg.lower_device, mode = %cfg.mode, capacity = cfg.capacity, healthy, ?numa, "resource added");
+                let mut p = Plugin::new(state, discovered);
+                p.want_registration(now);
+                self.plugins.insert(cfg.name.clone(), p);
+            }
+        }
+    }
+
+    /// Logs, counts and posts an Event for a change of a resource's NIC health.
+    fn health_changed(&mut self, cfg: &ResourceConfig, health: &NicHealth) {
+        let resource = cfg.resource_name();
+        if !self.health.update(&resource, health, &self.ctx.metrics) {
+            return;
+        }
+        let (nic, devices) = (cfg.lower_device.clone(), cfg.capacity);
+        self.ctx.events.post(match health {
+            NicHealth::Healthy => NodeEvent::NicUp {
+                resource,
+                nic,
+                devices,
+            },
+            NicHealth::Enslaved(_) => NodeEvent::NicEnslaved {
+                resource,
+                devices,
+                why: health.to_string(),
+            },
+            _ => NodeEvent::NicDown {
+                resource,
+                nic,
+                devices,
+            },
+        });
     }
 
     fn plugin_dir_event(&mut self, ev: &FsEvent) {
@@ -525,19 +709,13 @@ impl Daemon {
         if name == OsStr::new(KUBELET_SOCKET) && ev.is_create() {
             info!("kubelet.sock created: the kubelet (re)started; registering again");
             self.kubelet_restarted();
-        } else if ev.is_delete() {
-            let now = Instant::now();
-            let dir = self.opts.plugin_dir();
-            for p in self.plugins.values_mut() {
-                let cfg = p.config();
-                if name == OsStr::new(&cfg.socket_name())
-                    && p.server.as_ref().is_some_and(|s| !s.socket_is_ours())
-                {
-                    info!(resource = %cfg.resource_name(), "our socket was deleted; serving again");
-                    restart_server(p, &dir, &self.ctx);
-                    p.want_registration(now);
-                }
-            }
+        } else if ev.is_delete()
+            && self
+                .plugins
+                .values()
+                .any(|p| name == OsStr::new(&p.config().socket_name()))
+        {
+            self.check_sockets();
         }
     }
 
@@ -560,20 +738,11 @@ impl Daemon {
         for p in self.plugins.values_mut() {
             let lost = p.server.as_ref().is_some_and(|s| !s.socket_is_ours());
             if lost {
-                info!(resource = %p.config().resource_name(), "our socket is gone; serving again");
+                info!(resource = %p.config().resource_name(), "the plugin's socket was deleted or replaced (a kubelet restart removes plugin sockets); serving again");
                 restart_server(p, &dir, &self.ctx);
                 p.want_registration(now);
             }
         }
-    }
-
-    /// The earliest registration retry or stream deadline.
-    fn next_timer(&self) -> Option<Instant> {
-        self.plugins
-            .values()
-            .flat_map(|p| [p.retry_at, p.stream_deadline])
-            .flatten()
-            .min()
     }
 
     /// Starts a Register task for every plugin whose retry time has come and
@@ -607,29 +776,21 @@ impl Daemon {
             p.retry_at = None;
             self.next_attempt += 1;
             let attempt = self.next_attempt;
-            let stopping = std::mem::take(&mut p.stopping);
-            let done = self.registrations.clone();
-            let sock = kubelet_sock.clone();
-            let timeout = self.opts.register_timeout;
-            let name = name.clone();
             debug!(%resource, attempt, "registering");
-            let task = tokio::spawn(async move {
-                for old in stopping {
-                    let _ = old.await;
-                }
-                let result = register(&sock, &cfg, timeout).await;
-                let _ = done.send(RegistrationDone {
-                    name,
-                    attempt,
-                    result,
-                });
-            });
+            let task = spawn_register(
+                p,
+                name.clone(),
+                attempt,
+                kubelet_sock.clone(),
+                self.opts.register_timeout,
+                self.registrations.clone(),
+            );
             p.registering = Some((attempt, task));
         }
     }
 
     /// Applies the outcome of a Register task, unless it was abandoned.
-    fn registration_done(&mut self, done: RegistrationDone) {
+    fn on_registration_done(&mut self, done: RegistrationDone) {
         let Some(p) = self.plugins.get_mut(&done.name) else {
             return;
         };
@@ -640,53 +801,43 @@ impl Daemon {
         let cfg = p.config();
         let resource = cfg.resource_name();
         let now = Instant::now();
-        match done.result {
+        self.ctx
+            .metrics
+            .registration(&resource, done.result.is_ok());
+        let e = match done.result {
             Ok(()) => {
                 info!(%resource, endpoint = %cfg.socket_name(), "registered with the kubelet");
-                self.ctx.metrics.registration(&resource, true);
-                p.registered = true;
-                p.retry_at = None;
-                p.backoff = RETRY_MIN;
-                p.said_waiting = false;
-                p.failures = 0;
-                if p.streams == 0 {
-                    p.stream_deadline = Some(now + STREAM_WAIT);
-                }
+                p.registered(now);
+                return;
             }
-            Err(e) => {
-                self.ctx.metrics.registration(&resource, false);
-                if matches!(&e, Error::Grpc { status, .. } if status.code() == tonic::Code::DeadlineExceeded)
-                {
-                    // The kubelet may still complete this one.
-                    p.suspect_duplicates = true;
-                }
-                let retry_in_ms = p.backoff.as_millis() as u64;
-                // Say it at once, then about once a minute while it goes on.
-                if p.failures % 12 == 0 {
-                    warn!(%resource, error = %e, retry_in_ms, failures = p.failures + 1, "registration failed");
-                } else {
-                    debug!(%resource, error = %e, retry_in_ms, "registration failed again");
-                }
-                p.failures += 1;
-                // Repeatedly: the third failure in a row, then with the warnings.
-                if p.failures == REGISTRATION_EVENT_AFTER
-                    || (p.failures > REGISTRATION_EVENT_AFTER && (p.failures - 1) % 12 == 0)
-                {
-                    self.ctx.events.post(NodeEvent::RegistrationFailing {
-                        resource: resource.clone(),
-                        failures: p.failures,
-                        error: e.to_string(),
-                    });
-                }
-                p.retry_at = Some(now + p.backoff);
-                p.backoff = (p.backoff * 2).min(RETRY_MAX);
-            }
+            Err(e) => e,
+        };
+        if matches!(&e, Error::Grpc { status, .. } if status.code() == tonic::Code::DeadlineExceeded)
+        {
+            // The kubelet may still complete this one.
+            p.suspect_duplicates = true;
+        }
+        let (delay, warn) = p.registration_failed(now);
+        let (failures, retry_in_ms) = (p.failures, delay.as_millis() as u64);
+        if warn {
+            warn!(%resource, error = %e, retry_in_ms, failures, "registration failed");
+        } else {
+            debug!(%resource, error = %e, retry_in_ms, failures, "registration failed again");
+        }
+        // Repeatedly failing: an Event at the third failure in a row, then
+        // with each warning.
+        if failures == REGISTRATION_EVENT_AFTER || (warn && failures > REGISTRATION_EVENT_AFTER) {
+            self.ctx.events.post(NodeEvent::RegistrationFailing {
+                resource,
+                failures,
+                error: e.to_string(),
+            });
         }
     }
 
     /// Counts the live ListAndWatch streams of each current server and
     /// registers again when a registered resource has none left.
-    fn stream_event(&mut self, ev: StreamEvent) {
+    fn on_stream_event(&mut self, ev: StreamEvent) {
         let now = Instant::now();
         let dir = self.opts.plugin_dir();
         let Some(p) = self
@@ -735,7 +886,7 @@ impl Daemon {
         }
     }
 
-    fn reload_config(&mut self, links: &Links) {
+    fn reload_config(&mut self) {
         let Some(path) = self.opts.config_file.clone() else {
             return;
         };
@@ -750,12 +901,7 @@ impl Daemon {
             return;
         }
         self.file_text = Some(text.clone());
-        let sources = Sources {
-            flags: self.opts.resource_flags.clone(),
-            file: Some((path.clone(), text)),
-            env: self.opts.env_config.clone(),
-        };
-        match config::resolve(&sources) {
+        match config::resolve(&self.opts.sources(Some(text))) {
             Ok(r) if r.source == Source::Flags => {
                 info!(file = %path.display(), "config file changed, but --resource flags take precedence; nothing to apply");
             }
@@ -763,7 +909,7 @@ impl Daemon {
                 let before: Vec<String> = self.plugins.keys().cloned().collect();
                 info!(file = %path.display(), resources = ?r.resources, "config file changed; applying");
                 self.resolved = r;
-                self.reconcile(links);
+                self.reconcile();
                 let after: Vec<String> = self.plugins.keys().cloned().collect();
                 let added: Vec<_> = after.iter().filter(|n| !before.contains(n)).collect();
                 let removed: Vec<_> = before.iter().filter(|n| !after.contains(n)).collect();
@@ -793,6 +939,12 @@ impl Daemon {
     /// Abandons registrations and stops every server at once, removing
     /// our sockets; bounded by [`SHUTDOWN_WAIT`] (plus the socket removals).
     async fn shutdown(self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        if let Some(wd) = self.plugin_wd {
+            self.fs.unwatch(wd);
+        }
         let mut stops = Vec::new();
         for (_, mut p) in self.plugins {
             p.abandon_registration();
@@ -811,6 +963,31 @@ impl Daemon {
         }
         info!("stopped");
     }
+}
+
+/// Starts a Register task for `p` (resource `name`), which first waits for
+/// the resource's replaced servers to stop, then reports to `done`.
+fn spawn_register(
+    p: &mut Plugin,
+    name: String,
+    attempt: u64,
+    kubelet_sock: PathBuf,
+    timeout: Duration,
+    done: mpsc::UnboundedSender<RegistrationDone>,
+) -> JoinHandle<()> {
+    let stopping = std::mem::take(&mut p.stopping);
+    let cfg = p.config();
+    tokio::spawn(async move {
+        for old in stopping {
+            let _ = old.await;
+        }
+        let result = register(&kubelet_sock, &cfg, timeout).await;
+        let _ = done.send(RegistrationDone {
+            name,
+            attempt,
+            result,
+        });
+    })
 }
 
 /// Serves the plugin anew on its socket. The old server (if any) stops in

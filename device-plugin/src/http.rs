@@ -37,11 +37,14 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> Result<tokio::tas
     }))
 }
 
+/// How long a client has to send its request head.
+const REQUEST_HEAD_WAIT: Duration = Duration::from_secs(5);
+
 async fn answer(mut stream: TcpStream, metrics: &Metrics) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     // Read the request head (bounded in size and time).
-    let read = tokio::time::timeout(Duration::from_secs(5), async {
+    let read = tokio::time::timeout(REQUEST_HEAD_WAIT, async {
         while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 8192 {
             let n = stream.read(&mut chunk).await?;
             if n == 0 {

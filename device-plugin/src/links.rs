@@ -14,6 +14,10 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::{debug, error, warn};
 
+/// How long to pause after a failed read of link events, so a lasting
+/// error does not spin.
+const ERROR_PAUSE: Duration = Duration::from_millis(200);
+
 /// A snapshot of every link of the namespace.
 pub type Links = Arc<Vec<Link>>;
 
@@ -52,7 +56,7 @@ fn watch_links(monitor: LinkMonitor, handle: Handle, tx: watch::Sender<Links>) {
             }
             Err(e) => {
                 error!(error = %e, "reading link events");
-                std::thread::sleep(Duration::from_millis(200));
+                std::thread::sleep(ERROR_PAUSE);
             }
         }
         match handle.list_links() {

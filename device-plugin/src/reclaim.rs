@@ -40,6 +40,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
+/// How long one PodResources `List` may take.
+const POD_RESOURCES_WAIT: Duration = Duration::from_secs(5);
+/// How long an Allocate is remembered at the least (the reclaim grace when
+/// that is longer); older ones are forgotten so the map stays small.
+const MIN_CLOCK_MEMORY: Duration = Duration::from_secs(1);
+
 /// When each device link was last handed out by Allocate, shared by the
 /// plugin servers (which write) and the reclaimer (which reads).
 #[derive(Debug, Clone, Default)]
@@ -302,7 +308,7 @@ impl Reclaimer {
         let links = tokio::task::spawn_blocking(|| Handle::current()?.list_links())
             .await
             .map_err(|e| Error::Task(format!("listing links: {e}")))??;
-        let allocated = list_allocated(&self.socket, Duration::from_secs(5)).await?;
+        let allocated = list_allocated(&self.socket, POD_RESOURCES_WAIT).await?;
         let dev_dir = self.dev_dir.clone();
         let lost = lost_devices(&allocated, &self.assignments, &links, |i| {
             tap_node_path(&dev_dir, i).exists()
@@ -316,7 +322,7 @@ impl Reclaimer {
         }
         let lowers: HashSet<String> = resources.iter().map(|r| r.lower_device.clone()).collect();
         self.clock
-            .forget_older_than(self.grace.max(Duration::from_secs(1)), Instant::now());
+            .forget_older_than(self.grace.max(MIN_CLOCK_MEMORY), Instant::now());
         let mut leaked = leaked_links(&links, &lowers, &allocated);
         leaked.extend(go_era_leaked_links(&links, resources, &allocated));
         let due = self.due(&leaked, Instant::now());

@@ -134,23 +134,19 @@ impl DevicePlugin for PluginService {
             opened: true,
         });
         tokio::spawn(async move {
-            let mut last = state.borrow_and_update().devices.clone();
+            let mut last = list_and_watch_response(&state.borrow_and_update());
             let resource = state.borrow().config.resource_name();
             debug!(%resource, "ListAndWatch started");
-            let mut ok = tx
-                .send(Ok(ListAndWatchResponse {
-                    devices: last.clone(),
-                }))
-                .await
-                .is_ok();
+            let mut ok = tx.send(Ok(last.clone())).await.is_ok();
             while ok {
                 tokio::select! {
                     changed = state.changed() => {
                         if changed.is_err() { break; }
-                        let now = state.borrow_and_update().devices.clone();
+                        // A change of the configuration alone is no message.
+                        let now = list_and_watch_response(&state.borrow_and_update());
                         if now == last { continue; }
                         last = now;
-                        ok = tx.send(Ok(ListAndWatchResponse { devices: last.clone() })).await.is_ok();
+                        ok = tx.send(Ok(last.clone())).await.is_ok();
                     }
                     // The kubelet closed the stream or its connection.
                     _ = tx.closed() => break,

@@ -64,6 +64,8 @@ pub type TestResult<T> = std::result::Result<T, TestError>;
 
 /// How long the kubelet's `dial` waits for the plugin socket (client.go).
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the kubelet's server gets to stop before it is dropped.
+const STOP_WAIT: Duration = Duration::from_secs(2);
 
 /// What the kubelet knows of one resource.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -584,7 +586,7 @@ impl TestKubelet {
         lock(&self.shared.clients).clear();
         if let Some(t) = self.task.take() {
             // A server that does not stop in time is dropped with the runtime.
-            let _ = tokio::time::timeout(Duration::from_secs(2), t).await;
+            let _ = tokio::time::timeout(STOP_WAIT, t).await;
         }
         let _ = std::fs::remove_file(self.dir.join(KUBELET_SOCKET));
     }
