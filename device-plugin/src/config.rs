@@ -77,6 +77,20 @@ impl ResourceConfig {
     }
 }
 
+impl fmt::Display for ResourceConfig {
+    /// `macvtap.network.kubevirt.io/dp on NIC eth1 (bridge mode, 100 devices)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} on NIC {} ({} mode, {} devices)",
+            self.resource_name(),
+            self.lower_device,
+            self.mode,
+            self.capacity
+        )
+    }
+}
+
 /// What the configuration asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resources {
@@ -84,6 +98,26 @@ pub enum Resources {
     Static(Vec<ResourceConfig>),
     /// One resource per NIC found on the node, following NICs as they come and go.
     AutoDiscover,
+}
+
+impl fmt::Display for Resources {
+    /// Each resource as [`ResourceConfig`] shows it, `; `-separated, or
+    /// auto-discovery.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Resources::Static(list) if list.is_empty() => f.write_str("no resources"),
+            Resources::Static(list) => {
+                for (i, r) in list.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str("; ")?;
+                    }
+                    write!(f, "{r}")?;
+                }
+                Ok(())
+            }
+            Resources::AutoDiscover => f.write_str("auto-discovery (one resource per NIC)"),
+        }
+    }
 }
 
 /// Where the effective configuration came from.
@@ -381,7 +415,10 @@ pub fn check_entries(source: &Source, entries: Vec<RawEntry>) -> Result<Checked>
             if !go_compatible {
                 return Err(config_err(
                     source,
-                    format!("entry {i} ({:?}): duplicate resource name", e.name),
+                    format!(
+                        "entry {i} ({:?}): an earlier entry has the same resource name",
+                        e.name
+                    ),
                 ));
             }
             out.warnings.push(format!(
@@ -399,11 +436,14 @@ pub fn check_entries(source: &Source, entries: Vec<RawEntry>) -> Result<Checked>
 fn check_entry(e: &RawEntry) -> std::result::Result<ResourceConfig, String> {
     check_resource_name(&e.name)?;
     let lower = if e.lower_device.is_empty() {
+        check_ifname(&e.name).map_err(|m| {
+            format!("lowerDevice is not given, so the NIC is the resource name, and {m}")
+        })?;
         e.name.clone()
     } else {
+        check_ifname(&e.lower_device).map_err(|m| format!("lowerDevice: {m}"))?;
         e.lower_device.clone()
     };
-    check_ifname(&lower).map_err(|m| format!("lowerDevice: {m}"))?;
     let mode: MacvtapMode = e.mode.parse()?;
     let capacity = if e.capacity <= 0 {
         DEFAULT_CAPACITY
@@ -453,7 +493,9 @@ pub fn min_list_message_len(name: &str, capacity: u32) -> u64 {
 /// `_` and `.`, starting and ending with a letter or digit).
 pub fn check_resource_name(name: &str) -> std::result::Result<(), String> {
     if name.is_empty() {
-        return Err("name is empty".into());
+        return Err(
+            "the name is empty; every entry needs the name of the resource it advertises".into(),
+        );
     }
     if name.len() > 63 {
         return Err(format!(
@@ -655,8 +697,13 @@ mod tests {
         assert!(r.contains("unknown macvtap mode \"source\""), "{r}");
         // From our own sources the same entry makes the source invalid.
         let e = err(&file(text));
-        assert!(e.contains("config file /etc/dp.json"), "{e}");
-        assert!(e.contains("entry 1 (\"b\")"), "{e}");
+        assert!(
+            e.starts_with(
+                "invalid configuration from config file /etc/dp.json: entry 1 (\"b\"): unknown \
+                 macvtap mode \"source\""
+            ),
+            "{e}"
+        );
         let e = err(&flags(&["a", "name=b,mode=source"]));
         assert!(
             e.contains("--resource flags") && e.contains("entry 1"),
@@ -674,10 +721,33 @@ mod tests {
             assert!(err(&file(&text)).contains("entry 0"), "{bad:?}");
         }
         // A null entry is an entry with every field empty, as in Go.
-        assert!(checked(r#"[null, {"name":"a"}]"#).refused[0].contains("name is empty"));
+        assert_eq!(
+            checked(r#"[null, {"name":"a"}]"#).refused,
+            [
+                "DP_MACVTAP_CONF: entry 0 (\"\"): the name is empty; every entry needs the name of \
+              the resource it advertises"
+            ]
+        );
         for good in ["eth0", "data_plane.1", "A-b"] {
             check_resource_name(good).unwrap();
         }
+    }
+
+    #[test]
+    fn the_configuration_is_logged_as_people_write_it() {
+        let r = resolve(&env(
+            r#"[{"name":"dp","lowerDevice":"eth1","capacity":2},{"name":"eth2"}]"#,
+        ))
+        .unwrap();
+        assert_eq!(
+            r.resources.to_string(),
+            "macvtap.network.kubevirt.io/dp on NIC eth1 (bridge mode, 2 devices); \
+             macvtap.network.kubevirt.io/eth2 on NIC eth2 (bridge mode, 100 devices)"
+        );
+        assert_eq!(
+            Resources::AutoDiscover.to_string(),
+            "auto-discovery (one resource per NIC)"
+        );
     }
 
     #[test]
@@ -686,7 +756,12 @@ mod tests {
         assert!(c.refused[0].contains("lowerDevice"), "{:?}", c.refused);
         // A name too long for a NIC with no lowerDevice is caught the same way.
         let e = err(&file(r#"[{"name":"abcdefghijklmnopq"}]"#));
-        assert!(e.contains("lowerDevice"), "{e}");
+        assert_eq!(
+            e,
+            "invalid configuration from config file /etc/dp.json: entry 0 (\"abcdefghijklmnopq\"): \
+             lowerDevice is not given, so the NIC is the resource name, and \"abcdefghijklmnopq\" \
+             is not a valid interface name (1 to 15 bytes)"
+        );
     }
 
     #[test]
@@ -709,9 +784,10 @@ mod tests {
         );
         assert_eq!(names(&resolve(&file(text)).unwrap()), ["b", "a"]);
         let e = err(&flags(&["a", "name=a,lowerDevice=eth1"]));
-        assert!(
-            e.contains("entry 1 (\"a\"): duplicate resource name"),
-            "{e}"
+        assert_eq!(
+            e,
+            "invalid configuration from --resource flags: entry 1 (\"a\"): an earlier entry \
+             has the same resource name"
         );
     }
 

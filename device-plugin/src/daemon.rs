@@ -137,7 +137,9 @@ impl Options {
 /// Reads the configuration sources named by `opts` and resolves them.
 pub fn load_config(opts: &Options) -> Result<(Resolved, Option<String>)> {
     let file_text = match &opts.config_file {
-        Some(p) => Some(std::fs::read_to_string(p).map_err(Error::io(p))?),
+        Some(p) => {
+            Some(std::fs::read_to_string(p).map_err(Error::io("reading the config file", p))?)
+        }
         None => None,
     };
     let resolved = config::resolve(&opts.sources(file_text.clone()))?;
@@ -319,11 +321,15 @@ impl Inputs {
             _ = self.sigint.recv() => Ok(Input::Signal("SIGINT")),
             changed = self.links.changed() => match changed {
                 Ok(()) => Ok(Input::Links(self.links.borrow_and_update().clone())),
-                Err(_) => Err(Error::Task("the link event thread stopped".into())),
+                Err(_) => Err(Error::Task(
+                    "the thread reading link events stopped, so NIC health would go stale".into(),
+                )),
             },
             batch = self.fs.recv() => batch
                 .map(Input::Fs)
-                .ok_or_else(|| Error::Task("the inotify thread stopped".into())),
+                .ok_or_else(|| {
+                    Error::Task("the inotify thread stopped, so kubelet restarts would go unseen".into())
+                }),
             Some(ev) = self.streams.recv() => Ok(Input::Stream(ev)),
             Some(done) = self.registrations.recv() => Ok(Input::Registered(done)),
             _ = tokio::time::sleep_until(wake) => Ok(Input::Timer),
@@ -392,9 +398,12 @@ impl Daemon {
         if let Some(f) = &opts.config_file {
             crate::testhooks::after_config_read(f);
         }
-        info!(source = %resolved.source, resources = ?resolved.resources, "configuration loaded");
+        info!(source = %resolved.source, resources = %resolved.resources, "configuration loaded");
         let plugin_dir = opts.plugin_dir();
-        std::fs::create_dir_all(&plugin_dir).map_err(Error::io(&plugin_dir))?;
+        std::fs::create_dir_all(&plugin_dir).map_err(Error::io(
+            "creating the device-plugins directory",
+            &plugin_dir,
+        ))?;
         let metrics = Arc::new(Metrics::default());
         let events = EventSink::from_environment(opts.node_name.as_deref()).await;
         let mut tasks = Vec::new();
@@ -402,9 +411,9 @@ impl Daemon {
             tasks.push(crate::http::serve(addr, metrics.clone()).await?);
         }
         let sigterm = signal(SignalKind::terminate())
-            .map_err(|e| Error::Task(format!("SIGTERM handler: {e}")))?;
+            .map_err(|e| Error::Task(format!("cannot handle SIGTERM: {e}")))?;
         let sigint = signal(SignalKind::interrupt())
-            .map_err(|e| Error::Task(format!("SIGINT handler: {e}")))?;
+            .map_err(|e| Error::Task(format!("cannot handle SIGINT: {e}")))?;
         let mut links_rx = spawn_link_watcher()?;
         let plugin_wd = Some(fs.watch_dir(&plugin_dir)?);
 
@@ -659,11 +668,12 @@ impl Daemon {
                     }
                 });
                 if changed && old_cfg != cfg {
-                    info!(%resource, old = ?old_cfg, new = ?cfg, "resource configuration changed");
+                    info!(%resource, old = %old_cfg, new = %cfg, "resource configuration changed");
                 }
             }
             None => {
-                info!(%resource, lower = %cfg.lower_device, mode = %cfg.mode, capacity = cfg.capacity, healthy, ?numa, "resource added");
+                let numa = numa.map_or_else(|| "none".to_string(), |n| n.to_string());
+                info!(%resource, lower = %cfg.lower_device, mode = %cfg.mode, capacity = cfg.capacity, healthy, %numa, "resource added");
                 let mut p = Plugin::new(state, discovered);
                 p.want_registration(now);
                 self.plugins.insert(cfg.name.clone(), p);
@@ -907,13 +917,17 @@ impl Daemon {
             }
             Ok(r) => {
                 let before: Vec<String> = self.plugins.keys().cloned().collect();
-                info!(file = %path.display(), resources = ?r.resources, "config file changed; applying");
+                info!(file = %path.display(), resources = %r.resources, "config file changed; applying");
                 self.resolved = r;
                 self.reconcile();
                 let after: Vec<String> = self.plugins.keys().cloned().collect();
                 let added: Vec<_> = after.iter().filter(|n| !before.contains(n)).collect();
                 let removed: Vec<_> = before.iter().filter(|n| !after.contains(n)).collect();
-                info!(?added, ?removed, "config change applied");
+                info!(
+                    added = %names(&added),
+                    removed = %names(&removed),
+                    "config change applied"
+                );
                 for (_, p) in self.plugins.iter().filter(|(n, _)| added.contains(n)) {
                     let cfg = p.config();
                     self.ctx.events.post(NodeEvent::ResourceAdded {
@@ -990,6 +1004,18 @@ fn spawn_register(
     })
 }
 
+/// Resource names for a log line: `a, b`, or `none`.
+fn names(list: &[&String]) -> String {
+    if list.is_empty() {
+        "none".into()
+    } else {
+        list.iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
 /// Serves the plugin anew on its socket. The old server (if any) stops in
 /// the background; the next Register waits for it.
 fn restart_server(p: &mut Plugin, dir: &Path, ctx: &ServerContext) {
@@ -1003,7 +1029,9 @@ fn restart_server(p: &mut Plugin, dir: &Path, ctx: &ServerContext) {
     p.stream_deadline = None;
     match PluginServer::start(&path, p.state.subscribe(), ctx.clone()) {
         Ok(s) => p.server = Some(s),
-        Err(e) => error!(resource = %cfg.resource_name(), error = %e, "cannot serve"),
+        Err(e) => {
+            error!(resource = %cfg.resource_name(), error = %e, "cannot serve the plugin socket; trying again later")
+        }
     }
 }
 

@@ -19,8 +19,10 @@ pub enum Error {
         msg: String,
     },
     /// A file could not be read or written.
-    #[error("{path}: {source}")]
+    #[error("{op} {path}: {source}")]
     Io {
+        /// What was being done, e.g. `reading the config file`.
+        op: &'static str,
         /// The file.
         path: PathBuf,
         /// The OS error.
@@ -35,7 +37,12 @@ pub enum Error {
         msg: String,
     },
     /// A device ID that this resource does not own.
-    #[error("device ID {device_id:?} does not belong to resource {resource} (capacity {capacity})")]
+    #[error(
+        "resource {resource} has no device {device_id:?} (its {capacity} devices are {}): the \
+         kubelet may hold an allocation made before the resource's capacity was lowered or its \
+         name changed",
+        device_range(resource, *capacity)
+    )]
     UnknownDevice {
         /// The requested device ID.
         device_id: String,
@@ -45,7 +52,10 @@ pub enum Error {
         capacity: u32,
     },
     /// The resource's lower NIC is not there.
-    #[error("lower device {lower} of resource {resource} does not exist")]
+    #[error(
+        "resource {resource} cannot get a macvtap: its NIC {lower} does not exist on this node \
+         (it was renamed or removed, or lowerDevice is misspelled in the configuration)"
+    )]
     LowerDeviceMissing {
         /// The resource.
         resource: String,
@@ -75,7 +85,7 @@ pub enum Error {
         lower: String,
     },
     /// Creating or checking the macvtap of a device failed.
-    #[error("device {device_id} (link {link}): {source}")]
+    #[error("device {device_id} (macvtap {link}): {source}")]
     Device {
         /// The device ID.
         device_id: String,
@@ -85,7 +95,7 @@ pub enum Error {
         source: macvtap_link::Error,
     },
     /// A device's tap node never appeared, for a reason found on the node.
-    #[error("device {device_id} (link {link}): {node} did not appear: {cause}")]
+    #[error("device {device_id} (macvtap {link}): {node} did not appear: {cause}")]
     TapNodeMissing {
         /// The device ID.
         device_id: String,
@@ -100,7 +110,7 @@ pub enum Error {
     #[error(transparent)]
     Link(#[from] macvtap_link::Error),
     /// A gRPC call to the kubelet failed.
-    #[error("{op}: {status}")]
+    #[error("{op}: {}", kubelet_status_text(status))]
     Grpc {
         /// What was being done, e.g. `registering macvtap.network.kubevirt.io/eth0`.
         op: String,
@@ -117,9 +127,92 @@ pub enum Error {
         /// The transport's message.
         msg: String,
     },
-    /// A helper task died.
-    #[error("background task failed: {0}")]
+    /// Watching a directory with inotify failed.
+    #[error("watching {dir} with inotify: {}", watch_cause(*errno))]
+    Watch {
+        /// The directory.
+        dir: PathBuf,
+        /// The kernel's error.
+        errno: nix::errno::Errno,
+    },
+    /// A helper task or thread of the daemon died or could not start.
+    #[error("{0}")]
     Task(String),
+}
+
+/// `resource`'s device IDs as a range, e.g. `dpMvp0 to dpMvp3`.
+fn device_range(resource: &str, capacity: u32) -> String {
+    let name = resource.rsplit('/').next().unwrap_or(resource);
+    match capacity {
+        0 => "none".into(),
+        1 => macvtap_link::device_id(name, 0),
+        n => format!(
+            "{} to {}",
+            macvtap_link::device_id(name, 0),
+            macvtap_link::device_id(name, n - 1)
+        ),
+    }
+}
+
+/// A gRPC status from the kubelet as a sentence: what the code means, the
+/// kubelet's message and underlying causes, and the usual reason for codes
+/// that have one. (tonic's own `Display` includes a `Debug` dump of the cause.)
+pub fn kubelet_status_text(status: &tonic::Status) -> String {
+    // A Go kubelet's refusal (`fmt.Errorf`) arrives as Unknown: its own
+    // words are the message.
+    let mut text = if status.code() == tonic::Code::Unknown && !status.message().is_empty() {
+        status.message().to_string()
+    } else if status.message().is_empty() {
+        lower_first(status.code().description())
+    } else {
+        format!(
+            "{}: {}",
+            lower_first(status.code().description()),
+            status.message()
+        )
+    };
+    if let Some(cause) = std::error::Error::source(status) {
+        let chain = crate::grpc::error_chain(cause);
+        if !text.contains(&chain) {
+            text.push_str(": ");
+            text.push_str(&chain);
+        }
+    }
+    let hint = match status.code() {
+        tonic::Code::Unavailable => {
+            Some("the kubelet is not serving on its socket (stopped or restarting)")
+        }
+        tonic::Code::DeadlineExceeded => Some("the kubelet is overloaded or hung"),
+        tonic::Code::Unimplemented => Some("this kubelet does not serve that call"),
+        _ => None,
+    };
+    if let Some(h) = hint {
+        text.push_str("; ");
+        text.push_str(h);
+    }
+    text
+}
+
+fn lower_first(s: &str) -> String {
+    let mut c = s.chars();
+    match c.next() {
+        Some(f) => f.to_lowercase().chain(c).collect(),
+        None => String::new(),
+    }
+}
+
+/// What an inotify watch error usually means.
+fn watch_cause(errno: nix::errno::Errno) -> String {
+    use nix::errno::Errno;
+    match errno {
+        Errno::ENOENT => "the directory does not exist".into(),
+        Errno::ENOTDIR => "it is not a directory".into(),
+        Errno::EACCES => "permission denied".into(),
+        Errno::ENOSPC => "the node's inotify watch limit is reached (ENOSPC); raise the sysctl \
+                          fs.inotify.max_user_watches"
+            .into(),
+        e => format!("{} ({e})", e.desc()),
+    }
 }
 
 impl Error {
@@ -141,8 +234,125 @@ impl Error {
         tonic::Status::new(self.grpc_code(), self.to_string())
     }
 
-    pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
+    /// A closure making an [`Error::Io`] for `op` on `path`, for `map_err`.
+    pub(crate) fn io(
+        op: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(std::io::Error) -> Error {
         let path = path.into();
-        move |source| Error::Io { path, source }
+        move |source| Error::Io { op, path, source }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocate_refusals_name_the_resource_the_object_and_the_cause() {
+        let e = Error::UnknownDevice {
+            device_id: "dpMvp7".into(),
+            resource: "macvtap.network.kubevirt.io/dp".into(),
+            capacity: 4,
+        };
+        assert_eq!(
+            e.to_string(),
+            "resource macvtap.network.kubevirt.io/dp has no device \"dpMvp7\" (its 4 devices are \
+             dpMvp0 to dpMvp3): the kubelet may hold an allocation made before the resource's \
+             capacity was lowered or its name changed"
+        );
+        let e = Error::LowerDeviceMissing {
+            resource: "macvtap.network.kubevirt.io/dp".into(),
+            lower: "eth1".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "resource macvtap.network.kubevirt.io/dp cannot get a macvtap: its NIC eth1 does not \
+             exist on this node (it was renamed or removed, or lowerDevice is misspelled in the \
+             configuration)"
+        );
+        assert_eq!(e.grpc_code(), tonic::Code::FailedPrecondition);
+        let e = Error::LowerDeviceBusy {
+            resource: "macvtap.network.kubevirt.io/dp".into(),
+            lower: "eth1".into(),
+        };
+        assert!(
+            e.to_string()
+                .contains("another device holds its receive path (EBUSY)")
+        );
+        // The status the kubelet gets carries the same sentence.
+        assert_eq!(e.to_status().message(), e.to_string());
+    }
+
+    #[test]
+    fn kubelet_statuses_read_as_sentences_without_debug_dumps() {
+        let op = "registering macvtap.network.kubevirt.io/dp with the kubelet".to_string();
+        let e = Error::Grpc {
+            op: op.clone(),
+            status: Box::new(tonic::Status::unknown("the ResourceName \"x\" is invalid")),
+        };
+        assert_eq!(
+            e.to_string(),
+            format!("{op}: the ResourceName \"x\" is invalid")
+        );
+        let e = Error::Grpc {
+            op: op.clone(),
+            status: Box::new(tonic::Status::deadline_exceeded("no answer within 5000 ms")),
+        };
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{op}: deadline expired before operation could complete: no answer within 5000 \
+                 ms; the kubelet is overloaded or hung"
+            )
+        );
+        let e = Error::Grpc {
+            op,
+            status: Box::new(tonic::Status::unavailable("")),
+        };
+        let text = e.to_string();
+        assert!(
+            text.ends_with(
+                "the service is currently unavailable; the kubelet is not serving on its \
+                 socket (stopped or restarting)"
+            ),
+            "{text}"
+        );
+        assert!(
+            !text.contains("code:") && !text.contains("MetadataMap"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_full_inotify_watch_table_is_not_called_a_full_disk() {
+        let e = Error::Watch {
+            dir: "/etc/macvtap".into(),
+            errno: nix::errno::Errno::ENOSPC,
+        };
+        assert_eq!(
+            e.to_string(),
+            "watching /etc/macvtap with inotify: the node's inotify watch limit is reached \
+             (ENOSPC); raise the sysctl fs.inotify.max_user_watches"
+        );
+        let e = Error::Watch {
+            dir: "/etc/macvtap".into(),
+            errno: nix::errno::Errno::ENOENT,
+        };
+        assert_eq!(
+            e.to_string(),
+            "watching /etc/macvtap with inotify: the directory does not exist"
+        );
+    }
+
+    #[test]
+    fn io_errors_say_what_was_being_done() {
+        let e = Error::io("reading the config file", "/etc/macvtap/conf.json")(
+            std::io::Error::from(std::io::ErrorKind::NotFound),
+        );
+        assert_eq!(
+            e.to_string(),
+            "reading the config file /etc/macvtap/conf.json: entity not found"
+        );
     }
 }

@@ -236,7 +236,7 @@ impl EventSink {
         if let Some(tx) = &self.tx
             && let Err(mpsc::error::TrySendError::Full(ev)) = tx.try_send(ev)
         {
-            debug!(event = ?ev, "the Event queue is full; dropping an Event");
+            debug!(reason = %ev.to_event().reason, "the Event queue is full; dropping an Event");
         }
     }
 

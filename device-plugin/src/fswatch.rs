@@ -63,10 +63,18 @@ impl DirWatcher {
     /// Creates an inotify instance and the thread that reads it. The thread
     /// ends when the receiver is dropped and the next event arrives.
     pub fn new() -> Result<(Self, mpsc::UnboundedReceiver<Vec<FsEvent>>)> {
-        let inotify = Arc::new(
-            Inotify::init(InitFlags::IN_CLOEXEC)
-                .map_err(|e| Error::Task(format!("inotify_init: {e}")))?,
-        );
+        let inotify = Arc::new(Inotify::init(InitFlags::IN_CLOEXEC).map_err(|e| {
+            Error::Task(format!(
+                "cannot create an inotify instance: {}",
+                if e == nix::errno::Errno::EMFILE {
+                    "the node's inotify instance limit is reached (EMFILE); raise the \
+                             sysctl fs.inotify.max_user_instances"
+                        .to_string()
+                } else {
+                    format!("{} ({e})", e.desc())
+                }
+            ))
+        })?);
         let (tx, rx) = mpsc::unbounded_channel();
         let reader = inotify.clone();
         std::thread::Builder::new()
@@ -95,7 +103,7 @@ impl DirWatcher {
                     }
                 }
             })
-            .map_err(|e| Error::Task(format!("starting the inotify thread: {e}")))?;
+            .map_err(|e| Error::Task(format!("cannot start the inotify thread: {e}")))?;
         Ok((Self { inotify }, rx))
     }
 
@@ -114,9 +122,9 @@ impl DirWatcher {
                     | AddWatchFlags::IN_MOVE_SELF
                     | AddWatchFlags::IN_ONLYDIR,
             )
-            .map_err(|e| Error::Io {
-                path: dir.to_path_buf(),
-                source: std::io::Error::from(e),
+            .map_err(|errno| Error::Watch {
+                dir: dir.to_path_buf(),
+                errno,
             })
     }
 

@@ -19,11 +19,11 @@ pub fn bind_unix(path: &Path) -> Result<UnixListener> {
     match std::fs::remove_file(path) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(Error::io(path)(e)),
+        Err(e) => return Err(Error::io("removing the stale socket", path)(e)),
     }
-    let listener = UnixListener::bind(path).map_err(Error::io(path))?;
+    let listener = UnixListener::bind(path).map_err(Error::io("binding the socket", path))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))
-        .map_err(Error::io(path))?;
+        .map_err(Error::io("setting the mode of the socket", path))?;
     Ok(listener)
 }
 
@@ -45,8 +45,36 @@ pub async fn connect_unix(path: &Path, timeout: Duration) -> Result<Channel> {
         .map_err(|e| Error::Transport {
             op: "connecting to".into(),
             path: path.to_path_buf(),
-            msg: error_chain(&e),
+            msg: connect_failure(&e),
         })
+}
+
+/// Why a unix socket could not be dialed, with the usual reason for the
+/// errors that have one.
+fn connect_failure(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            match io.kind() {
+                std::io::ErrorKind::NotFound => {
+                    return "the socket does not exist (its server is not running, or the \
+                            directory is not the one the server uses)"
+                        .into();
+                }
+                std::io::ErrorKind::ConnectionRefused => {
+                    return "nothing listens on the socket (a stale socket file of a server \
+                            that stopped)"
+                        .into();
+                }
+                std::io::ErrorKind::PermissionDenied => {
+                    return "permission denied (the daemon must run as root)".into();
+                }
+                _ => {}
+            }
+        }
+        cur = err.source();
+    }
+    error_chain(e)
 }
 
 /// A message with every cause, e.g. `transport error: No such file or directory`.

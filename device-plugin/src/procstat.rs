@@ -39,17 +39,14 @@ pub struct StatFields {
 }
 
 fn read(path: &str) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|source| Error::Io {
-        path: path.into(),
-        source,
-    })
+    std::fs::read_to_string(path).map_err(Error::io("reading", path))
 }
 
 fn bad(path: &str, what: &str) -> Error {
-    Error::Io {
-        path: path.into(),
-        source: std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string()),
-    }
+    Error::io("reading", path)(std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        what.to_string(),
+    ))
 }
 
 /// Parses `/proc/<pid>/stat`; the command name may hold spaces and
@@ -105,10 +102,7 @@ impl ProcessStats {
         let page = sysconf(nix::unistd::SysconfVar::PAGE_SIZE, stat_path)?;
         let fd_dir = Path::new("/proc/self/fd");
         let open_fds = std::fs::read_dir(fd_dir)
-            .map_err(|source| Error::Io {
-                path: fd_dir.into(),
-                source,
-            })?
+            .map_err(Error::io("listing", fd_dir))?
             .count() as u64;
         let max_fds = parse_max_fds(&read("/proc/self/limits")?);
         Ok(Self {

@@ -307,7 +307,7 @@ impl Reclaimer {
         // Links first: every link listed existed before PodResources answers.
         let links = tokio::task::spawn_blocking(|| Handle::current()?.list_links())
             .await
-            .map_err(|e| Error::Task(format!("listing links: {e}")))??;
+            .map_err(|e| Error::Task(format!("the task listing links failed: {e}")))??;
         let allocated = list_allocated(&self.socket, POD_RESOURCES_WAIT).await?;
         let dev_dir = self.dev_dir.clone();
         let lost = lost_devices(&allocated, &self.assignments, &links, |i| {
@@ -317,7 +317,9 @@ impl Reclaimer {
             let resources = resources.to_vec();
             let healed = tokio::task::spawn_blocking(move || heal(&lost, &resources, &dev_dir))
                 .await
-                .map_err(|e| Error::Task(format!("healing links: {e}")))??;
+                .map_err(|e| {
+                    Error::Task(format!("the task re-creating lost links failed: {e}"))
+                })??;
             metrics.links_healed(healed);
         }
         let lowers: HashSet<String> = resources.iter().map(|r| r.lower_device.clone()).collect();
@@ -332,7 +334,7 @@ impl Reclaimer {
         }
         let deleted = tokio::task::spawn_blocking(move || delete_links(&due))
             .await
-            .map_err(|e| Error::Task(format!("deleting links: {e}")))??;
+            .map_err(|e| Error::Task(format!("the task deleting leaked links failed: {e}")))??;
         for id in &deleted {
             self.first_seen.remove(id);
             self.events.post(NodeEvent::LeakedLinkRemoved {
@@ -353,7 +355,10 @@ pub async fn list_allocated(socket: &Path, timeout: Duration) -> Result<HashSet<
         .await
         .map_err(|_| Error::Grpc {
             op: "listing pod resources".into(),
-            status: Box::new(tonic::Status::deadline_exceeded("no answer")),
+            status: Box::new(tonic::Status::deadline_exceeded(format!(
+                "no answer within {} ms",
+                timeout.as_millis()
+            ))),
         })?
         .map_err(|status| Error::Grpc {
             op: "listing pod resources".into(),

@@ -39,7 +39,8 @@ pub async fn register(
         Err(_) => Err(Error::Grpc {
             op: op(),
             status: Box::new(tonic::Status::deadline_exceeded(format!(
-                "no answer within {timeout:?}"
+                "no answer within {} ms",
+                timeout.as_millis()
             ))),
         }),
     }
@@ -48,6 +49,78 @@ pub async fn register(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkubelet::TestKubelet;
+    use kubelet_proto::v1beta1::KUBELET_SOCKET;
+
+    const WAIT: Duration = Duration::from_secs(5);
+
+    #[tokio::test]
+    async fn a_missing_kubelet_socket_is_named_with_the_likely_cause() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join(KUBELET_SOCKET);
+        let e = register(&sock, &ResourceConfig::for_nic("eth0"), WAIT)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "connecting to {}: the socket does not exist (its server is not running, or the \
+                 directory is not the one the server uses)",
+                sock.display()
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stale_kubelet_socket_is_named_with_the_likely_cause() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join(KUBELET_SOCKET);
+        // A socket file whose listener is gone: what a stopped kubelet leaves.
+        drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+        let e = register(&sock, &ResourceConfig::for_nic("eth0"), WAIT)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "connecting to {}: nothing listens on the socket (a stale socket file of a \
+                 server that stopped)",
+                sock.display()
+            )
+        );
+    }
+
+    /// A kubelet's refusal reads as the kubelet's own words after what was
+    /// being done; a hung kubelet's as the wait and the cause.
+    #[tokio::test]
+    async fn a_refused_or_unanswered_registration_names_the_resource() {
+        let dir = tempfile::tempdir().unwrap();
+        let kubelet = TestKubelet::start(dir.path()).await.unwrap();
+        let sock = dir.path().join(KUBELET_SOCKET);
+        let bad = ResourceConfig::for_nic("bad name");
+        let e = register(&sock, &bad, WAIT).await.unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "registering macvtap.network.kubevirt.io/bad name with the kubelet: the ResourceName \
+             \"macvtap.network.kubevirt.io/bad name\" is invalid"
+        );
+        kubelet.hang_register(true);
+        let e = register(
+            &sock,
+            &ResourceConfig::for_nic("eth0"),
+            Duration::from_millis(200),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "registering macvtap.network.kubevirt.io/eth0 with the kubelet: deadline expired \
+             before operation could complete: no answer within 200 ms; the kubelet is \
+             overloaded or hung"
+        );
+        kubelet.hang_register(false);
+        kubelet.stop().await;
+    }
 
     #[test]
     fn request_has_the_kubelet_fields() {

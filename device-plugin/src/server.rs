@@ -193,7 +193,7 @@ impl DevicePlugin for PluginService {
         }
         let res = tokio::task::spawn_blocking(move || allocate::allocate(&req, &cfg))
             .await
-            .map_err(|e| Error::Task(format!("Allocate: {e}")))
+            .map_err(|e| Error::Task(format!("the Allocate task failed: {e}")))
             .and_then(|r| r);
         let done = Instant::now();
         for l in &links {
@@ -251,7 +251,8 @@ impl PluginServer {
         ctx: ServerContext,
     ) -> Result<Self> {
         let listener = bind_unix(path)?;
-        let identity = FileIdentity::of(path).map_err(Error::io(path))?;
+        let identity =
+            FileIdentity::of(path).map_err(Error::io("reading the socket just bound", path))?;
         let (stop_tx, stop_rx) = watch::channel(false);
         let id = NEXT_SERVER_ID.fetch_add(1, Ordering::Relaxed);
         let service = PluginService::new(id, state, stop_rx.clone(), ctx);
