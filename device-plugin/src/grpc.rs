@@ -6,6 +6,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::net::{UnixListener, UnixStream};
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::codegen::{Service, http};
 use tonic::transport::{Channel, Endpoint, Uri};
 
 /// Binds a unix listener at `path` with mode 0600, first removing a stale
@@ -25,6 +27,28 @@ pub fn bind_unix(path: &Path) -> Result<UnixListener> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))
         .map_err(Error::io("setting the mode of the socket", path))?;
     Ok(listener)
+}
+
+/// Serves the gRPC service `svc` (a generated `…Server`) on `listener`
+/// until `shutdown` completes: the plugin servers, and the test kubelet's.
+pub async fn serve_unix<S>(
+    svc: S,
+    listener: UnixListener,
+    shutdown: impl Future<Output = ()>,
+) -> std::result::Result<(), tonic::transport::Error>
+where
+    S: Service<
+            http::Request<tonic::body::Body>,
+            Response = http::Response<tonic::body::Body>,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    tonic::transport::Server::builder()
+        .serve_with_incoming_shutdown(svc, UnixListenerStream::new(listener), shutdown)
+        .await
 }
 
 /// The mode of every socket the daemon serves: read and write for root only.

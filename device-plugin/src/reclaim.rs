@@ -598,13 +598,14 @@ mod tests {
         assert!(leaked_links(&links, &lowers, &HashSet::new()).is_empty());
     }
 
+    /// A reclaimer with a 60 s grace period and no PodResources socket.
+    fn reclaimer(clock: AllocationClock) -> Reclaimer {
+        Reclaimer::new("/nonexistent".into(), Duration::from_secs(60), clock)
+    }
+
     #[test]
     fn links_are_due_only_after_the_grace_period() {
-        let mut r = Reclaimer::new(
-            "/nonexistent".into(),
-            Duration::from_secs(60),
-            AllocationClock::default(),
-        );
+        let mut r = reclaimer(AllocationClock::default());
         let l = vec![link(11, "mvt000000000001", "macvtap", Some(2))];
         let t0 = Instant::now();
         assert!(r.due(&l, t0).is_empty());
@@ -617,11 +618,7 @@ mod tests {
 
     #[test]
     fn a_recreated_link_starts_over() {
-        let mut r = Reclaimer::new(
-            "/nonexistent".into(),
-            Duration::from_secs(60),
-            AllocationClock::default(),
-        );
+        let mut r = reclaimer(AllocationClock::default());
         let t0 = Instant::now();
         assert!(
             r.due(&[link(11, "mvt000000000001", "macvtap", Some(2))], t0)
@@ -636,11 +633,7 @@ mod tests {
     #[test]
     fn a_link_allocated_within_the_grace_period_is_kept() {
         let clock = AllocationClock::default();
-        let mut r = Reclaimer::new(
-            "/nonexistent".into(),
-            Duration::from_secs(60),
-            clock.clone(),
-        );
+        let mut r = reclaimer(clock.clone());
         let l = vec![link(11, "mvt000000000001", "macvtap", Some(2))];
         let t0 = Instant::now();
         assert!(r.due(&l, t0).is_empty());

@@ -54,38 +54,30 @@ mod tests {
 
     const WAIT: Duration = Duration::from_secs(5);
 
-    #[tokio::test]
-    async fn a_missing_kubelet_socket_is_named_with_the_likely_cause() {
-        let dir = tempfile::tempdir().unwrap();
-        let sock = dir.path().join(KUBELET_SOCKET);
-        let e = register(&sock, &ResourceConfig::for_nic("eth0"), WAIT)
-            .await
-            .unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            format!(
-                "connecting to {}: the socket does not exist (its server is not running, or the \
-                 directory is not the one the server uses)",
-                sock.display()
-            )
-        );
+    /// The message of a registration on `sock` that cannot connect.
+    async fn connect_error(sock: &Path) -> String {
+        let e = register(sock, &ResourceConfig::for_nic("eth0"), WAIT).await;
+        e.unwrap_err().to_string()
     }
 
     #[tokio::test]
-    async fn a_stale_kubelet_socket_is_named_with_the_likely_cause() {
+    async fn a_missing_or_stale_kubelet_socket_is_named_with_the_likely_cause() {
         let dir = tempfile::tempdir().unwrap();
         let sock = dir.path().join(KUBELET_SOCKET);
+        let at = format!("connecting to {}: ", sock.display());
+        assert_eq!(
+            connect_error(&sock).await,
+            format!(
+                "{at}the socket does not exist (its server is not running, or the directory is \
+                 not the one the server uses)"
+            )
+        );
         // A socket file whose listener is gone: what a stopped kubelet leaves.
         drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
-        let e = register(&sock, &ResourceConfig::for_nic("eth0"), WAIT)
-            .await
-            .unwrap_err();
         assert_eq!(
-            e.to_string(),
+            connect_error(&sock).await,
             format!(
-                "connecting to {}: nothing listens on the socket (a stale socket file of a \
-                 server that stopped)",
-                sock.display()
+                "{at}nothing listens on the socket (a stale socket file of a server that stopped)"
             )
         );
     }

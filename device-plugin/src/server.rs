@@ -10,7 +10,7 @@ use crate::allocate;
 use crate::config::ResourceConfig;
 use crate::error::{Error, Result};
 use crate::events::{EventSink, NodeEvent};
-use crate::grpc::bind_unix;
+use crate::grpc::{bind_unix, error_chain, serve_unix};
 use crate::metrics::Metrics;
 use crate::reclaim::{AllocationClock, Assignments, tap_index};
 use kubelet_proto::v1beta1::device_plugin_server::{DevicePlugin, DevicePluginServer};
@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::{debug, info, warn};
 
@@ -259,17 +259,11 @@ impl PluginServer {
         let mut stop_serving = stop_rx;
         let socket = path.to_path_buf();
         let task = tokio::spawn(async move {
-            let res = tonic::transport::Server::builder()
-                .serve_with_incoming_shutdown(
-                    DevicePluginServer::new(service),
-                    UnixListenerStream::new(listener),
-                    async move {
-                        let _ = stop_serving.wait_for(|s| *s).await;
-                    },
-                )
-                .await;
-            if let Err(e) = res {
-                warn!(socket = %socket.display(), error = %e, "plugin server ended with an error");
+            let stopped = async move {
+                let _ = stop_serving.wait_for(|s| *s).await;
+            };
+            if let Err(e) = serve_unix(DevicePluginServer::new(service), listener, stopped).await {
+                warn!(socket = %socket.display(), error = %error_chain(&e), "the plugin server ended with an error");
             }
         });
         info!(socket = %path.display(), "serving");

@@ -31,7 +31,7 @@
 //! It lives in the library behind the `testkubelet` feature (not in
 //! `tests/`) so that the e2e crate can use the same kubelet.
 
-use crate::grpc::{bind_unix, connect_unix};
+use crate::grpc::{bind_unix, connect_unix, serve_unix};
 use kubelet_proto::podresources::v1::pod_resources_lister_server::{
     PodResourcesLister, PodResourcesListerServer,
 };
@@ -53,7 +53,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 use tokio::task::{AbortHandle, JoinHandle};
-use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
@@ -351,7 +350,7 @@ pub struct TestKubelet {
     dir: PathBuf,
     shared: Arc<Shared>,
     stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<()>>,
+    task: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
 }
 
 impl TestKubelet {
@@ -374,17 +373,10 @@ impl TestKubelet {
             shared: shared.clone(),
         };
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            let _ = tonic::transport::Server::builder()
-                .serve_with_incoming_shutdown(
-                    RegistrationServer::new(service),
-                    UnixListenerStream::new(listener),
-                    async move {
-                        let _ = stop_rx.await;
-                    },
-                )
-                .await;
-        });
+        let server = RegistrationServer::new(service);
+        let task = tokio::spawn(serve_unix(server, listener, async move {
+            let _ = stop_rx.await;
+        }));
         Ok(Self {
             dir: dir.to_path_buf(),
             shared,
@@ -811,17 +803,10 @@ impl TestPodResources {
             pod: pod.clone(),
         };
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
-        tokio::spawn(async move {
-            let _ = tonic::transport::Server::builder()
-                .serve_with_incoming_shutdown(
-                    PodResourcesListerServer::new(service),
-                    UnixListenerStream::new(listener),
-                    async move {
-                        let _ = stop_rx.await;
-                    },
-                )
-                .await;
-        });
+        let server = PodResourcesListerServer::new(service);
+        tokio::spawn(serve_unix(server, listener, async move {
+            let _ = stop_rx.await;
+        }));
         Ok(Self {
             allocated,
             others,
@@ -999,10 +984,10 @@ mod tests {
             seen: seen.clone(),
             inner: PodResourcesListerServer::new(service),
         };
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .serve_with_incoming(record, UnixListenerStream::new(listener)),
-        );
+        tokio::spawn(tonic::transport::Server::builder().serve_with_incoming(
+            record,
+            tokio_stream::wrappers::UnixListenerStream::new(listener),
+        ));
         let channel = connect_unix(&path, DIAL_TIMEOUT).await.unwrap();
         PodResourcesListerClient::new(channel)
             .list(ListPodResourcesRequest {})

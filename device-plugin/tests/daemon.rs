@@ -12,7 +12,7 @@ use macvtap_deviceplugin::testkubelet::{ResourceView, TestPodResources, summary}
 use macvtap_link::tapdev::{check_tap_node, tap_dev_in_netns};
 use macvtap_link::{MacvtapMode, Netns, link_name_for_device};
 use nix::sys::signal::Signal;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 const DP: &str = "macvtap.network.kubevirt.io/dp";
@@ -663,20 +663,27 @@ fn write_atomically(path: &Path, text: &str) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn config_file_changes_are_applied_without_restart() {
-    let mut node = Node::new("reload");
+/// A node with the daemon started on config file `conf.json` (resource
+/// `dp` on eth1, 2 devices) with `env`, once `dp` registered.
+async fn node_with_config_file(tag: &str, env: &[(&str, &str)]) -> (Node, PathBuf) {
+    let mut node = Node::new(tag);
     node.start_kubelet().await;
     let file = node.dir.path().join("conf.json");
     write_atomically(
         &file,
         r#"[{"name":"dp","lowerDevice":"eth1","capacity":2}]"#,
     );
-    node.start_daemon(&[&format!("--config={}", file.display())], &[]);
+    node.start_daemon(&[&format!("--config={}", file.display())], env);
     node.kubelet()
         .wait_for_registration(DP, 0, DEADLINE)
         .await
         .unwrap();
+    (node, file)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_file_changes_are_applied_without_restart() {
+    let (mut node, file) = node_with_config_file("reload", &[]).await;
     node.kubelet()
         .wait_resource(DP, DEADLINE, |v| serving(v, 2))
         .await
@@ -729,31 +736,19 @@ async fn config_file_changes_are_applied_without_restart() {
 /// file at exactly that point).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_config_edit_right_after_the_first_read_is_applied() {
-    let mut node = Node::new("cfgrace");
-    node.start_kubelet().await;
-    let file = node.dir.path().join("conf.json");
-    write_atomically(
-        &file,
-        r#"[{"name":"dp","lowerDevice":"eth1","capacity":2}]"#,
-    );
-    let edit = node.dir.path().join("conf.edit");
+    let dir = tempfile::tempdir().unwrap();
+    let edit = dir.path().join("conf.edit");
     std::fs::write(
         &edit,
         r#"[{"name":"dp","lowerDevice":"eth1","capacity":2},{"name":"dp2","lowerDevice":"eth1"}]"#,
     )
     .unwrap();
     let edit_env = edit.to_str().unwrap().to_string();
-    node.start_daemon(
-        &[&format!("--config={}", file.display())],
-        &[(
-            macvtap_deviceplugin::testhooks::CONFIG_EDIT_ENV,
-            edit_env.as_str(),
-        )],
-    );
-    node.kubelet()
-        .wait_for_registration(DP, 0, DEADLINE)
-        .await
-        .unwrap();
+    let hook = [(
+        macvtap_deviceplugin::testhooks::CONFIG_EDIT_ENV,
+        edit_env.as_str(),
+    )];
+    let (mut node, _file) = node_with_config_file("cfgrace", &hook).await;
     // The hook ran: the edit replaced the file after the daemon read it.
     assert!(!edit.exists(), "the test hook did not run");
     assert!(
