@@ -420,22 +420,14 @@ impl Daemon {
         let (configs_tx, configs_rx) = watch::channel(Vec::new());
         let clock = AllocationClock::default();
         let assignments = Assignments::default();
-        let dev_dir = PathBuf::from(crate::allocate::DEV_DIR);
-        let tap_gone = watch_tap_nodes(&dev_dir);
-        let reclaimer = Reclaimer::new(
-            opts.pod_resources_socket(),
-            opts.reclaim_grace,
-            clock.clone(),
-        )
-        .with_healing(assignments.clone(), dev_dir)
-        .with_events(events.clone());
-        tasks.push(tokio::spawn(reclaim_loop(
-            reclaimer,
-            opts.reclaim_interval,
+        tasks.push(spawn_reclaim(
+            &opts,
+            &clock,
+            &assignments,
+            &events,
+            &metrics,
             configs_rx,
-            metrics.clone(),
-            tap_gone,
-        )));
+        ));
         let (streams_tx, streams_rx) = mpsc::unbounded_channel();
         let (reg_tx, reg_rx) = mpsc::unbounded_channel();
         let links = links_rx.borrow_and_update().clone();
@@ -916,37 +908,43 @@ impl Daemon {
                 info!(file = %path.display(), "config file changed, but --resource flags take precedence; nothing to apply");
             }
             Ok(r) => {
-                let before: Vec<String> = self.plugins.keys().cloned().collect();
                 info!(file = %path.display(), resources = %r.resources, "config file changed; applying");
-                self.resolved = r;
-                self.reconcile();
-                let after: Vec<String> = self.plugins.keys().cloned().collect();
-                let added: Vec<_> = after.iter().filter(|n| !before.contains(n)).collect();
-                let removed: Vec<_> = before.iter().filter(|n| !after.contains(n)).collect();
-                info!(
-                    added = %names(&added),
-                    removed = %names(&removed),
-                    "config change applied"
-                );
-                for (_, p) in self.plugins.iter().filter(|(n, _)| added.contains(n)) {
-                    let cfg = p.config();
-                    self.ctx.events.post(NodeEvent::ResourceAdded {
-                        resource: cfg.resource_name(),
-                        nic: cfg.lower_device.clone(),
-                        devices: cfg.capacity,
-                    });
-                }
-                for name in removed {
-                    self.ctx.events.post(NodeEvent::ResourceRemoved {
-                        resource: format!("{}/{name}", macvtap_link::RESOURCE_PREFIX),
-                    });
-                }
+                self.apply_config(r);
                 self.ctx.metrics.config_reload(true);
             }
             Err(e) => {
                 error!(error = %e, "config file changed but is invalid; keeping the current configuration");
                 self.ctx.metrics.config_reload(false);
             }
+        }
+    }
+
+    /// Serves what `resolved` asks for now, and logs and posts Events for
+    /// the resources that came and went.
+    fn apply_config(&mut self, resolved: Resolved) {
+        let before: Vec<String> = self.plugins.keys().cloned().collect();
+        self.resolved = resolved;
+        self.reconcile();
+        let after: Vec<String> = self.plugins.keys().cloned().collect();
+        let added: Vec<_> = after.iter().filter(|n| !before.contains(n)).collect();
+        let removed: Vec<_> = before.iter().filter(|n| !after.contains(n)).collect();
+        info!(
+            added = %names(&added),
+            removed = %names(&removed),
+            "config change applied"
+        );
+        for (_, p) in self.plugins.iter().filter(|(n, _)| added.contains(n)) {
+            let cfg = p.config();
+            self.ctx.events.post(NodeEvent::ResourceAdded {
+                resource: cfg.resource_name(),
+                nic: cfg.lower_device.clone(),
+                devices: cfg.capacity,
+            });
+        }
+        for name in removed {
+            self.ctx.events.post(NodeEvent::ResourceRemoved {
+                resource: format!("{}/{name}", macvtap_link::RESOURCE_PREFIX),
+            });
         }
     }
 
@@ -977,6 +975,34 @@ impl Daemon {
         }
         info!("stopped");
     }
+}
+
+/// Starts the reclaim loop (leaked links, lost links healed, on a tap
+/// node's deletion at once) over the resources published on `configs`.
+fn spawn_reclaim(
+    opts: &Options,
+    clock: &AllocationClock,
+    assignments: &Assignments,
+    events: &EventSink,
+    metrics: &Arc<Metrics>,
+    configs: watch::Receiver<Vec<ResourceConfig>>,
+) -> JoinHandle<()> {
+    let dev_dir = PathBuf::from(crate::allocate::DEV_DIR);
+    let tap_gone = watch_tap_nodes(&dev_dir);
+    let reclaimer = Reclaimer::new(
+        opts.pod_resources_socket(),
+        opts.reclaim_grace,
+        clock.clone(),
+    )
+    .with_healing(assignments.clone(), dev_dir)
+    .with_events(events.clone());
+    tokio::spawn(reclaim_loop(
+        reclaimer,
+        opts.reclaim_interval,
+        configs,
+        metrics.clone(),
+        tap_gone,
+    ))
 }
 
 /// Starts a Register task for `p` (resource `name`), which first waits for
@@ -1070,4 +1096,62 @@ fn watch_tap_nodes(dev_dir: &Path) -> mpsc::UnboundedReceiver<()> {
         }
     }
     rx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plugin() -> Plugin {
+        let config = ResourceConfig::for_nic("eth0");
+        Plugin::new(
+            ResourceState {
+                devices: Vec::new(),
+                config,
+            },
+            false,
+        )
+    }
+
+    #[test]
+    fn a_failing_registration_warns_at_once_then_once_a_period_with_backoff() {
+        let mut p = plugin();
+        let t0 = Instant::now();
+        assert_eq!(p.registration_failed(t0), (RETRY_MIN, true));
+        assert_eq!(
+            p.registration_failed(t0 + RETRY_MIN),
+            (RETRY_MIN * 2, false)
+        );
+        // Failures every RETRY_MAX until just before the period is over.
+        let mut now = t0 + RETRY_MIN;
+        let mut last = Duration::ZERO;
+        while now + RETRY_MAX < t0 + REGISTRATION_WARN_EVERY {
+            now += RETRY_MAX;
+            let (delay, warned) = p.registration_failed(now);
+            assert!(!warned);
+            last = delay;
+        }
+        assert_eq!(last, RETRY_MAX, "the backoff stops at RETRY_MAX");
+        let (_, warned) = p.registration_failed(t0 + REGISTRATION_WARN_EVERY);
+        assert!(warned, "a warning again after REGISTRATION_WARN_EVERY");
+        assert!(!p.registration_failed(t0 + REGISTRATION_WARN_EVERY).1);
+        // A success starts over: the next failure warns at once.
+        p.registered(t0 + REGISTRATION_WARN_EVERY);
+        assert_eq!(p.failures, 0);
+        assert_eq!(
+            p.registration_failed(t0 + REGISTRATION_WARN_EVERY),
+            (RETRY_MIN, true)
+        );
+    }
+
+    #[test]
+    fn quick_losses_back_off_and_a_stable_stream_resets_them() {
+        let mut p = plugin();
+        let t0 = Instant::now();
+        assert_eq!(p.registration_lost(t0), Duration::ZERO);
+        assert_eq!(p.registration_lost(t0), RETRY_MIN);
+        assert_eq!(p.registration_lost(t0), RETRY_MIN * 2);
+        p.stream_since = Some(t0);
+        assert_eq!(p.registration_lost(t0 + STABLE_STREAM), Duration::ZERO);
+    }
 }
