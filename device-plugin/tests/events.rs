@@ -227,12 +227,12 @@ async fn every_event_reads_as_kubectl_describe_node_shows_it() {
             NodeEvent::RegistrationFailing {
                 resource: R.into(),
                 failures: 3,
-                error: "connecting to /var/lib/kubelet/device-plugins/kubelet.sock: Connection refused".into(),
+                error: "connecting to /var/lib/kubelet/device-plugins/kubelet.sock: nothing listens on the socket (a stale socket file of a server that stopped)".into(),
             },
             "Warning",
             "MacvtapRegistrationFailing",
             "Register",
-            format!("Registering {R} with the kubelet failed 3 times in a row: connecting to /var/lib/kubelet/device-plugins/kubelet.sock: Connection refused"),
+            format!("Registering {R} with the kubelet failed 3 times in a row: connecting to /var/lib/kubelet/device-plugins/kubelet.sock: nothing listens on the socket (a stale socket file of a server that stopped)"),
         ),
         (
             NodeEvent::LeakedLinkRemoved {
@@ -247,12 +247,12 @@ async fn every_event_reads_as_kubectl_describe_node_shows_it() {
         (
             NodeEvent::AllocateRefused {
                 resource: R.into(),
-                error: "lower device eth1 of resource macvtap.network.kubevirt.io/dataplane does not exist".into(),
+                error: format!("resource {R} cannot get a macvtap: its NIC eth1 does not exist on this node"),
             },
             "Warning",
             "MacvtapAllocateFailed",
             "Allocate",
-            format!("Allocate of {R} refused: lower device eth1 of resource {R} does not exist"),
+            format!("Allocate of {R} refused: resource {R} cannot get a macvtap: its NIC eth1 does not exist on this node"),
         ),
     ];
     for (ev, ..) in &cases {
