@@ -705,15 +705,14 @@ async fn config_file_changes_are_applied_without_restart() {
 
     // An invalid change is rejected and the running configuration stays.
     write_atomically(&file, r#"[{"name":"dp","mode":"nope"}]"#);
-    let end = Instant::now() + DEADLINE;
-    while !node
-        .daemon()
-        .log()
-        .contains("config file changed but is invalid")
-        && Instant::now() < end
-    {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let log = wait_log(&mut node, "the refusal of the invalid config", |l| {
+        l.contains("config file changed but is invalid")
+    })
+    .await;
+    assert!(
+        log.contains("entry 0 (\"dp\")") && log.contains("\"nope\""),
+        "the refusal names the entry and the bad mode: {log}"
+    );
     assert!(node.plugin_dir().join(DP_SOCKET).exists());
     // Resource removed (written in place this time, as an editor would).
     std::fs::write(&file, r#"[{"name":"dp2","lowerDevice":"eth1"}]"#).unwrap();
