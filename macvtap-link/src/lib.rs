@@ -5,15 +5,17 @@
 //! it into a pod. Everything both sides must agree on lives here exactly once:
 //! how a device ID maps to a link name ([`device`]), how network namespaces
 //! are held and entered ([`netns`]), the netlink link, address and route
-//! operations ([`netlink`], [`link`]) and how `/dev/tapN` is matched to its
+//! operations ([`netlink`], [`link`], [`addr`], [`route`]) and how `/dev/tapN` is matched to its
 //! link ([`tapdev`]).
 
+pub mod addr;
 pub mod device;
 pub mod error;
 pub mod link;
 pub mod monitor;
 pub mod netlink;
 pub mod netns;
+pub mod route;
 pub mod tapdev;
 
 pub use device::{CNI_SETTINGS_FILE, RESOURCE_PREFIX, device_id, link_name_for_device};

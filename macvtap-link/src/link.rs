@@ -1,23 +1,17 @@
-//! Link, address and route operations, named after iproute2's verbs.
+//! Link operations, named after iproute2's verbs, and what the kernel says
+//! about a link.
 
 use crate::error::{Error, Result};
 use crate::netlink::Handle;
 use crate::netns::Netns;
 use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL};
-use netlink_packet_route::address::{
-    AddressAttribute, AddressHeaderFlags, AddressMessage, AddressScope,
-};
+use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::link::{
     InfoData, InfoKind, InfoMacVtap, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, MacVtapMode,
     State,
 };
-use netlink_packet_route::route::{
-    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
-};
-use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use nix::errno::Errno;
 use std::fmt;
-use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd};
 use std::str::FromStr;
 
@@ -242,7 +236,7 @@ pub struct LinkChange {
 }
 
 impl Handle {
-    fn link_op(&self, what: &str, target: impl fmt::Display) -> String {
+    pub(crate) fn link_op(&self, what: &str, target: impl fmt::Display) -> String {
         format!("{what} {target} in {}", self.netns().display())
     }
 
@@ -414,113 +408,6 @@ impl Handle {
         })?;
         Ok(())
     }
-
-    /// Adds `addr/prefix_len` to link `index` (IPv6 without duplicate address
-    /// detection, so it is usable at once).
-    pub fn add_addr(&self, index: u32, addr: IpAddr, prefix_len: u8) -> Result<()> {
-        let mut msg = AddressMessage::default();
-        msg.header.index = index;
-        msg.header.prefix_len = prefix_len;
-        msg.header.scope = AddressScope::Universe;
-        match addr {
-            IpAddr::V4(_) => {
-                msg.header.family = AddressFamily::Inet;
-                msg.attributes.push(AddressAttribute::Local(addr));
-            }
-            IpAddr::V6(_) => {
-                msg.header.family = AddressFamily::Inet6;
-                msg.header.flags = AddressHeaderFlags::Nodad;
-            }
-        }
-        msg.attributes.push(AddressAttribute::Address(addr));
-        self.request(
-            RouteNetlinkMessage::NewAddress(msg),
-            NLM_F_CREATE | NLM_F_EXCL,
-            || {
-                self.link_op(
-                    &format!("adding address {addr}/{prefix_len} to link index"),
-                    index,
-                )
-            },
-        )?;
-        Ok(())
-    }
-
-    /// Lists the addresses (with prefix length) on link `index`.
-    pub fn list_addrs(&self, index: u32) -> Result<Vec<(IpAddr, u8)>> {
-        let replies = self.dump(
-            RouteNetlinkMessage::GetAddress(AddressMessage::default()),
-            || self.link_op("listing addresses of link index", index),
-        )?;
-        let mut out = Vec::new();
-        for r in &replies {
-            if let RouteNetlinkMessage::NewAddress(a) = r {
-                if a.header.index != index {
-                    continue;
-                }
-                if let Some(ip) = a.attributes.iter().find_map(|at| match at {
-                    AddressAttribute::Address(ip) => Some(*ip),
-                    _ => None,
-                }) {
-                    out.push((ip, a.header.prefix_len));
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    /// Adds a route to `dst/prefix_len` through link `index`, via `gateway`
-    /// when given (otherwise a link-scope route).
-    pub fn add_route(
-        &self,
-        index: u32,
-        dst: IpAddr,
-        prefix_len: u8,
-        gateway: Option<IpAddr>,
-    ) -> Result<()> {
-        let mut msg = RouteMessage::default();
-        msg.header = route_header(dst, prefix_len, gateway.is_some());
-        if prefix_len > 0 {
-            msg.attributes
-                .push(RouteAttribute::Destination(RouteAddress::from(dst)));
-        }
-        if let Some(gw) = gateway {
-            msg.attributes
-                .push(RouteAttribute::Gateway(RouteAddress::from(gw)));
-        }
-        msg.attributes.push(RouteAttribute::Oif(index));
-        self.request(
-            RouteNetlinkMessage::NewRoute(msg),
-            NLM_F_CREATE | NLM_F_EXCL,
-            || {
-                let via = gateway.map(|g| format!(" via {g}")).unwrap_or_default();
-                self.link_op(
-                    &format!("adding route {dst}/{prefix_len}{via} on link index"),
-                    index,
-                )
-            },
-        )?;
-        Ok(())
-    }
-}
-
-#[allow(clippy::field_reassign_with_default)] // RouteHeader is non_exhaustive
-fn route_header(dst: IpAddr, prefix_len: u8, has_gateway: bool) -> RouteHeader {
-    let mut h = RouteHeader::default();
-    h.address_family = match dst {
-        IpAddr::V4(_) => AddressFamily::Inet,
-        IpAddr::V6(_) => AddressFamily::Inet6,
-    };
-    h.destination_prefix_length = prefix_len;
-    h.table = RouteHeader::RT_TABLE_MAIN;
-    h.protocol = RouteProtocol::Boot;
-    h.scope = if has_gateway {
-        RouteScope::Universe
-    } else {
-        RouteScope::Link
-    };
-    h.kind = RouteType::Unicast;
-    h
 }
 
 #[cfg(test)]

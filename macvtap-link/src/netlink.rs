@@ -15,6 +15,25 @@ use nix::errno::Errno;
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
 
+/// Opens a route netlink socket in the calling thread's namespace (`None`) or
+/// inside `netns` (from a helper thread), prepared by `setup`; returns it with
+/// the namespace's path for messages. Both [`Handle`] and
+/// [`crate::monitor::LinkMonitor`] open their sockets here.
+pub(crate) fn open_socket(
+    netns: Option<&Netns>,
+    setup: fn(&mut Socket) -> std::io::Result<()>,
+) -> Result<(Socket, PathBuf)> {
+    let open = || -> Result<Socket> {
+        let mut socket = Socket::new(NETLINK_ROUTE).map_err(Error::Socket)?;
+        setup(&mut socket).map_err(Error::Socket)?;
+        Ok(socket)
+    };
+    match netns {
+        None => Ok((open()?, PathBuf::from("the current network namespace"))),
+        Some(ns) => Ok((ns.run(open)?, ns.path().to_path_buf())),
+    }
+}
+
 /// A route netlink socket opened inside one network namespace.
 #[derive(Debug)]
 pub struct Handle {
@@ -26,24 +45,24 @@ pub struct Handle {
 impl Handle {
     /// Opens a socket in the calling thread's network namespace.
     pub fn current() -> Result<Self> {
-        Self::open(PathBuf::from("the current network namespace"))
+        Self::from_socket(open_socket(None, Self::setup)?)
     }
 
     /// Opens a socket inside `netns` (from a helper thread; the caller's
     /// namespace is not changed).
     pub fn in_netns(netns: &Netns) -> Result<Self> {
-        let path = netns.path().to_path_buf();
-        netns.run(|| Self::open(path))
+        Self::from_socket(open_socket(Some(netns), Self::setup)?)
     }
 
-    fn open(netns: PathBuf) -> Result<Self> {
-        let mut socket = Socket::new(NETLINK_ROUTE).map_err(Error::Socket)?;
-        socket.bind_auto().map_err(Error::Socket)?;
-        socket
-            .connect(&SocketAddr::new(0, 0))
-            .map_err(Error::Socket)?;
+    fn setup(socket: &mut Socket) -> std::io::Result<()> {
+        socket.bind_auto()?;
+        socket.connect(&SocketAddr::new(0, 0))?;
         // Ask for strict checking so dump filters are honoured where supported.
         let _ = socket.set_netlink_get_strict_chk(true);
+        Ok(())
+    }
+
+    fn from_socket((socket, netns): (Socket, PathBuf)) -> Result<Self> {
         Ok(Self {
             socket,
             seq: Cell::new(1),
