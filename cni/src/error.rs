@@ -1,6 +1,7 @@
 //! The CNI plugin's error type and its mapping to the spec's error codes.
 
 use macvtap_link::Error as LinkError;
+use macvtap_link::Op;
 use nix::errno::Errno;
 
 /// Result of the CNI plugin.
@@ -199,7 +200,7 @@ impl Error {
                 matches!(
                     e.errno(),
                     Some(Errno::EAGAIN | Errno::EBUSY | Errno::ENOBUFS | Errno::EINTR)
-                ) && !matches!(e, LinkError::Netlink { op, .. } if op.starts_with("moving link"))
+                ) && e.op() != Some(Op::MoveLink)
             }
             Error::Ipam { code, .. } => *code == 11,
             _ => false,

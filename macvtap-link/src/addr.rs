@@ -1,6 +1,7 @@
 //! Address operations on a link, named after iproute2's verbs.
 
 use crate::error::Result;
+use crate::kernel::Op;
 use crate::netlink::Handle;
 use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL};
 use netlink_packet_route::address::{
@@ -31,6 +32,7 @@ impl Handle {
         self.request(
             RouteNetlinkMessage::NewAddress(msg),
             NLM_F_CREATE | NLM_F_EXCL,
+            Op::AddAddr,
             || {
                 self.link_op(
                     &format!("adding address {addr}/{prefix_len} to link index"),
@@ -45,6 +47,7 @@ impl Handle {
     pub fn list_addrs(&self, index: u32) -> Result<Vec<(IpAddr, u8)>> {
         let replies = self.dump(
             RouteNetlinkMessage::GetAddress(AddressMessage::default()),
+            Op::ListAddrs,
             || self.link_op("listing addresses of link index", index),
         )?;
         let mut out = Vec::new();

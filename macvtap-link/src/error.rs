@@ -1,5 +1,6 @@
 //! The error type of the shared link library.
 
+use crate::kernel::{Op, explain};
 use nix::errno::Errno;
 use std::path::PathBuf;
 
@@ -37,12 +38,34 @@ pub enum Error {
     #[error("netlink socket: {0}")]
     Socket(std::io::Error),
     /// The kernel refused a netlink request.
-    #[error("{op}: {source}")]
+    #[error("{what}: {}", explain(*op, *source))]
     Netlink {
-        /// What was being done, with names and namespaces.
-        op: String,
+        /// Which operation it was, for callers that act on the kind.
+        op: Op,
+        /// What was being done, as a phrase with names and namespaces.
+        what: String,
         /// The kernel's errno.
         source: Errno,
+    },
+    /// The kernel's reply broke the netlink protocol (another request's
+    /// sequence number, an overrun, a truncated message); nothing in it is
+    /// trusted.
+    #[error("{what}: the kernel's netlink reply {problem}")]
+    Protocol {
+        /// What was being done.
+        what: String,
+        /// What was wrong with the reply, as a phrase.
+        problem: String,
+    },
+    /// Writing a sysctl inside a namespace failed.
+    #[error("writing /proc/sys/{key} in {}: {source}", netns.display())]
+    Sysctl {
+        /// The key below `/proc/sys`, e.g. `net/ipv6/conf/net1/disable_ipv6`.
+        key: String,
+        /// Namespace path.
+        netns: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
     },
     /// A netlink reply could not be decoded.
     #[error("{op}: undecodable netlink reply: {msg}")]
@@ -77,9 +100,20 @@ impl Error {
     pub fn errno(&self) -> Option<Errno> {
         match self {
             Error::Netlink { source, .. } | Error::EnterNetns { source, .. } => Some(*source),
-            Error::OpenNetns { source, .. } | Error::Socket(source) => {
-                source.raw_os_error().map(Errno::from_raw)
-            }
+            Error::OpenNetns { source, .. }
+            | Error::Socket(source)
+            | Error::Sysctl { source, .. } => source.raw_os_error().map(Errno::from_raw),
+            _ => None,
+        }
+    }
+
+    /// Which kernel operation failed, when the kernel refused one.
+    pub fn op(&self) -> Option<Op> {
+        match self {
+            Error::Netlink { op, .. } => Some(*op),
+            Error::Sysctl { .. } => Some(Op::Sysctl),
+            Error::Sysfs { .. } => Some(Op::TapDevice),
+            Error::OpenNetns { .. } => Some(Op::OpenNetns),
             _ => None,
         }
     }

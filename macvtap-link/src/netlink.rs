@@ -5,6 +5,7 @@
 //! background task, and the socket's namespace is fixed when it is opened.
 
 use crate::error::{Error, Result};
+use crate::kernel::Op;
 use crate::netns::Netns;
 use netlink_packet_core::{
     NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
@@ -77,29 +78,38 @@ impl Handle {
 
     /// Sends a request that changes something (or gets one object) and waits
     /// for the kernel's acknowledgement. Returns any messages sent before it.
+    /// `op` and `what` name the operation in errors.
     pub fn request(
         &self,
         msg: RouteNetlinkMessage,
         flags: u16,
-        op: impl Fn() -> String,
+        op: Op,
+        what: impl Fn() -> String,
     ) -> Result<Vec<RouteNetlinkMessage>> {
-        self.exchange(msg, NLM_F_REQUEST | NLM_F_ACK | flags, op)
+        self.exchange(msg, NLM_F_REQUEST | NLM_F_ACK | flags, op, what)
     }
 
     /// Sends a dump request and collects every message until the end marker.
     pub fn dump(
         &self,
         msg: RouteNetlinkMessage,
-        op: impl Fn() -> String,
+        op: Op,
+        what: impl Fn() -> String,
     ) -> Result<Vec<RouteNetlinkMessage>> {
-        self.exchange(msg, NLM_F_REQUEST | NLM_F_DUMP, op)
+        self.exchange(msg, NLM_F_REQUEST | NLM_F_DUMP, op, what)
     }
 
+    /// One request and its whole answer, checked strictly as netavark's
+    /// `src/network/netlink.rs` does: every reply must carry this request's
+    /// sequence number (the socket has no multicast groups, so anything else
+    /// is a stale answer to an abandoned request), an overrun or a truncated
+    /// datagram is an error, and an error message keeps its errno.
     fn exchange(
         &self,
         msg: RouteNetlinkMessage,
         flags: u16,
-        op: impl Fn() -> String,
+        op: Op,
+        what: impl Fn() -> String,
     ) -> Result<Vec<RouteNetlinkMessage>> {
         let seq = self.seq.get().wrapping_add(1);
         self.seq.set(seq);
@@ -112,25 +122,32 @@ impl Handle {
         packet.serialize(&mut buf);
         self.socket.send(&buf, 0).map_err(Error::Socket)?;
 
+        let protocol = |problem: String| Error::Protocol {
+            what: what(),
+            problem,
+        };
         let mut out = Vec::new();
-        let mut rx = Vec::with_capacity(64 * 1024);
+        let mut rx = Vec::with_capacity(RECV_BUFFER);
         loop {
             rx.clear();
-            self.socket.recv(&mut rx, 0).map_err(Error::Socket)?;
-            let mut offset = 0;
-            while offset < rx.len() {
-                let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&rx[offset..])
-                    .map_err(|e| Error::Decode {
-                        op: op(),
-                        msg: e.to_string(),
-                    })?;
-                let len = reply.header.length as usize;
-                if len == 0 {
-                    break;
-                }
-                offset += (len + 3) & !3;
+            // With MSG_TRUNC the kernel reports a datagram's full length even
+            // when it did not fit.
+            let len = self
+                .socket
+                .recv(&mut rx, nix::libc::MSG_TRUNC)
+                .map_err(Error::Socket)?;
+            if len > rx.len() {
+                return Err(protocol(format!(
+                    "was truncated ({len} bytes did not fit a {}-byte buffer)",
+                    rx.len()
+                )));
+            }
+            for reply in parse(&rx).map_err(&protocol)? {
                 if reply.header.sequence_number != seq {
-                    continue;
+                    return Err(protocol(format!(
+                        "answered request {} while request {seq} was waiting",
+                        reply.header.sequence_number
+                    )));
                 }
                 match reply.payload {
                     NetlinkPayload::InnerMessage(inner) => out.push(inner),
@@ -139,15 +156,44 @@ impl Handle {
                         return match err.code {
                             None => Ok(out),
                             Some(code) => Err(Error::Netlink {
-                                op: op(),
+                                op,
+                                what: what(),
                                 source: Errno::from_raw(-code.get()),
                             }),
                         };
                     }
-                    NetlinkPayload::Noop | NetlinkPayload::Overrun(_) => {}
-                    _ => {}
+                    NetlinkPayload::Overrun(_) => {
+                        return Err(protocol("reported an overrun (messages were lost)".into()));
+                    }
+                    NetlinkPayload::Noop => {}
+                    _ => {
+                        return Err(protocol(
+                            "has a message type this client does not know".into(),
+                        ));
+                    }
                 }
             }
         }
     }
+}
+
+/// Room for one datagram: the kernel sends at most 32 KiB per dump datagram
+/// (`NLMSG_GOODSIZE` on large pages), so 64 KiB never truncates in practice.
+const RECV_BUFFER: usize = 64 * 1024;
+
+/// Splits one datagram into its netlink messages.
+fn parse(buf: &[u8]) -> std::result::Result<Vec<NetlinkMessage<RouteNetlinkMessage>>, String> {
+    let mut out = Vec::new();
+    let mut offset = 0;
+    while offset < buf.len() {
+        let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&buf[offset..])
+            .map_err(|e| format!("cannot be decoded: {e}"))?;
+        let len = reply.header.length as usize;
+        if len == 0 {
+            return Err("has a message of length 0".into());
+        }
+        offset += (len + 3) & !3;
+        out.push(reply);
+    }
+    Ok(out)
 }

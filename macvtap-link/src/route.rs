@@ -1,6 +1,7 @@
 //! Route operations on a link, named after iproute2's verbs.
 
 use crate::error::Result;
+use crate::kernel::Op;
 use crate::netlink::Handle;
 use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL};
 use netlink_packet_route::route::{
@@ -33,6 +34,7 @@ impl Handle {
         self.request(
             RouteNetlinkMessage::NewRoute(msg),
             NLM_F_CREATE | NLM_F_EXCL,
+            Op::AddRoute,
             || {
                 let via = gateway.map(|g| format!(" via {g}")).unwrap_or_default();
                 self.link_op(
