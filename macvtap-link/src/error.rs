@@ -58,7 +58,7 @@ pub enum Error {
         problem: String,
     },
     /// Writing a sysctl inside a namespace failed.
-    #[error("writing /proc/sys/{key} in {}: {source}", netns.display())]
+    #[error("writing /proc/sys/{key} in {}: {}", netns.display(), io_cause(source))]
     Sysctl {
         /// The key below `/proc/sys`, e.g. `net/ipv6/conf/net1/disable_ipv6`.
         key: String,
@@ -93,6 +93,18 @@ pub enum Error {
         /// What is wrong with it.
         msg: String,
     },
+}
+
+/// An OS error as `Input/output error (EIO)`: the words, then the errno's
+/// C name people search for.
+pub fn io_cause(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(raw) => {
+            let errno = Errno::from_raw(raw);
+            format!("{} ({})", errno.desc(), crate::kernel::errno_name(errno))
+        }
+        None => e.to_string(),
+    }
 }
 
 impl Error {
