@@ -2,6 +2,7 @@
 
 use macvtap_link::Error as LinkError;
 use macvtap_link::Op;
+use macvtap_link::error::io_cause;
 use nix::errno::Errno;
 
 /// Spec code 1: the config's version is not supported.
@@ -72,7 +73,7 @@ pub enum Error {
         msg: String,
     },
     /// Reading stdin, or starting a delegated plugin, failed.
-    #[error("{what}: {source}")]
+    #[error("{what}: {}", io_cause(source))]
     Io {
         /// What was being done.
         what: String,

@@ -13,7 +13,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A network namespace file could not be opened.
-    #[error("opening network namespace {path}: {source}")]
+    #[error("opening network namespace {}: {}", path.display(), io_cause(source))]
     OpenNetns {
         /// Path of the namespace file.
         path: PathBuf,
@@ -21,7 +21,12 @@ pub enum Error {
         source: std::io::Error,
     },
     /// `setns` or a mount inside a helper thread failed.
-    #[error("entering network namespace {path}: {source}")]
+    #[error(
+        "entering network namespace {}: {} ({})",
+        path.display(),
+        source.desc(),
+        crate::kernel::errno_name(*source)
+    )]
     EnterNetns {
         /// Path of the namespace file.
         path: PathBuf,
@@ -35,7 +40,7 @@ pub enum Error {
         path: PathBuf,
     },
     /// Opening or using the netlink socket itself failed.
-    #[error("netlink socket: {0}")]
+    #[error("opening or using a netlink socket: {}", io_cause(.0))]
     Socket(std::io::Error),
     /// The kernel refused a netlink request.
     #[error("{what}: {}", explain(*op, *source))]
