@@ -197,3 +197,43 @@ fn parse(buf: &[u8]) -> std::result::Result<Vec<NetlinkMessage<RouteNetlinkMessa
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use netlink_packet_route::link::{LinkAttribute, LinkMessage};
+
+    #[test]
+    fn a_zero_length_message_is_refused() {
+        let e = parse(&[0u8; 16]).unwrap_err();
+        assert!(e.contains("length 0") || e.contains("decoded"), "{e}");
+    }
+
+    /// A reply to another request (here one sent behind the handle's back
+    /// and never read) is an error, not silently skipped. Needs no root: a
+    /// route netlink socket may look links up unprivileged.
+    #[test]
+    fn a_reply_to_another_request_is_an_error() {
+        let handle = Handle::current().unwrap();
+        assert!(handle.get_link("lo").unwrap().is_some());
+        let mut stray = LinkMessage::default();
+        stray.attributes.push(LinkAttribute::IfName("lo".into()));
+        let mut header = NetlinkHeader::default();
+        header.flags = NLM_F_REQUEST | NLM_F_ACK;
+        header.sequence_number = 999;
+        let mut packet = NetlinkMessage::new(
+            header,
+            NetlinkPayload::InnerMessage(RouteNetlinkMessage::GetLink(stray)),
+        );
+        packet.finalize();
+        let mut buf = vec![0u8; packet.buffer_len()];
+        packet.serialize(&mut buf);
+        handle.socket.send(&buf, 0).unwrap();
+        let e = handle.get_link("lo").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("the kernel's netlink reply answered request 999"),
+            "{e}"
+        );
+    }
+}
