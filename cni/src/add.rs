@@ -8,19 +8,22 @@
 use crate::config::NetConf;
 use crate::del;
 use crate::env::{CniEnv, Command};
-use crate::error::{Error, Result};
+use crate::error::{CODE_IPAM_NO_ERROR_JSON, Error, Result};
 use crate::ipam;
 use crate::podresources;
 use crate::result::{CniResult, Interface, parse_cidr};
 use crate::settings::NodeSettings;
 use crate::tap;
-use macvtap_link::{Handle, Link, LinkChange, Netns, link_name_for_device};
+use macvtap_link::link::format_mac;
+use macvtap_link::{Kernel, Link, LinkChange, Links, Netns, link_name_for_device};
 use nix::errno::Errno;
 use std::net::IpAddr;
 use tracing::{info, warn};
 
-/// Runs ADD and returns the result to print.
+/// Runs ADD against `kernel` ([`macvtap_link::Linux`] in the binary, the
+/// fake in unit tests) and returns the result to print.
 pub fn add(
+    kernel: &dyn Kernel,
     env: &CniEnv,
     conf: &NetConf,
     settings: &NodeSettings,
@@ -41,9 +44,9 @@ pub fn add(
     }
     podresources::check_ownership(env, conf, settings)?;
 
-    let host_ns = Netns::current()?;
-    let host = Handle::current()?;
-    let link = find_device_link(&host, &conf.device_id)?;
+    let host_ns = kernel.current_netns()?;
+    let host = kernel.links(None)?;
+    let link = find_device_link(host.as_ref(), &conf.device_id)?;
     if !link.is_macvtap() {
         return Err(Error::NotMacvtap {
             device_id: conf.device_id.clone(),
@@ -54,31 +57,36 @@ pub fn add(
                 .unwrap_or_else(|| "physical NIC".to_string()),
         });
     }
-    check_mtu(&host, &link, conf.mtu)?;
-    let pod_ns = env.open_netns()?;
-    let pod = Handle::in_netns(&pod_ns)?;
+    let lower = lower_of(host.as_ref(), &link)?;
+    check_mtu(&link, lower.as_ref(), conf.mtu)?;
+    let pod_ns = env.open_netns(kernel)?;
+    let pod = kernel.links(Some(&pod_ns))?;
 
     let undo = Undo {
         env,
         stdin,
         host_ns: &host_ns,
-        host: &host,
-        pod: &pod,
+        host: host.as_ref(),
+        pod: pod.as_ref(),
         orig: &link,
     };
     if let Err(e) = host.set_link_ns(link.index, &link.name, &pod_ns, &env.ifname) {
         let cause = explain_move_error(e, &link, env);
-        // The kernel moves first and renames second: a failed rename (the
+        // Older kernels move first and rename second: a failed rename (the
         // name is taken in the pod) leaves the link in the pod under its old
-        // name. Bring it back.
+        // name, with a new ifindex if its own was taken. Bring it back.
         let stranded = pod
-            .get_link_by_index(link.index)?
-            .is_some_and(|l| l.name == link.name && l.is_macvtap());
-        if !stranded {
+            .get_link(&link.name)?
+            .filter(|l| undo.is_ours(l))
+            .map(|l| InPod {
+                index: l.index,
+                name: l.name,
+            });
+        let Some(stranded) = stranded else {
             return Err(cause);
-        }
+        };
         warn!(error = %cause, link = %link.name, "move half done; moving the link back");
-        return Err(undo.run(cause, &link.name, None));
+        return Err(undo.run(cause, Some(&stranded), None));
     }
     info!(
         pod = %env.args.pod_ref(),
@@ -91,23 +99,37 @@ pub fn add(
         "moved macvtap into the pod"
     );
 
-    let mut ipam_added = None;
-    let outcome = configure(
+    let mut progress = Progress {
+        in_pod: Some(InPod {
+            index: link.index,
+            name: env.ifname.clone(),
+        }),
+        ipam_added: None,
+    };
+    let target = Target {
+        kernel,
+        pod_ns: &pod_ns,
+        pod: pod.as_ref(),
+        link: &link,
+        lower: lower.as_ref(),
+    };
+    match configure(
         env,
         conf,
         stdin,
-        &pod_ns,
-        &pod,
-        &link,
+        &target,
         mac,
         ipam_type.as_deref(),
-        &mut ipam_added,
-    );
-    match outcome {
+        &mut progress,
+    ) {
         Ok(ours) => Ok(merge(prev, ours)),
         Err(cause) => {
             warn!(error = %cause, "ADD failed after moving the link; rolling back");
-            Err(undo.run(cause, &env.ifname, ipam_added.as_deref()))
+            Err(undo.run(
+                cause,
+                progress.in_pod.as_ref(),
+                progress.ipam_added.as_deref(),
+            ))
         }
     }
 }
@@ -118,27 +140,66 @@ struct Ours {
     ipam: Option<CniResult>,
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Where our macvtap is in the pod: the rollback acts on this link and on no
+/// other, even when the kernel gave it another ifindex than asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct InPod {
+    index: u32,
+    name: String,
+}
+
+/// What ADD has done after the move, for the rollback.
+struct Progress {
+    /// Our link in the pod (`None` when it vanished from there).
+    in_pod: Option<InPod>,
+    /// The IPAM plugin whose ADD succeeded.
+    ipam_added: Option<String>,
+}
+
+/// The pod side ADD configures.
+struct Target<'a> {
+    kernel: &'a dyn Kernel,
+    pod_ns: &'a Netns,
+    pod: &'a dyn Links,
+    /// The link as it was on the host before the move.
+    link: &'a Link,
+    /// Its lower NIC, when it is in the host namespace.
+    lower: Option<&'a Link>,
+}
+
 fn configure(
     env: &CniEnv,
     conf: &NetConf,
     stdin: &[u8],
-    pod_ns: &Netns,
-    pod: &Handle,
-    link: &Link,
+    target: &Target<'_>,
     mac: Option<[u8; 6]>,
     ipam_type: Option<&str>,
-    ipam_added: &mut Option<String>,
+    progress: &mut Progress,
 ) -> Result<Ours> {
-    let moved = pod.get_link(&env.ifname)?.ok_or_else(|| {
-        Error::IfindexChanged(format!(
+    let Target {
+        kernel,
+        pod_ns,
+        pod,
+        link,
+        lower,
+    } = *target;
+    let Some(moved) = pod.get_link(&env.ifname)? else {
+        progress.in_pod = None;
+        return Err(Error::IfindexChanged(format!(
             "link {} vanished while moving into {} as {}",
             link.name, env.netns, env.ifname
-        ))
-    })?;
+        )));
+    };
+    // From here on the rollback acts on the link that actually moved.
+    progress.in_pod = Some(InPod {
+        index: moved.index,
+        name: moved.name.clone(),
+    });
     if moved.index != link.index {
         return Err(Error::IfindexChanged(format!(
-            "link {} had ifindex {} but has {} in {}; /dev/tap{} no longer names it",
+            "link {} had ifindex {} but has {} in {}; /dev/tap{} no longer names it (this \
+             kernel ignores the ifindex asked for when moving a link, and the index is taken \
+             in the pod)",
             link.name, link.index, moved.index, env.netns, link.index
         )));
     }
@@ -152,20 +213,28 @@ fn configure(
         alias: Some(del::host_name_alias(&link.name)),
     };
     if ipam_type.is_none() {
-        silence(pod_ns, &env.ifname)?;
+        silence(kernel, pod_ns, &env.ifname)?;
     }
-    pod.set_link(moved.index, &env.ifname, &change)?;
-    let node = tap::hand_over(pod_ns, &env.ifname, moved.index, conf.owner(), conf.group())?;
+    pod.set_link(moved.index, &env.ifname, &change)
+        .map_err(|e| explain_set_error(e, &change, &env.ifname, lower))?;
+    let node = tap::hand_over(
+        kernel,
+        pod_ns,
+        &env.ifname,
+        moved.index,
+        conf.owner(),
+        conf.group(),
+    )?;
     info!(node = %node.display(), owner = conf.owner(), group = conf.group(), "gave tap device to the VM user");
 
     let ipam = match ipam_type {
         Some(plugin) => {
             let raw = ipam::exec(env, plugin, Command::Add, stdin)?.ok_or_else(|| Error::Ipam {
                 plugin: plugin.to_string(),
-                code: ipam::CODE_IPAM_NO_ERROR_JSON,
+                code: CODE_IPAM_NO_ERROR_JSON,
                 msg: "ADD printed no result".into(),
             })?;
-            *ipam_added = Some(plugin.to_string());
+            progress.ipam_added = Some(plugin.to_string());
             let result =
                 CniResult::from_value(&raw, &format!("the result of IPAM plugin {plugin}"))?;
             apply_ipam(pod, moved.index, &result)?;
@@ -174,6 +243,7 @@ fn configure(
         None => None,
     };
 
+    // The result reports the link as the kernel has it now.
     let now = pod.get_link(&env.ifname)?.unwrap_or(moved);
     Ok(Ours {
         interface: Interface {
@@ -195,54 +265,63 @@ fn configure(
 /// VM lives on the target too early. Only without IPAM: the link then needs
 /// no address (the guest has its own stack on the tap), and with IPAM the
 /// addresses it asked for must work.
-fn silence(pod_ns: &Netns, ifname: &str) -> Result<()> {
-    let path = format!("/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6");
-    let result = pod_ns.run(|| match std::fs::write(&path, "1") {
-        Ok(()) => Ok(Ok(())),
+fn silence(kernel: &dyn Kernel, pod_ns: &Netns, ifname: &str) -> Result<()> {
+    let key = format!("net/ipv6/conf/{ifname}/disable_ipv6");
+    match kernel.write_sysctl(pod_ns, &key, "1") {
         // A kernel without IPv6 sends no IPv6 either.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Ok(())),
-        Err(e) => Ok(Err(e)),
-    })?;
-    result.map_err(|source| Error::Io {
-        what: format!(
-            "disabling IPv6 on {ifname} in {} ({path})",
-            pod_ns.path().display()
-        ),
-        source,
-    })
+        Err(e) if e.errno() == Some(Errno::ENOENT) => Ok(()),
+        other => Ok(other?),
+    }
 }
 
-fn check_mtu(host: &Handle, link: &Link, mtu: u32) -> Result<()> {
-    if mtu == 0 || link.lower_in_other_netns {
-        return Ok(());
+/// The lower NIC of `link`, when it is in the host namespace.
+fn lower_of(host: &dyn Links, link: &Link) -> Result<Option<Link>> {
+    match link.lower_index {
+        Some(index) if !link.lower_in_other_netns => Ok(host.get_link_by_index(index)?),
+        _ => Ok(None),
     }
-    let Some(lower_index) = link.lower_index else {
-        return Ok(());
-    };
-    if let Some(lower) = host.get_link_by_index(lower_index)? {
-        if mtu > lower.mtu {
-            return Err(Error::MtuTooLarge {
-                mtu,
-                lower_mtu: lower.mtu,
-                lower: lower.name,
-                link: link.name.clone(),
-            });
-        }
+}
+
+fn check_mtu(link: &Link, lower: Option<&Link>, mtu: u32) -> Result<()> {
+    match lower {
+        Some(lower) if mtu > lower.mtu => Err(Error::MtuTooLarge {
+            mtu,
+            lower_mtu: lower.mtu,
+            lower: lower.name.clone(),
+            link: link.name.clone(),
+        }),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 fn explain_move_error(e: macvtap_link::Error, link: &Link, env: &CniEnv) -> Error {
     match e.errno() {
         Some(Errno::EBUSY) => Error::IfindexChanged(format!(
             "cannot move link {} into {}: its ifindex {} is already taken there, and a new \
-             ifindex would orphan /dev/tap{} that the kubelet gave the pod ({e})",
+             ifindex would orphan /dev/tap{} that the kubelet gave the pod (EBUSY)",
             link.name, env.netns, link.index, link.index
         )),
         Some(Errno::EEXIST) => Error::InvalidConfig(format!(
-            "cannot move link {} into {}: an interface named {} already exists there ({e})",
+            "cannot move link {} into {}: an interface named {} already exists there (EEXIST)",
             link.name, env.netns, env.ifname
         )),
+        _ => Error::Link(e),
+    }
+}
+
+/// A taken MAC names the NIC whose other macvtap holds it.
+fn explain_set_error(
+    e: macvtap_link::Error,
+    change: &LinkChange,
+    ifname: &str,
+    lower: Option<&Link>,
+) -> Error {
+    match (e.errno(), change.mac) {
+        (Some(Errno::EADDRINUSE), Some(mac)) => Error::MacInUse {
+            mac: format_mac(&mac),
+            ifname: ifname.to_string(),
+            lower: lower.map_or_else(|| "the same lower NIC".to_string(), |l| l.name.clone()),
+        },
         _ => Error::Link(e),
     }
 }
@@ -250,10 +329,14 @@ fn explain_move_error(e: macvtap_link::Error, link: &Link, env: &CniEnv) -> Erro
 /// Puts IPAM's addresses and routes on the link. A route without a gateway
 /// uses the gateway of the first address of its family that has one, as the
 /// reference plugins do.
-fn apply_ipam(pod: &Handle, index: u32, result: &CniResult) -> Result<()> {
+fn apply_ipam(pod: &dyn Links, index: u32, result: &CniResult) -> Result<()> {
     for ip in &result.ips {
-        let (addr, prefix) = parse_cidr(&ip.address)
-            .ok_or_else(|| Error::InvalidConfig(format!("IPAM address {:?}", ip.address)))?;
+        let (addr, prefix) = parse_cidr(&ip.address).ok_or_else(|| {
+            Error::InvalidConfig(format!(
+                "the IPAM plugin returned address {:?}, which is not an address/prefix",
+                ip.address
+            ))
+        })?;
         pod.add_addr(index, addr, prefix)?;
     }
     let gateway_for = |v4: bool| -> Option<IpAddr> {
@@ -264,8 +347,12 @@ fn apply_ipam(pod: &Handle, index: u32, result: &CniResult) -> Result<()> {
             .find(|g| g.is_ipv4() == v4)
     };
     for route in &result.routes {
-        let (dst, prefix) = parse_cidr(&route.dst)
-            .ok_or_else(|| Error::InvalidConfig(format!("IPAM route {:?}", route.dst)))?;
+        let (dst, prefix) = parse_cidr(&route.dst).ok_or_else(|| {
+            Error::InvalidConfig(format!(
+                "the IPAM plugin returned route {:?}, which is not an address/prefix",
+                route.dst
+            ))
+        })?;
         let gw = route.gw.or_else(|| gateway_for(dst.is_ipv4()));
         pod.add_route(index, dst, prefix, gw)?;
     }
@@ -277,17 +364,23 @@ struct Undo<'a> {
     env: &'a CniEnv,
     stdin: &'a [u8],
     host_ns: &'a Netns,
-    host: &'a Handle,
-    pod: &'a Handle,
+    host: &'a dyn Links,
+    pod: &'a dyn Links,
     /// The link as it was on the host before the move.
     orig: &'a Link,
 }
 
 impl Undo<'_> {
-    /// Releases IPAM (when `ipam_added`), brings the link (now `current` in
-    /// the pod) back to the host as it was, and returns the error to report.
-    fn run(&self, cause: Error, current: &str, ipam_added: Option<&str>) -> Error {
-        let problems = self.undo(current, ipam_added);
+    /// Whether `l` is the macvtap ADD moved: a macvtap on the same lower
+    /// NIC (name and index are checked by the caller).
+    fn is_ours(&self, l: &Link) -> bool {
+        l.is_macvtap() && l.lower_index == self.orig.lower_index
+    }
+
+    /// Releases IPAM (when `ipam_added`), brings our link (`in_pod`) back to
+    /// the host as it was, and returns the error to report.
+    fn run(&self, cause: Error, in_pod: Option<&InPod>, ipam_added: Option<&str>) -> Error {
+        let problems = self.undo(in_pod, ipam_added);
         if !problems.is_empty() {
             Error::RollbackFailed {
                 cause: Box::new(cause),
@@ -300,7 +393,7 @@ impl Undo<'_> {
         }
     }
 
-    fn undo(&self, current: &str, ipam_added: Option<&str>) -> Vec<String> {
+    fn undo(&self, in_pod: Option<&InPod>, ipam_added: Option<&str>) -> Vec<String> {
         let orig = self.orig;
         let mut problems = Vec::new();
         if let Some(plugin) = ipam_added {
@@ -308,18 +401,76 @@ impl Undo<'_> {
                 problems.push(format!("releasing IPAM: {e}"));
             }
         }
+        let Some(at) = in_pod else {
+            problems.push(format!(
+                "link {} is no longer in {}, so it cannot be moved back",
+                orig.name, self.env.netns
+            ));
+            return problems;
+        };
+        // Re-read before touching anything: act only on our own macvtap.
+        match self.pod.get_link_by_index(at.index) {
+            Ok(Some(l)) if l.name == at.name && self.is_ours(&l) => {}
+            Ok(Some(other)) => {
+                problems.push(format!(
+                    "ifindex {} in {} now belongs to {} (not our macvtap {}); left it alone",
+                    at.index, self.env.netns, other.name, at.name
+                ));
+                return problems;
+            }
+            Ok(None) => {
+                problems.push(format!(
+                    "link {} vanished from {}, so it cannot be moved back",
+                    at.name, self.env.netns
+                ));
+                return problems;
+            }
+            Err(e) => {
+                problems.push(e.to_string());
+                return problems;
+            }
+        }
         let down = LinkChange {
             up: Some(false),
             ..Default::default()
         };
-        if let Err(e) = self.pod.set_link(orig.index, current, &down) {
+        if let Err(e) = self.pod.set_link(at.index, &at.name, &down) {
             problems.push(e.to_string());
         }
-        if let Err(e) = self
-            .pod
-            .set_link_ns(orig.index, current, self.host_ns, &orig.name)
+        if let Err(e) =
+            self.pod
+                .set_link_ns_at(at.index, &at.name, self.host_ns, &orig.name, orig.index)
         {
             problems.push(e.to_string());
+            return problems;
+        }
+        // Kernels before 5.13 ignore the ifindex asked for: re-read.
+        let back = match self.host.get_link(&orig.name) {
+            Ok(Some(back)) => back,
+            Ok(None) => {
+                problems.push(format!(
+                    "link {} vanished while moving back to the host",
+                    orig.name
+                ));
+                return problems;
+            }
+            Err(e) => {
+                problems.push(e.to_string());
+                return problems;
+            }
+        };
+        if back.index != orig.index {
+            warn!(
+                link = %orig.name,
+                was = orig.index,
+                now = back.index,
+                "the link came back with another ifindex, so /dev/tap{} no longer names it: \
+                 deleting it (the device plugin re-creates it while its pod holds the device)",
+                orig.index
+            );
+            if let Err(e) = self.host.del_link(back.index, &back.name) {
+                problems.push(e.to_string());
+            }
             return problems;
         }
         let restore = LinkChange {
@@ -329,7 +480,7 @@ impl Undo<'_> {
             promisc: Some(orig.is_promisc()),
             ..Default::default()
         };
-        if let Err(e) = self.host.set_link(orig.index, &orig.name, &restore) {
+        if let Err(e) = self.host.set_link(back.index, &orig.name, &restore) {
             problems.push(e.to_string());
         }
         if problems.is_empty() {
@@ -362,7 +513,7 @@ fn merge(prev: Option<CniResult>, ours: Ours) -> CniResult {
 /// old plugin during a rolling replacement brings such a device here. When
 /// both exist the `mvt…` link is taken: it is the one this node's device
 /// plugin made for the current allocation.
-fn find_device_link(host: &Handle, device_id: &str) -> Result<Link> {
+fn find_device_link(host: &dyn Links, device_id: &str) -> Result<Link> {
     let ours = link_name_for_device(device_id);
     let go_era = del::is_go_era_link_name(device_id).then_some(device_id);
     let found = host.get_link(&ours)?;

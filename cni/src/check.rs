@@ -6,10 +6,10 @@ use crate::error::{Error, Result};
 use crate::ipam;
 use crate::result::{CniResult, parse_cidr};
 use crate::version::Version;
-use macvtap_link::Handle;
+use macvtap_link::Kernel;
 
 /// Runs CHECK (cniVersion 0.4.0 and later).
-pub fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
+pub fn check(kernel: &dyn Kernel, env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     conf.version.require(Version::V0_4_0, "CHECK")?;
     let prev_value = conf
         .prev_result
@@ -31,8 +31,8 @@ pub fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
             ))
         })?;
 
-    let pod_ns = env.open_netns()?;
-    let pod = Handle::in_netns(&pod_ns)?;
+    let pod_ns = env.open_netns(kernel)?;
+    let pod = kernel.links(Some(&pod_ns))?;
     let where_ = format!("{} in {}", env.ifname, env.netns);
     let link = pod
         .get_link(&env.ifname)?

@@ -18,8 +18,9 @@ use crate::config::NetConf;
 use crate::env::{CniEnv, Command};
 use crate::error::{Error, Result};
 use crate::ipam;
-use macvtap_link::{Handle, Link, LinkChange, Netns, link_name_for_device};
+use macvtap_link::{Kernel, Link, LinkChange, Links, Netns, link_name_for_device};
 use nix::errno::Errno;
+use std::path::Path;
 use tracing::{info, warn};
 
 /// What ADD writes in the pod link's alias before the name it had on the
@@ -32,14 +33,14 @@ pub fn host_name_alias(host_name: &str) -> String {
 }
 
 /// Runs DEL.
-pub fn del(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
+pub fn del(kernel: &dyn Kernel, env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     let mut problems: Vec<Error> = Vec::new();
     if let Some(plugin) = conf.ipam_type()? {
         if let Err(e) = ipam::exec(env, &plugin, Command::Del, stdin) {
             problems.push(e);
         }
     }
-    if let Err(e) = release_link(env, conf) {
+    if let Err(e) = release_link(kernel, env, conf) {
         problems.push(e);
     }
     match problems.len() {
@@ -56,12 +57,12 @@ pub fn del(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     }
 }
 
-fn release_link(env: &CniEnv, conf: &NetConf) -> Result<()> {
+fn release_link(kernel: &dyn Kernel, env: &CniEnv, conf: &NetConf) -> Result<()> {
     if env.netns.is_empty() {
         info!(ifname = %env.ifname, "no CNI_NETNS: the pod namespace is gone, and the link with it");
         return Ok(());
     }
-    let pod_ns = match Netns::open(&env.netns) {
+    let pod_ns = match kernel.open_netns(Path::new(&env.netns)) {
         Ok(ns) => ns,
         Err(e) if e.errno() == Some(Errno::ENOENT) => {
             info!(netns = %env.netns, "network namespace is gone, and the link with it");
@@ -69,7 +70,7 @@ fn release_link(env: &CniEnv, conf: &NetConf) -> Result<()> {
         }
         Err(e) => return Err(e.into()),
     };
-    let pod = Handle::in_netns(&pod_ns)?;
+    let pod = kernel.links(Some(&pod_ns))?;
     let Some(link) = pod.get_link(&env.ifname)? else {
         info!(ifname = %env.ifname, netns = %env.netns, "link already gone");
         return Ok(());
@@ -90,11 +91,18 @@ fn release_link(env: &CniEnv, conf: &NetConf) -> Result<()> {
             "the link carries no host name (added by another plugin version) and the config \
              has no deviceID: deleting it instead of giving it back"
         );
-        return delete(&pod, &link, env);
+        return delete(pod.as_ref(), &link, env);
     };
-    let host_ns = Netns::current()?;
-    let host = Handle::current()?;
-    give_back(env, &pod, &host_ns, &host, &link, &host_name)
+    let host_ns = kernel.current_netns()?;
+    let host = kernel.links(None)?;
+    give_back(
+        env,
+        pod.as_ref(),
+        &host_ns,
+        host.as_ref(),
+        &link,
+        &host_name,
+    )
 }
 
 /// The name the link had on the host: from its alias when that agrees with
@@ -132,14 +140,14 @@ pub fn is_go_era_link_name(name: &str) -> bool {
     name.len() <= 15 && macvtap_link::device::parse_device_id(name).is_some()
 }
 
-/// Moves the link back to the host as `host_name`, keeping its ifindex, down,
-/// with a fresh random MAC and no promiscuity; deletes it instead when that
-/// cannot be done cleanly.
+/// Resets the link (down, a fresh random MAC, no promiscuity) and moves it
+/// back to the host as `host_name`, keeping its ifindex; deletes it instead
+/// when that cannot be done cleanly.
 fn give_back(
     env: &CniEnv,
-    pod: &Handle,
+    pod: &dyn Links,
     host_ns: &Netns,
-    host: &Handle,
+    host: &dyn Links,
     link: &Link,
     host_name: &str,
 ) -> Result<()> {
@@ -164,12 +172,25 @@ fn give_back(
         );
         return delete(pod, link, env);
     }
-    // No separate "down" first: moving a link to another namespace closes it.
+    // Reset first, in the pod: whatever fails after the move, the host never
+    // holds a link with this pod's MAC or promiscuity.
+    let reset = LinkChange {
+        // The next pod this device goes to must not inherit this pod's MAC.
+        mac: Some(random_mac()?),
+        promisc: Some(false),
+        up: Some(false),
+        ..Default::default()
+    };
+    if let Err(e) = pod.set_link(link.index, &env.ifname, &reset) {
+        warn!(error = %e, ifname = %env.ifname, "cannot reset the link before giving it back; deleting it");
+        return delete(pod, link, env);
+    }
     if let Err(e) = pod.set_link_ns(link.index, &env.ifname, host_ns, host_name) {
-        // The kernel moves before it renames: a failed rename leaves the
-        // link in the host under its pod name. Never leave it there.
-        if let Some(stranded) = host.get_link_by_index(link.index)? {
-            if stranded.is_macvtap() && stranded.name == env.ifname {
+        // Older kernels move before they rename: a failed rename leaves the
+        // link in the host under its pod name (with a new ifindex if its own
+        // was taken). Never leave it there; touch only our macvtap.
+        if let Some(stranded) = host.get_link(&env.ifname)? {
+            if stranded.is_macvtap() && stranded.lower_index == link.lower_index {
                 warn!(error = %e, ifname = %env.ifname, "move half done; deleting the link in the host namespace");
                 return delete(host, &stranded, env);
             }
@@ -194,14 +215,6 @@ fn give_back(
         );
         return delete(host, &back, env);
     }
-    let reset = LinkChange {
-        // The next pod this device goes to must not inherit this pod's MAC.
-        mac: Some(random_mac()?),
-        promisc: Some(false),
-        up: Some(false),
-        ..Default::default()
-    };
-    host.set_link(back.index, host_name, &reset)?;
     info!(
         ifname = %env.ifname,
         netns = %env.netns,
@@ -213,7 +226,7 @@ fn give_back(
 }
 
 /// Deletes `link` through `handle`; a link already gone is success.
-fn delete(handle: &Handle, link: &Link, env: &CniEnv) -> Result<()> {
+fn delete(handle: &dyn Links, link: &Link, env: &CniEnv) -> Result<()> {
     match handle.del_link(link.index, &link.name) {
         Ok(()) => {
             info!(ifname = %env.ifname, netns = %env.netns, link = %link.name, "deleted macvtap");

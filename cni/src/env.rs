@@ -125,12 +125,14 @@ impl CniEnv {
 impl CniEnv {
     /// Opens `CNI_NETNS`; a namespace that cannot be opened means the
     /// container is unknown (code 3).
-    pub fn open_netns(&self) -> Result<macvtap_link::Netns> {
-        macvtap_link::Netns::open(&self.netns).map_err(|source| Error::ContainerUnknown {
-            netns: self.netns.clone(),
-            container_id: self.container_id.clone(),
-            source,
-        })
+    pub fn open_netns(&self, kernel: &dyn macvtap_link::Kernel) -> Result<macvtap_link::Netns> {
+        kernel
+            .open_netns(std::path::Path::new(&self.netns))
+            .map_err(|source| Error::ContainerUnknown {
+                netns: self.netns.clone(),
+                container_id: self.container_id.clone(),
+                source,
+            })
     }
 }
 

@@ -1,7 +1,44 @@
 //! The CNI plugin's error type and its mapping to the spec's error codes.
 
 use macvtap_link::Error as LinkError;
+use macvtap_link::Op;
+use macvtap_link::error::io_cause;
 use nix::errno::Errno;
+
+/// Spec code 1: the config's version is not supported.
+pub const CODE_INCOMPATIBLE_VERSION: u32 = 1;
+/// Spec code 3: the container (its network namespace) does not exist.
+pub const CODE_CONTAINER_UNKNOWN: u32 = 3;
+/// Spec code 4: an environment variable is missing or invalid.
+pub const CODE_INVALID_ENV: u32 = 4;
+/// Spec code 5: an I/O failure.
+pub const CODE_IO: u32 = 5;
+/// Spec code 6: the config cannot be decoded.
+pub const CODE_DECODE: u32 = 6;
+/// Spec code 7: the config is invalid.
+pub const CODE_INVALID_CONFIG: u32 = 7;
+/// Spec code 11: try again later.
+pub const CODE_TRY_AGAIN: u32 = 11;
+/// Ours: the config has no `deviceID`.
+pub const CODE_NO_DEVICE_ID: u32 = 100;
+/// Ours: the device's link is not in the host namespace.
+pub const CODE_DEVICE_LINK_MISSING: u32 = 101;
+/// Ours: the device's link is not a macvtap.
+pub const CODE_NOT_MACVTAP: u32 = 102;
+/// Ours: the MTU asked for exceeds the lower NIC's.
+pub const CODE_MTU_TOO_LARGE: u32 = 103;
+/// Ours: a netlink, namespace or tap node operation failed.
+pub const CODE_LINK: u32 = 104;
+/// Ours: the link's ifindex would change (or did), orphaning `/dev/tapN`.
+pub const CODE_IFINDEX_CHANGED: u32 = 105;
+/// Ours: CHECK found the link changed.
+pub const CODE_CHECK_FAILED: u32 = 106;
+/// Ours: a failure, and undoing it failed too.
+pub const CODE_ROLLBACK_FAILED: u32 = 107;
+/// Ours: an IPAM plugin failed without error JSON.
+pub const CODE_IPAM_NO_ERROR_JSON: u32 = 108;
+/// Ours: the kubelet says the pod does not hold the device.
+pub const CODE_DEVICE_NOT_ALLOCATED: u32 = 109;
 
 /// Result of the CNI plugin.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -36,7 +73,7 @@ pub enum Error {
         msg: String,
     },
     /// Reading stdin, or starting a delegated plugin, failed.
-    #[error("{what}: {source}")]
+    #[error("{what}: {}", io_cause(source))]
     Io {
         /// What was being done.
         what: String,
@@ -92,6 +129,20 @@ pub enum Error {
     /// The link's ifindex changed, so `/dev/tapN` no longer names it.
     #[error("{0}")]
     IfindexChanged(String),
+    /// Setting the pod link's MAC failed: another macvtap on the same lower
+    /// NIC has it.
+    #[error(
+        "setting MAC {mac} on {ifname}: another macvtap on {lower} already uses this MAC \
+         (EADDRINUSE); each VM on a NIC needs its own MAC"
+    )]
+    MacInUse {
+        /// The MAC asked for, as `02:23:45:67:89:01`.
+        mac: String,
+        /// `CNI_IFNAME`.
+        ifname: String,
+        /// The lower NIC's name.
+        lower: String,
+    },
     /// A netlink or namespace operation failed.
     #[error(transparent)]
     Link(#[from] LinkError),
@@ -171,24 +222,25 @@ impl Error {
     /// The CNI spec error code: 1-99 are the spec's own, 100 and up ours.
     pub fn code(&self) -> u32 {
         match self {
-            Error::IncompatibleVersion { .. } => 1,
-            Error::ContainerUnknown { .. } => 3,
-            Error::InvalidEnv { .. } => 4,
-            Error::Io { .. } | Error::LogFileRefused { .. } => 5,
-            Error::Decode(_) => 6,
-            Error::InvalidConfig(_) | Error::NodeSettings(_) => 7,
-            Error::PodResourcesUnavailable { .. } => 11,
-            Error::DeviceNotAllocated { .. } => 109,
-            Error::TryAgain(_) => 11,
-            Error::NoDeviceId => 100,
-            Error::DeviceLinkMissing { .. } => 101,
-            Error::NotMacvtap { .. } => 102,
-            Error::MtuTooLarge { .. } => 103,
-            Error::Link(_) => 104,
-            Error::IfindexChanged(_) => 105,
-            Error::CheckFailed(_) => 106,
+            Error::IncompatibleVersion { .. } => CODE_INCOMPATIBLE_VERSION,
+            Error::ContainerUnknown { .. } => CODE_CONTAINER_UNKNOWN,
+            Error::InvalidEnv { .. } => CODE_INVALID_ENV,
+            Error::Io { .. } | Error::LogFileRefused { .. } => CODE_IO,
+            // Writing a sysctl is file I/O below /proc.
+            Error::Link(e) if e.op() == Some(Op::Sysctl) => CODE_IO,
+            Error::Decode(_) => CODE_DECODE,
+            Error::InvalidConfig(_) | Error::NodeSettings(_) => CODE_INVALID_CONFIG,
+            Error::PodResourcesUnavailable { .. } | Error::TryAgain(_) => CODE_TRY_AGAIN,
+            Error::DeviceNotAllocated { .. } => CODE_DEVICE_NOT_ALLOCATED,
+            Error::NoDeviceId => CODE_NO_DEVICE_ID,
+            Error::DeviceLinkMissing { .. } => CODE_DEVICE_LINK_MISSING,
+            Error::NotMacvtap { .. } => CODE_NOT_MACVTAP,
+            Error::MtuTooLarge { .. } => CODE_MTU_TOO_LARGE,
+            Error::Link(_) | Error::MacInUse { .. } => CODE_LINK,
+            Error::IfindexChanged(_) => CODE_IFINDEX_CHANGED,
+            Error::CheckFailed(_) => CODE_CHECK_FAILED,
             Error::Ipam { code, .. } => *code,
-            Error::RollbackFailed { .. } => 107,
+            Error::RollbackFailed { .. } => CODE_ROLLBACK_FAILED,
         }
     }
 
@@ -199,9 +251,9 @@ impl Error {
                 matches!(
                     e.errno(),
                     Some(Errno::EAGAIN | Errno::EBUSY | Errno::ENOBUFS | Errno::EINTR)
-                ) && !matches!(e, LinkError::Netlink { op, .. } if op.starts_with("moving link"))
+                ) && e.op() != Some(Op::MoveLink)
             }
-            Error::Ipam { code, .. } => *code == 11,
+            Error::Ipam { code, .. } => *code == CODE_TRY_AGAIN,
             _ => false,
         }
     }

@@ -2,15 +2,12 @@
 //! same environment (with the command set), the network config on stdin.
 
 use crate::env::{CniEnv, Command};
-use crate::error::{Error, Result};
+use crate::error::{CODE_IPAM_NO_ERROR_JSON, Error, Result};
 use serde_json::Value;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::process::Stdio;
-
-/// Code given to an IPAM failure that printed no error JSON.
-pub const CODE_IPAM_NO_ERROR_JSON: u32 = 108;
 
 /// Finds `plugin` in the `CNI_PATH` directories.
 pub fn find_plugin(env: &CniEnv, plugin: &str) -> Result<PathBuf> {
@@ -41,8 +38,18 @@ pub fn exec(env: &CniEnv, plugin: &str, command: Command, stdin: &[u8]) -> Resul
         what: format!("{what} IPAM plugin {}", path.display()),
         source,
     };
+    let cni_path = std::env::join_paths(&env.path).map_err(|e| Error::Io {
+        what: format!("passing CNI_PATH to IPAM plugin {}", path.display()),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
+    })?;
+    // The spec hands IPAM the plugin's own environment; the variables that
+    // were read are set from what was read, the rest (CNI_ARGS) inherited.
     let mut child = std::process::Command::new(&path)
         .env("CNI_COMMAND", command.as_str())
+        .env("CNI_CONTAINERID", &env.container_id)
+        .env("CNI_NETNS", &env.netns)
+        .env("CNI_IFNAME", &env.ifname)
+        .env("CNI_PATH", cni_path)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         // Its stderr is logged line by line through our (escaping) logger

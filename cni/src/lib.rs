@@ -22,6 +22,8 @@ pub mod ipam;
 pub mod logfile;
 pub mod podresources;
 pub mod result;
+#[cfg(test)]
+mod rollback_tests;
 pub mod settings;
 pub mod status;
 pub mod tap;
@@ -30,6 +32,7 @@ pub mod version;
 use config::NetConf;
 use env::{CniEnv, Command};
 use error::{Error, Result};
+use macvtap_link::Kernel;
 use serde_json::{Value, json};
 use settings::NodeSettings;
 use std::collections::HashMap;
@@ -52,7 +55,17 @@ pub fn run(vars: &HashMap<String, String>, stdin: &[u8]) -> Outcome {
 
 /// [`run`] with node settings already loaded.
 pub fn run_with(settings: &NodeSettings, vars: &HashMap<String, String>, stdin: &[u8]) -> Outcome {
-    match dispatch(settings, vars, stdin) {
+    run_on(&macvtap_link::Linux, settings, vars, stdin)
+}
+
+/// [`run_with`] against `kernel`: the real one, or the fake in unit tests.
+pub fn run_on(
+    kernel: &dyn Kernel,
+    settings: &NodeSettings,
+    vars: &HashMap<String, String>,
+    stdin: &[u8],
+) -> Outcome {
+    match dispatch(kernel, settings, vars, stdin) {
         Ok(stdout) => Outcome {
             stdout,
             exit_code: 0,
@@ -68,6 +81,7 @@ pub fn run_with(settings: &NodeSettings, vars: &HashMap<String, String>, stdin: 
 }
 
 fn dispatch(
+    kernel: &dyn Kernel,
     settings: &NodeSettings,
     vars: &HashMap<String, String>,
     stdin: &[u8],
@@ -94,11 +108,11 @@ fn dispatch(
     }
     match env.command {
         Command::Add => {
-            let result = add::add(&env, &conf, settings, stdin)?;
+            let result = add::add(kernel, &env, &conf, settings, stdin)?;
             Ok(Some(result.to_value(conf.version).to_string()))
         }
-        Command::Del => del::del(&env, &conf, stdin).map(|()| None),
-        Command::Check => check::check(&env, &conf, stdin).map(|()| None),
+        Command::Del => del::del(kernel, &env, &conf, stdin).map(|()| None),
+        Command::Check => check::check(kernel, &env, &conf, stdin).map(|()| None),
         Command::Status => status::status(&env, &conf, stdin).map(|()| None),
         Command::Gc => status::gc(&env, &conf, stdin).map(|()| None),
         Command::Version => Ok(Some(version_report(stdin).to_string())),

@@ -1,8 +1,8 @@
 //! Giving the pod's VM user the macvtap's `/dev/tapN`.
 
 use crate::error::Result;
-use macvtap_link::Netns;
-use macvtap_link::tapdev::{chown_tap_node, open_tap_node, tap_dev_in_netns, tap_node_path};
+use macvtap_link::tapdev::tap_node_path;
+use macvtap_link::{Kernel, Netns};
 use std::path::{Path, PathBuf};
 
 /// Where devtmpfs puts the tap nodes.
@@ -14,15 +14,16 @@ pub const DEV_DIR: &str = "/dev";
 /// symlinks, so `owner`/`group` (from the NetConf) reach only the pod's own
 /// tap node.
 pub fn hand_over(
+    kernel: &dyn Kernel,
     netns: &Netns,
     ifname: &str,
     ifindex: u32,
     owner: u32,
     group: u32,
 ) -> Result<PathBuf> {
-    let dev = tap_dev_in_netns(netns, ifname)?;
+    let dev = kernel.tap_device(netns, ifname)?;
     let node = tap_node_path(Path::new(DEV_DIR), ifindex);
-    let opened = open_tap_node(&node, dev, 50)?;
-    chown_tap_node(&opened, &node, owner, group)?;
+    let opened = kernel.open_tap_node(&node, dev, 50)?;
+    kernel.chown_tap_node(&opened, owner, group)?;
     Ok(node)
 }

@@ -140,3 +140,33 @@ fn log_file_gets_the_logs_and_stdout_only_the_result() {
         "logs never reach stdout"
     );
 }
+
+/// The kernel refuses a MAC another macvtap on the same NIC has
+/// (`EADDRINUSE`); the error says so in words and the second link goes back.
+#[test]
+fn a_mac_another_macvtap_on_the_nic_uses_is_refused_in_words() {
+    let sb = Sandbox::new();
+    sb.allocate("eth0Mvp0");
+    let second = sb.allocate("eth0Mvp1");
+    let mac = "02:23:45:67:89:01";
+    let mut conf = netconf("1.0.0", "eth0Mvp0");
+    conf["mac"] = json!(mac);
+    sb.cni("ADD", &conf, &[]).ok();
+    let mut conf = netconf("1.0.0", "eth0Mvp1");
+    conf["mac"] = json!(mac);
+    let msg = sb
+        .cni("ADD", &conf, &[("CNI_IFNAME", "net2")])
+        .fails_with(104);
+    assert!(
+        msg.starts_with(&format!(
+            "setting MAC {mac} on net2: another macvtap on lower0 already uses this MAC \
+             (EADDRINUSE)"
+        )),
+        "{msg}"
+    );
+    let back = sb
+        .link(&sb.node, &macvtap_link::link_name_for_device("eth0Mvp1"))
+        .expect("the second link is back on the node");
+    assert_eq!(back["ifindex"].as_u64(), Some(second as u64));
+    assert!(sb.link(&sb.pod, "net2").is_none());
+}

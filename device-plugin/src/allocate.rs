@@ -11,8 +11,8 @@ use crate::error::{Error, Result};
 use kubelet_proto::v1beta1::{
     AllocateRequest, AllocateResponse, ContainerAllocateResponse, DeviceSpec,
 };
-use macvtap_link::tapdev::{parse_major_minor, tap_dev_in_netns, tap_node_path, wait_for_tap_node};
-use macvtap_link::{Handle, Link, MacvtapMode, Netns, link_name_for_device};
+use macvtap_link::tapdev::{parse_major_minor, tap_dev_in_netns, tap_node_path};
+use macvtap_link::{Handle, Kernel, Link, Links, Linux, MacvtapMode, Netns, link_name_for_device};
 use nix::errno::Errno;
 use std::path::{Path, PathBuf};
 use tracing::{info, warn};
@@ -54,7 +54,7 @@ pub fn allocate(req: &AllocateRequest, cfg: &ResourceConfig) -> Result<AllocateR
             Some(cached) => cached,
             None => (Handle::current()?, Netns::current()?),
         };
-        let result = allocate_with(req, cfg, &handle, &netns);
+        let result = allocate_with(&Linux, req, cfg, &handle, &netns);
         // A socket that saw an error is not reused.
         if result.is_ok() {
             *cell.borrow_mut() = Some((handle, netns));
@@ -70,10 +70,13 @@ thread_local! {
     static NETLINK: std::cell::RefCell<Option<(Handle, Netns)>> = const { std::cell::RefCell::new(None) };
 }
 
+/// [`allocate`] against `kernel`, whose links `handle` reaches in `netns`
+/// (the real kernel in the daemon, the fake in unit tests).
 fn allocate_with(
+    kernel: &dyn Kernel,
     req: &AllocateRequest,
     cfg: &ResourceConfig,
-    handle: &Handle,
+    handle: &dyn Links,
     netns: &Netns,
 ) -> Result<AllocateResponse> {
     let lower = handle
@@ -95,7 +98,7 @@ fn allocate_with(
     for c in &req.container_requests {
         let mut resp = ContainerAllocateResponse::default();
         for id in &c.devices_ids {
-            match create_device(handle, netns, cfg, &lower, id, Path::new(DEV_DIR)) {
+            match create_device_on(kernel, handle, netns, cfg, &lower, id, Path::new(DEV_DIR)) {
                 Ok(made) => {
                     if made.created {
                         created.push(made.link);
@@ -145,7 +148,7 @@ pub fn recreate_device(
         )
         .map_err(wrap)?;
     let node = tap_node_path(dev_dir, link.index);
-    if let Err(e) = check_node(netns, &name, link.index, &node, dev_dir) {
+    if let Err(e) = check_node(&Linux, netns, &name, link.index, &node, dev_dir) {
         delete_quietly(handle, &link);
         return Err(e.for_device(id, &name));
     }
@@ -201,6 +204,19 @@ pub fn create_device(
     id: &str,
     dev_dir: &Path,
 ) -> Result<PreparedDevice> {
+    create_device_on(&Linux, handle, netns, cfg, lower, id, dev_dir)
+}
+
+/// [`create_device`] against `kernel`, whose links `handle` reaches.
+fn create_device_on(
+    kernel: &dyn Kernel,
+    handle: &dyn Links,
+    netns: &Netns,
+    cfg: &ResourceConfig,
+    lower: &Link,
+    id: &str,
+    dev_dir: &Path,
+) -> Result<PreparedDevice> {
     let name = link_name_for_device(id);
     let wrap = |source| Error::Device {
         device_id: id.to_string(),
@@ -211,7 +227,7 @@ pub fn create_device(
         match unusable_reason(&old, lower, cfg.mode) {
             None => {
                 let node = tap_node_path(dev_dir, old.index);
-                check_node(netns, &name, old.index, &node, dev_dir)
+                check_node(kernel, netns, &name, old.index, &node, dev_dir)
                     .map_err(|e| e.for_device(id, &name))?;
                 let path = node.to_string_lossy().into_owned();
                 info!(device_id = id, ifname = %name, tap = %path, "reusing the device's existing macvtap");
@@ -230,13 +246,16 @@ pub fn create_device(
             }
         }
     }
-    let link = match handle.add_macvtap(&name, lower.index, cfg.mode, Some(lower.txqueuelen)) {
-        Ok(l) => l,
-        Err(e) if e.errno() == Some(Errno::EBUSY) => return Err(busy_lower(handle, cfg, lower)),
-        Err(e) => return Err(wrap(e)),
-    };
+    let link =
+        match handle.add_macvtap_at(&name, lower.index, cfg.mode, Some(lower.txqueuelen), None) {
+            Ok(l) => l,
+            Err(e) if e.errno() == Some(Errno::EBUSY) => {
+                return Err(busy_lower(handle, cfg, lower));
+            }
+            Err(e) => return Err(wrap(e)),
+        };
     let node = tap_node_path(dev_dir, link.index);
-    if let Err(e) = check_node(netns, &name, link.index, &node, dev_dir) {
+    if let Err(e) = check_node(kernel, netns, &name, link.index, &node, dev_dir) {
         delete_quietly(handle, &link);
         return Err(e.for_device(id, &name));
     }
@@ -257,7 +276,7 @@ pub fn create_device(
 }
 
 /// The master that owns `lower`'s receive path, read from the kernel now.
-fn owner_of(handle: &Handle, lower: &Link) -> Result<Option<Owner>> {
+fn owner_of(handle: &dyn Links, lower: &Link) -> Result<Option<Owner>> {
     let Some(index) = lower.master else {
         return Ok(None);
     };
@@ -268,7 +287,7 @@ fn owner_of(handle: &Handle, lower: &Link) -> Result<Option<Owner>> {
 /// The error for a macvtap the kernel refused with `EBUSY`: the NIC's
 /// master when it has one by now (it may have been enslaved since the
 /// check), else the busy NIC.
-fn busy_lower(handle: &Handle, cfg: &ResourceConfig, lower: &Link) -> Error {
+fn busy_lower(handle: &dyn Links, cfg: &ResourceConfig, lower: &Link) -> Error {
     let owner = match handle.get_link(&lower.name) {
         Ok(Some(now)) => owner_of(handle, &now).ok().flatten(),
         _ => None,
@@ -324,15 +343,19 @@ impl NodeError {
 /// Waits for the link's tap node to be its char device. When it never
 /// appears and `dev_dir` is not devtmpfs, the error says so.
 fn check_node(
+    kernel: &dyn Kernel,
     netns: &Netns,
     name: &str,
     ifindex: u32,
     node: &Path,
     dev_dir: &Path,
 ) -> std::result::Result<(), NodeError> {
-    let dev = tap_dev(netns, name, ifindex, Path::new(SYSFS)).map_err(NodeError::Link)?;
-    match wait_for_tap_node(node, dev, TAP_NODE_TRIES) {
-        Ok(()) => Ok(()),
+    let dev = match tap_dev_from_sysfs(Path::new(SYSFS), name, ifindex) {
+        Some(dev) => dev,
+        None => kernel.tap_device(netns, name).map_err(NodeError::Link)?,
+    };
+    match kernel.open_tap_node(node, dev, TAP_NODE_TRIES) {
+        Ok(_) => Ok(()),
         Err(e) if node.symlink_metadata().is_err() => {
             let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
             match missing_tap_node_cause(dev_dir, &mountinfo) {
@@ -452,7 +475,7 @@ fn tap_dev_from_sysfs(sysfs: &Path, name: &str, ifindex: u32) -> Option<(u64, u6
     parse_major_minor(text.trim())
 }
 
-fn delete_quietly(handle: &Handle, link: &Link) {
+fn delete_quietly(handle: &dyn Links, link: &Link) {
     match handle.del_link(link.index, &link.name) {
         Ok(()) => info!(ifname = %link.name, "deleted the link of a failed Allocate"),
         Err(e) if e.errno() == Some(Errno::ENODEV) => {}
@@ -510,6 +533,88 @@ mod tests {
                 .unwrap()
                 .contains("ext4")
         );
+    }
+
+    use macvtap_link::fake::{FakeKernel, HOST};
+    use macvtap_link::{Kernel, Op};
+
+    /// Runs Allocate for `ids` (one container) on the fake kernel.
+    fn allocate_fake(kernel: &FakeKernel, ids: &[&str]) -> Result<AllocateResponse> {
+        let req = AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: ids.iter().map(|s| s.to_string()).collect(),
+            }],
+        };
+        let cfg = ResourceConfig::for_nic("lower0");
+        check_request(&req, &cfg)?;
+        let netns = kernel.current_netns().unwrap();
+        let links = kernel.links(None).unwrap();
+        allocate_with(kernel, &req, &cfg, links.as_ref(), &netns)
+    }
+
+    fn fake_node() -> FakeKernel {
+        let kernel = FakeKernel::new();
+        kernel.add_nic(HOST, "lower0");
+        kernel
+    }
+
+    fn host_link_names(kernel: &FakeKernel) -> Vec<String> {
+        kernel.links_of(HOST).into_iter().map(|l| l.name).collect()
+    }
+
+    #[test]
+    fn allocate_creates_each_macvtap_and_answers_its_tap_node() {
+        let kernel = fake_node();
+        let resp = allocate_fake(&kernel, &["lower0Mvp0", "lower0Mvp1"]).unwrap();
+        let specs = &resp.container_responses[0].devices;
+        assert_eq!(specs.len(), 2);
+        for (spec, id) in specs.iter().zip(["lower0Mvp0", "lower0Mvp1"]) {
+            let link = kernel.link(HOST, &link_name_for_device(id)).unwrap();
+            assert_eq!(spec.host_path, format!("/dev/tap{}", link.index));
+            assert_eq!(spec.permissions, "rw");
+        }
+    }
+
+    #[test]
+    fn every_failure_after_creation_deletes_what_the_request_made() {
+        // (operation, call number): the first device's checks, the second
+        // device's creation, the second device's checks.
+        for (op, nth) in [
+            (Op::TapDevice, 1),
+            (Op::OpenTapNode, 1),
+            (Op::AddMacvtap, 2),
+            (Op::TapDevice, 2),
+            (Op::OpenTapNode, 2),
+        ] {
+            let kernel = fake_node();
+            kernel.fail(op, nth, Errno::EIO);
+            let e = allocate_fake(&kernel, &["lower0Mvp0", "lower0Mvp1"]).unwrap_err();
+            assert!(e.to_string().contains("lower0Mvp"), "{op:?} {nth}: {e}");
+            assert_eq!(
+                host_link_names(&kernel),
+                ["lower0"],
+                "{op:?} call {nth} failing left a link"
+            );
+        }
+    }
+
+    #[test]
+    fn a_reused_macvtap_is_kept_when_a_later_device_fails() {
+        let kernel = fake_node();
+        allocate_fake(&kernel, &["lower0Mvp0"]).unwrap();
+        let held = kernel
+            .link(HOST, &link_name_for_device("lower0Mvp0"))
+            .unwrap();
+        // The init container's device again, plus one whose creation fails.
+        kernel.fail(Op::AddMacvtap, 2, Errno::ENOMEM);
+        let e = allocate_fake(&kernel, &["lower0Mvp0", "lower0Mvp1"]).unwrap_err();
+        assert!(e.to_string().contains("(ENOMEM)"), "{e}");
+        assert_eq!(
+            kernel.link(HOST, &held.name),
+            Some(held),
+            "a pod may already hold it"
+        );
+        assert_eq!(kernel.count(Op::DelLink), 0);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The error type of the shared link library.
 
+use crate::kernel::{Op, explain};
 use nix::errno::Errno;
 use std::path::PathBuf;
 
@@ -12,7 +13,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A network namespace file could not be opened.
-    #[error("opening network namespace {path}: {source}")]
+    #[error("opening network namespace {}: {}", path.display(), io_cause(source))]
     OpenNetns {
         /// Path of the namespace file.
         path: PathBuf,
@@ -20,7 +21,12 @@ pub enum Error {
         source: std::io::Error,
     },
     /// `setns` or a mount inside a helper thread failed.
-    #[error("entering network namespace {path}: {source}")]
+    #[error(
+        "entering network namespace {}: {} ({})",
+        path.display(),
+        source.desc(),
+        crate::kernel::errno_name(*source)
+    )]
     EnterNetns {
         /// Path of the namespace file.
         path: PathBuf,
@@ -34,15 +40,37 @@ pub enum Error {
         path: PathBuf,
     },
     /// Opening or using the netlink socket itself failed.
-    #[error("netlink socket: {0}")]
+    #[error("opening or using a netlink socket: {}", io_cause(.0))]
     Socket(std::io::Error),
     /// The kernel refused a netlink request.
-    #[error("{op}: {source}")]
+    #[error("{what}: {}", explain(*op, *source))]
     Netlink {
-        /// What was being done, with names and namespaces.
-        op: String,
+        /// Which operation it was, for callers that act on the kind.
+        op: Op,
+        /// What was being done, as a phrase with names and namespaces.
+        what: String,
         /// The kernel's errno.
         source: Errno,
+    },
+    /// The kernel's reply broke the netlink protocol (another request's
+    /// sequence number, an overrun, a truncated message); nothing in it is
+    /// trusted.
+    #[error("{what}: the kernel's netlink reply {problem}")]
+    Protocol {
+        /// What was being done.
+        what: String,
+        /// What was wrong with the reply, as a phrase.
+        problem: String,
+    },
+    /// Writing a sysctl inside a namespace failed.
+    #[error("writing /proc/sys/{key} in {}: {}", netns.display(), io_cause(source))]
+    Sysctl {
+        /// The key below `/proc/sys`, e.g. `net/ipv6/conf/net1/disable_ipv6`.
+        key: String,
+        /// Namespace path.
+        netns: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
     },
     /// A netlink reply could not be decoded.
     #[error("{op}: undecodable netlink reply: {msg}")]
@@ -72,14 +100,37 @@ pub enum Error {
     },
 }
 
+/// An OS error as `Input/output error (EIO)`: the words, then the errno's
+/// C name people search for.
+pub fn io_cause(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(raw) => {
+            let errno = Errno::from_raw(raw);
+            format!("{} ({})", errno.desc(), crate::kernel::errno_name(errno))
+        }
+        None => e.to_string(),
+    }
+}
+
 impl Error {
     /// The kernel errno behind this error, if there is one.
     pub fn errno(&self) -> Option<Errno> {
         match self {
             Error::Netlink { source, .. } | Error::EnterNetns { source, .. } => Some(*source),
-            Error::OpenNetns { source, .. } | Error::Socket(source) => {
-                source.raw_os_error().map(Errno::from_raw)
-            }
+            Error::OpenNetns { source, .. }
+            | Error::Socket(source)
+            | Error::Sysctl { source, .. } => source.raw_os_error().map(Errno::from_raw),
+            _ => None,
+        }
+    }
+
+    /// Which kernel operation failed, when the kernel refused one.
+    pub fn op(&self) -> Option<Op> {
+        match self {
+            Error::Netlink { op, .. } => Some(*op),
+            Error::Sysctl { .. } => Some(Op::Sysctl),
+            Error::Sysfs { .. } => Some(Op::TapDevice),
+            Error::OpenNetns { .. } => Some(Op::OpenNetns),
             _ => None,
         }
     }

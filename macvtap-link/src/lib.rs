@@ -5,19 +5,27 @@
 //! it into a pod. Everything both sides must agree on lives here exactly once:
 //! how a device ID maps to a link name ([`device`]), how network namespaces
 //! are held and entered ([`netns`]), the netlink link, address and route
-//! operations ([`netlink`], [`link`]) and how `/dev/tapN` is matched to its
-//! link ([`tapdev`]).
+//! operations ([`netlink`], [`link`], [`addr`], [`route`]) and how `/dev/tapN` is matched to its
+//! link ([`tapdev`]). The operations both binaries use sit behind
+//! [`kernel::Kernel`] and [`kernel::Links`], with a fake (feature `fake`) for
+//! unit tests of every failure path.
 
+pub mod addr;
 pub mod device;
 pub mod error;
+#[cfg(any(test, feature = "fake"))]
+pub mod fake;
+pub mod kernel;
 pub mod link;
 pub mod monitor;
 pub mod netlink;
 pub mod netns;
+pub mod route;
 pub mod tapdev;
 
 pub use device::{CNI_SETTINGS_FILE, RESOURCE_PREFIX, device_id, link_name_for_device};
 pub use error::{Error, Result};
+pub use kernel::{Kernel, Links, Linux, Op};
 pub use link::{Link, LinkChange, MacvtapMode};
 pub use netlink::Handle;
 pub use netns::Netns;

@@ -1,23 +1,18 @@
-//! Link, address and route operations, named after iproute2's verbs.
+//! Link operations, named after iproute2's verbs, and what the kernel says
+//! about a link.
 
 use crate::error::{Error, Result};
+use crate::kernel::Op;
 use crate::netlink::Handle;
 use crate::netns::Netns;
 use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL};
-use netlink_packet_route::address::{
-    AddressAttribute, AddressHeaderFlags, AddressMessage, AddressScope,
-};
+use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::link::{
     InfoData, InfoKind, InfoMacVtap, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, MacVtapMode,
     State,
 };
-use netlink_packet_route::route::{
-    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
-};
-use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use nix::errno::Errno;
 use std::fmt;
-use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd};
 use std::str::FromStr;
 
@@ -225,6 +220,8 @@ pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
 }
 
 /// Changes to apply to a link in one request; `None` leaves a field alone.
+/// It displays as a phrase: `setting MTU 1400, MAC 02:23:45:67:89:01 and
+/// state up`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LinkChange {
     /// New MTU.
@@ -241,8 +238,44 @@ pub struct LinkChange {
     pub alias: Option<String>,
 }
 
+impl fmt::Display for LinkChange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let on_off = |on: bool| if on { "on" } else { "off" };
+        let mut parts = Vec::new();
+        if let Some(n) = &self.name {
+            parts.push(format!("name {n}"));
+        }
+        if let Some(m) = self.mtu {
+            parts.push(format!("MTU {m}"));
+        }
+        if let Some(m) = &self.mac {
+            parts.push(format!("MAC {}", format_mac(m)));
+        }
+        if let Some(p) = self.promisc {
+            parts.push(format!("promiscuous mode {}", on_off(p)));
+        }
+        if let Some(a) = &self.alias {
+            parts.push(format!("alias {a}"));
+        }
+        if let Some(up) = self.up {
+            parts.push(format!("state {}", if up { "up" } else { "down" }));
+        }
+        match parts.len() {
+            0 => f.write_str("changing nothing"),
+            1 => write!(f, "setting {}", parts[0]),
+            n => write!(
+                f,
+                "setting {} and {}",
+                parts[..n - 1].join(", "),
+                parts[n - 1]
+            ),
+        }
+    }
+}
+
 impl Handle {
-    fn link_op(&self, what: &str, target: impl fmt::Display) -> String {
+    /// `"<what> <target> in <namespace>"`, the phrase errors start with.
+    pub(crate) fn link_op(&self, what: &str, target: impl fmt::Display) -> String {
         format!("{what} {target} in {}", self.netns().display())
     }
 
@@ -261,7 +294,7 @@ impl Handle {
     }
 
     fn get_link_msg(&self, msg: LinkMessage, op: impl Fn() -> String) -> Result<Option<Link>> {
-        match self.request(RouteNetlinkMessage::GetLink(msg), 0, op) {
+        match self.request(RouteNetlinkMessage::GetLink(msg), 0, Op::GetLink, op) {
             Ok(replies) => Ok(replies.iter().find_map(|r| match r {
                 RouteNetlinkMessage::NewLink(l) => Some(Link::from_message(l)),
                 _ => None,
@@ -273,9 +306,11 @@ impl Handle {
 
     /// Lists every link of the namespace.
     pub fn list_links(&self) -> Result<Vec<Link>> {
-        let replies = self.dump(RouteNetlinkMessage::GetLink(LinkMessage::default()), || {
-            format!("listing links in {}", self.netns().display())
-        })?;
+        let replies = self.dump(
+            RouteNetlinkMessage::GetLink(LinkMessage::default()),
+            Op::ListLinks,
+            || format!("listing links in {}", self.netns().display()),
+        )?;
         Ok(replies
             .iter()
             .filter_map(|r| match r {
@@ -323,23 +358,30 @@ impl Handle {
                 mode.to_netlink(),
             )])),
         ]));
-        let op = || self.link_op("creating macvtap", name);
+        let what = || {
+            let at = index
+                .map(|i| format!(" at ifindex {i}"))
+                .unwrap_or_default();
+            self.link_op(&format!("creating {mode} macvtap"), format!("{name}{at}"))
+        };
         self.request(
             RouteNetlinkMessage::NewLink(msg),
             NLM_F_CREATE | NLM_F_EXCL,
-            op,
+            Op::AddMacvtap,
+            what,
         )?;
         // Never leave a link behind that the caller does not know about.
         match self.get_link(name) {
             Ok(Some(link)) => Ok(link),
             Ok(None) => Err(Error::Netlink {
-                op: op(),
+                op: Op::AddMacvtap,
+                what: format!("{}, then reading it back", what()),
                 source: Errno::ENODEV,
             }),
             Err(e) => {
                 let mut del = LinkMessage::default();
                 del.attributes.push(LinkAttribute::IfName(name.to_string()));
-                let _ = self.request(RouteNetlinkMessage::DelLink(del), 0, op);
+                let _ = self.request(RouteNetlinkMessage::DelLink(del), 0, Op::DelLink, what);
                 Err(e)
             }
         }
@@ -349,8 +391,8 @@ impl Handle {
     pub fn del_link(&self, index: u32, name: &str) -> Result<()> {
         let mut msg = LinkMessage::default();
         msg.header.index = index;
-        self.request(RouteNetlinkMessage::DelLink(msg), 0, || {
-            self.link_op("deleting link", name)
+        self.request(RouteNetlinkMessage::DelLink(msg), 0, Op::DelLink, || {
+            self.link_op("deleting link", format!("{name} (index {index})"))
         })?;
         Ok(())
     }
@@ -365,16 +407,33 @@ impl Handle {
         target: &Netns,
         new_name: &str,
     ) -> Result<()> {
+        self.set_link_ns_at(index, name, target, new_name, index)
+    }
+
+    /// [`Handle::set_link_ns`] asking for ifindex `new_index` in `target`
+    /// (a rollback asks for the index the link had before it moved). Kernels
+    /// before 5.13 ignore the request and keep the link's index when it is
+    /// free in `target`, else give it a new one: callers re-read the link.
+    pub fn set_link_ns_at(
+        &self,
+        index: u32,
+        name: &str,
+        target: &Netns,
+        new_name: &str,
+        new_index: u32,
+    ) -> Result<()> {
         let mut msg = LinkMessage::default();
         msg.header.index = index;
         msg.attributes
             .push(LinkAttribute::NetNsFd(target.as_fd().as_raw_fd()));
         msg.attributes
             .push(LinkAttribute::IfName(new_name.to_string()));
-        msg.attributes.push(LinkAttribute::NewIfIndex(index as i32));
-        self.request(RouteNetlinkMessage::SetLink(msg), 0, || {
+        msg.attributes
+            .push(LinkAttribute::NewIfIndex(new_index as i32));
+        self.request(RouteNetlinkMessage::SetLink(msg), 0, Op::MoveLink, || {
             format!(
-                "moving link {name} (index {index}) from {} into {} as {new_name}",
+                "moving link {name} (index {index}) from {} into {} as {new_name} with ifindex \
+                 {new_index}",
                 self.netns().display(),
                 target.path().display()
             )
@@ -409,118 +468,11 @@ impl Handle {
         if let Some(a) = &change.alias {
             msg.attributes.push(LinkAttribute::IfAlias(a.clone()));
         }
-        self.request(RouteNetlinkMessage::SetLink(msg), 0, || {
-            self.link_op(&format!("changing link ({change:?})"), name)
+        self.request(RouteNetlinkMessage::SetLink(msg), 0, Op::SetLink, || {
+            format!("{change} on {name} in {}", self.netns().display())
         })?;
         Ok(())
     }
-
-    /// Adds `addr/prefix_len` to link `index` (IPv6 without duplicate address
-    /// detection, so it is usable at once).
-    pub fn add_addr(&self, index: u32, addr: IpAddr, prefix_len: u8) -> Result<()> {
-        let mut msg = AddressMessage::default();
-        msg.header.index = index;
-        msg.header.prefix_len = prefix_len;
-        msg.header.scope = AddressScope::Universe;
-        match addr {
-            IpAddr::V4(_) => {
-                msg.header.family = AddressFamily::Inet;
-                msg.attributes.push(AddressAttribute::Local(addr));
-            }
-            IpAddr::V6(_) => {
-                msg.header.family = AddressFamily::Inet6;
-                msg.header.flags = AddressHeaderFlags::Nodad;
-            }
-        }
-        msg.attributes.push(AddressAttribute::Address(addr));
-        self.request(
-            RouteNetlinkMessage::NewAddress(msg),
-            NLM_F_CREATE | NLM_F_EXCL,
-            || {
-                self.link_op(
-                    &format!("adding address {addr}/{prefix_len} to link index"),
-                    index,
-                )
-            },
-        )?;
-        Ok(())
-    }
-
-    /// Lists the addresses (with prefix length) on link `index`.
-    pub fn list_addrs(&self, index: u32) -> Result<Vec<(IpAddr, u8)>> {
-        let replies = self.dump(
-            RouteNetlinkMessage::GetAddress(AddressMessage::default()),
-            || self.link_op("listing addresses of link index", index),
-        )?;
-        let mut out = Vec::new();
-        for r in &replies {
-            if let RouteNetlinkMessage::NewAddress(a) = r {
-                if a.header.index != index {
-                    continue;
-                }
-                if let Some(ip) = a.attributes.iter().find_map(|at| match at {
-                    AddressAttribute::Address(ip) => Some(*ip),
-                    _ => None,
-                }) {
-                    out.push((ip, a.header.prefix_len));
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    /// Adds a route to `dst/prefix_len` through link `index`, via `gateway`
-    /// when given (otherwise a link-scope route).
-    pub fn add_route(
-        &self,
-        index: u32,
-        dst: IpAddr,
-        prefix_len: u8,
-        gateway: Option<IpAddr>,
-    ) -> Result<()> {
-        let mut msg = RouteMessage::default();
-        msg.header = route_header(dst, prefix_len, gateway.is_some());
-        if prefix_len > 0 {
-            msg.attributes
-                .push(RouteAttribute::Destination(RouteAddress::from(dst)));
-        }
-        if let Some(gw) = gateway {
-            msg.attributes
-                .push(RouteAttribute::Gateway(RouteAddress::from(gw)));
-        }
-        msg.attributes.push(RouteAttribute::Oif(index));
-        self.request(
-            RouteNetlinkMessage::NewRoute(msg),
-            NLM_F_CREATE | NLM_F_EXCL,
-            || {
-                let via = gateway.map(|g| format!(" via {g}")).unwrap_or_default();
-                self.link_op(
-                    &format!("adding route {dst}/{prefix_len}{via} on link index"),
-                    index,
-                )
-            },
-        )?;
-        Ok(())
-    }
-}
-
-#[allow(clippy::field_reassign_with_default)] // RouteHeader is non_exhaustive
-fn route_header(dst: IpAddr, prefix_len: u8, has_gateway: bool) -> RouteHeader {
-    let mut h = RouteHeader::default();
-    h.address_family = match dst {
-        IpAddr::V4(_) => AddressFamily::Inet,
-        IpAddr::V6(_) => AddressFamily::Inet6,
-    };
-    h.destination_prefix_length = prefix_len;
-    h.table = RouteHeader::RT_TABLE_MAIN;
-    h.protocol = RouteProtocol::Boot;
-    h.scope = if has_gateway {
-        RouteScope::Universe
-    } else {
-        RouteScope::Link
-    };
-    h.kind = RouteType::Unicast;
-    h
 }
 
 #[cfg(test)]
@@ -535,6 +487,25 @@ mod tests {
         assert_eq!(parse_mac("02:ab:cd:00:11"), None);
         assert_eq!(parse_mac("02:ab:cd:00:11:fff"), None);
         assert_eq!(parse_mac("zz:ab:cd:00:11:ff"), None);
+    }
+
+    #[test]
+    fn a_change_reads_as_a_phrase() {
+        let change = LinkChange {
+            mtu: Some(1400),
+            mac: parse_mac("02:23:45:67:89:01"),
+            up: Some(true),
+            ..Default::default()
+        };
+        assert_eq!(
+            change.to_string(),
+            "setting MTU 1400, MAC 02:23:45:67:89:01 and state up"
+        );
+        let mac_only = LinkChange {
+            mac: parse_mac("02:23:45:67:89:01"),
+            ..Default::default()
+        };
+        assert_eq!(mac_only.to_string(), "setting MAC 02:23:45:67:89:01");
     }
 
     #[test]

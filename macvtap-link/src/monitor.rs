@@ -6,11 +6,12 @@
 //! lost event (socket overrun) only costs one extra re-read.
 
 use crate::error::{Error, Result};
+use crate::netlink::open_socket;
 use crate::netns::Netns;
 use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::link::{LinkAttribute, LinkMessage};
-use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
+use netlink_sys::{Socket, SocketAddr};
 use nix::errno::Errno;
 use std::path::{Path, PathBuf};
 
@@ -50,24 +51,24 @@ pub struct LinkMonitor {
 impl LinkMonitor {
     /// Subscribes to link events of the calling thread's network namespace.
     pub fn current() -> Result<Self> {
-        Self::open(PathBuf::from("the current network namespace"))
+        let (socket, netns) = open_socket(None, Self::setup)?;
+        Ok(Self { socket, netns })
     }
 
     /// Subscribes to link events of `netns` (the socket is opened from a helper
     /// thread; the caller's namespace is not changed).
     pub fn in_netns(netns: &Netns) -> Result<Self> {
-        let path = netns.path().to_path_buf();
-        netns.run(|| Self::open(path))
+        let (socket, netns) = open_socket(Some(netns), Self::setup)?;
+        Ok(Self { socket, netns })
     }
 
-    fn open(netns: PathBuf) -> Result<Self> {
-        let mut socket = Socket::new(NETLINK_ROUTE).map_err(Error::Socket)?;
-        socket.bind(&SocketAddr::new(0, 0)).map_err(Error::Socket)?;
-        socket.add_membership(RTNLGRP_LINK).map_err(Error::Socket)?;
+    fn setup(socket: &mut Socket) -> std::io::Result<()> {
+        socket.bind(&SocketAddr::new(0, 0))?;
+        socket.add_membership(RTNLGRP_LINK)?;
         // A bigger buffer makes overruns rare when many links change at once;
         // failing to get it is harmless because overruns are handled.
         let _ = socket.set_rx_buf_sz(1024 * 1024);
-        Ok(Self { socket, netns })
+        Ok(())
     }
 
     /// The namespace this monitor watches, for messages.

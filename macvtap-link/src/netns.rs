@@ -38,6 +38,20 @@ impl Netns {
         Self::open("/proc/thread-self/ns/net")
     }
 
+    /// A namespace of the fake kernel: only its path means anything (the
+    /// descriptor is `/dev/null`, so entering it fails).
+    #[cfg(any(test, feature = "fake"))]
+    pub(crate) fn fake(path: &Path) -> Result<Self> {
+        let file = File::open("/dev/null").map_err(|source| Error::OpenNetns {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Ok(Self {
+            fd: file.into(),
+            path: path.to_path_buf(),
+        })
+    }
+
     /// The path this namespace was opened from.
     pub fn path(&self) -> &Path {
         &self.path

@@ -129,6 +129,50 @@ pub fn open_tap_node(path: &Path, dev: (u64, u64), tries: u32) -> Result<File> {
     last
 }
 
+/// A `/dev/tapN` node checked to be a macvtap's char device, held open
+/// (`O_PATH`) so that what is done next acts on the inode that was checked.
+#[derive(Debug)]
+pub struct TapNode {
+    path: PathBuf,
+    /// `None` only for the fake kernel's nodes.
+    file: Option<File>,
+}
+
+impl TapNode {
+    /// A node opened by [`open_tap_node`].
+    pub fn opened(path: &Path, file: File) -> Self {
+        Self {
+            path: path.to_path_buf(),
+            file: Some(file),
+        }
+    }
+
+    /// A node that exists only in the fake kernel.
+    #[cfg(any(test, feature = "fake"))]
+    pub(crate) fn fake(path: &Path) -> Self {
+        Self {
+            path: path.to_path_buf(),
+            file: None,
+        }
+    }
+
+    /// The node's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Gives the node to `owner:group` through its descriptor.
+    pub fn chown(&self, owner: u32, group: u32) -> Result<()> {
+        match &self.file {
+            Some(file) => chown_tap_node(file, &self.path, owner, group),
+            None => Err(Error::TapNode {
+                path: self.path.clone(),
+                msg: "is not open, so it cannot be given to anyone".into(),
+            }),
+        }
+    }
+}
+
 /// Gives the node opened by [`open_tap_node`] to `owner:group`, through its
 /// descriptor (`fchownat` with `AT_EMPTY_PATH`), never by path again.
 pub fn chown_tap_node(node: &File, path: &Path, owner: u32, group: u32) -> Result<()> {

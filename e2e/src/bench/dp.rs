@@ -127,7 +127,8 @@ async fn allocate(bin: &Path, n: usize, report: &mut Report) -> Result<(String, 
                             let h = Handle::current()?;
                             let lower =
                                 h.get_link("lower0")?.ok_or(macvtap_link::Error::Netlink {
-                                    op: "looking up lower0".into(),
+                                    op: macvtap_link::Op::GetLink,
+                                    what: "looking up lower0".into(),
                                     source: nix::errno::Errno::ENODEV,
                                 })?;
                             let t = Instant::now();

@@ -1,0 +1,811 @@
+//! An in-memory kernel for unit tests without root: links per namespace, a
+//! record of every call, and failures injected by operation and call number.
+//!
+//! It behaves as the kernel does where the callers depend on it: a move
+//! asks for an ifindex and gets `EBUSY` when it is taken (or, as kernels
+//! before 5.13 do with [`FakeKernel::ignore_new_ifindex`], keeps the index
+//! when free and takes a new one otherwise); a move closes the link and
+//! flushes its addresses; a name taken in the target is `EEXIST` (with
+//! [`FakeKernel::move_then_rename`] the link first moves under its old name,
+//! as older kernels did); a MAC another macvtap on the same lower uses is
+//! `EADDRINUSE`; a missing link is `ENODEV`.
+
+use crate::error::{Error, Result};
+use crate::kernel::{Kernel, Links, Op};
+use crate::link::{Link, LinkChange, MacvtapMode};
+use crate::netns::Netns;
+use crate::tapdev::TapNode;
+use nix::errno::Errno;
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+/// The path the fake gives the calling thread's namespace, as [`Netns::current`] does.
+pub const HOST: &str = "/proc/thread-self/ns/net";
+
+/// The major number the fake gives every tap device.
+pub const TAP_MAJOR: u64 = 240;
+
+/// One call the fake served, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    /// Which operation.
+    pub op: Op,
+    /// The namespace it acted in (or on).
+    pub netns: PathBuf,
+    /// The link name, path or key it was about.
+    pub target: String,
+    /// The errno it failed with, `None` when it succeeded.
+    pub failed: Option<Errno>,
+}
+
+#[derive(Debug, Clone)]
+struct FakeLink {
+    /// Identity across moves (ifindex and name change).
+    id: u64,
+    link: Link,
+    addrs: Vec<(IpAddr, u8)>,
+    routes: Vec<(IpAddr, u8, Option<IpAddr>)>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    namespaces: BTreeMap<PathBuf, Vec<FakeLink>>,
+    next_id: u64,
+    ignore_new_ifindex: bool,
+    move_then_rename: bool,
+    failures: Vec<(Op, usize, Errno)>,
+    counts: HashMap<Op, usize>,
+    calls: Vec<Call>,
+    sysctls: BTreeMap<(PathBuf, String), String>,
+    chowned: BTreeMap<PathBuf, (u32, u32)>,
+}
+
+/// The fake kernel; see the module docs.
+#[derive(Debug)]
+pub struct FakeKernel {
+    state: Mutex<State>,
+}
+
+impl Default for FakeKernel {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FakeKernel {
+    /// A kernel with an empty host namespace ([`HOST`]).
+    pub fn new() -> Self {
+        let mut state = State {
+            next_id: 1,
+            ..Default::default()
+        };
+        state.namespaces.insert(PathBuf::from(HOST), Vec::new());
+        Self {
+            state: Mutex::new(state),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A test that panicked while holding the lock has failed already.
+        match self.state.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// Adds an empty namespace at `path` (a pod's `CNI_NETNS`).
+    pub fn add_netns(&self, path: &str) {
+        self.state()
+            .namespaces
+            .insert(PathBuf::from(path), Vec::new());
+    }
+
+    /// Removes namespace `path` and its links, as a pod's end does.
+    pub fn remove_netns(&self, path: &str) {
+        self.state().namespaces.remove(Path::new(path));
+    }
+
+    /// Puts `link` into namespace `netns` as it is (index 0 takes the lowest
+    /// free index from 2 up) and returns it.
+    pub fn insert_link(&self, netns: &str, mut link: Link) -> Link {
+        let mut st = self.state();
+        if link.index == 0 {
+            link.index = st.free_index(Path::new(netns), 2);
+        }
+        let id = st.next_id;
+        st.next_id += 1;
+        st.namespaces
+            .entry(PathBuf::from(netns))
+            .or_default()
+            .push(FakeLink {
+                id,
+                link: link.clone(),
+                addrs: Vec::new(),
+                routes: Vec::new(),
+            });
+        link
+    }
+
+    /// Adds a physical NIC `name` (MTU 1500, up) to `netns`.
+    pub fn add_nic(&self, netns: &str, name: &str) -> Link {
+        self.insert_link(
+            netns,
+            Link {
+                name: name.to_string(),
+                mtu: 1500,
+                flags: nix::libc::IFF_UP as u32,
+                oper_state: "up".into(),
+                txqueuelen: 1000,
+                ..Default::default()
+            },
+        )
+    }
+
+    /// Makes the next operations behave as kernels before 5.13, which ignore
+    /// the ifindex a move asks for (`IFLA_NEW_IFINDEX`).
+    pub fn ignore_new_ifindex(&self) {
+        self.state().ignore_new_ifindex = true;
+    }
+
+    /// Makes a move whose new name is taken leave the link moved under its
+    /// old name (older kernels moved, then renamed).
+    pub fn move_then_rename(&self) {
+        self.state().move_then_rename = true;
+    }
+
+    /// Makes the `nth` call (from 1) of `op` fail with `errno`, changing nothing.
+    pub fn fail(&self, op: Op, nth: usize, errno: Errno) {
+        self.state().failures.push((op, nth, errno));
+    }
+
+    /// How many times `op` was called.
+    pub fn count(&self, op: Op) -> usize {
+        self.state().counts.get(&op).copied().unwrap_or(0)
+    }
+
+    /// Every call served so far.
+    pub fn calls(&self) -> Vec<Call> {
+        self.state().calls.clone()
+    }
+
+    /// The links of `netns`, in creation order.
+    pub fn links_of(&self, netns: &str) -> Vec<Link> {
+        self.state()
+            .namespaces
+            .get(Path::new(netns))
+            .map(|ls| ls.iter().map(|l| l.link.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// The link called `name` in `netns`.
+    pub fn link(&self, netns: &str, name: &str) -> Option<Link> {
+        self.links_of(netns).into_iter().find(|l| l.name == name)
+    }
+
+    /// The addresses of link `name` in `netns`.
+    pub fn addrs_of(&self, netns: &str, name: &str) -> Vec<(IpAddr, u8)> {
+        let st = self.state();
+        st.namespaces
+            .get(Path::new(netns))
+            .and_then(|ls| ls.iter().find(|l| l.link.name == name))
+            .map(|l| l.addrs.clone())
+            .unwrap_or_default()
+    }
+
+    /// The value last written to sysctl `key` in `netns`.
+    pub fn sysctl(&self, netns: &str, key: &str) -> Option<String> {
+        self.state()
+            .sysctls
+            .get(&(PathBuf::from(netns), key.to_string()))
+            .cloned()
+    }
+
+    /// Who `/dev/tapN` at `path` was given to.
+    pub fn owner_of(&self, path: &str) -> Option<(u32, u32)> {
+        self.state().chowned.get(Path::new(path)).copied()
+    }
+
+    /// Counts a call of `op`, records it, and returns the injected errno if
+    /// this call is to fail.
+    fn begin(&self, op: Op, netns: &Path, target: &str) -> Option<Errno> {
+        let mut st = self.state();
+        let n = {
+            let c = st.counts.entry(op).or_insert(0);
+            *c += 1;
+            *c
+        };
+        let failed = st
+            .failures
+            .iter()
+            .find(|(o, nth, _)| *o == op && *nth == n)
+            .map(|(_, _, e)| *e);
+        st.calls.push(Call {
+            op,
+            netns: netns.to_path_buf(),
+            target: target.to_string(),
+            failed,
+        });
+        failed
+    }
+
+    /// Marks the last call as failed with `errno` (a failure the model
+    /// itself produced) and returns the error.
+    fn refuse(&self, op: Op, what: String, errno: Errno) -> Error {
+        if let Some(last) = self.state().calls.last_mut() {
+            last.failed = Some(errno);
+        }
+        Error::Netlink {
+            op,
+            what,
+            source: errno,
+        }
+    }
+}
+
+impl State {
+    fn free_index(&self, netns: &Path, from: u32) -> u32 {
+        let used = |i: u32| {
+            self.namespaces
+                .get(netns)
+                .is_some_and(|ls| ls.iter().any(|l| l.link.index == i))
+        };
+        // Indices are unique per namespace; a fresh one is also fresh
+        // everywhere, as the kernel's counter makes it.
+        let max_anywhere = self
+            .namespaces
+            .values()
+            .flatten()
+            .map(|l| l.link.index)
+            .max()
+            .unwrap_or(1);
+        (from.max(max_anywhere + 1)..)
+            .find(|i| !used(*i))
+            .unwrap_or(u32::MAX)
+    }
+}
+
+/// The links of one fake namespace.
+struct FakeLinks<'a> {
+    kernel: &'a FakeKernel,
+    netns: PathBuf,
+}
+
+impl FakeLinks<'_> {
+    fn what(&self, verb: &str, target: impl std::fmt::Display) -> String {
+        format!("{verb} {target} in {}", self.netns.display())
+    }
+
+    fn check(&self, op: Op, target: &str, what: impl Fn() -> String) -> Result<()> {
+        match self.kernel.begin(op, &self.netns, target) {
+            Some(errno) => Err(Error::Netlink {
+                op,
+                what: what(),
+                source: errno,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn find(&self, pred: impl Fn(&Link) -> bool) -> Option<Link> {
+        self.kernel
+            .state()
+            .namespaces
+            .get(&self.netns)
+            .and_then(|ls| ls.iter().find(|l| pred(&l.link)).map(|l| l.link.clone()))
+    }
+
+    fn with_link<T>(
+        &self,
+        op: Op,
+        index: u32,
+        what: &dyn Fn() -> String,
+        f: impl FnOnce(&mut FakeLink) -> T,
+    ) -> Result<T> {
+        let mut st = self.kernel.state();
+        let found = st
+            .namespaces
+            .get_mut(&self.netns)
+            .and_then(|ls| ls.iter_mut().find(|l| l.link.index == index));
+        match found {
+            Some(l) => Ok(f(l)),
+            None => {
+                drop(st);
+                Err(self.kernel.refuse(op, what(), Errno::ENODEV))
+            }
+        }
+    }
+}
+
+impl Links for FakeLinks<'_> {
+    fn netns(&self) -> &Path {
+        &self.netns
+    }
+
+    fn get_link(&self, name: &str) -> Result<Option<Link>> {
+        self.check(Op::GetLink, name, || self.what("looking up link", name))?;
+        Ok(self.find(|l| l.name == name))
+    }
+
+    fn get_link_by_index(&self, index: u32) -> Result<Option<Link>> {
+        self.check(Op::GetLink, &index.to_string(), || {
+            self.what("looking up link index", index)
+        })?;
+        Ok(self.find(|l| l.index == index))
+    }
+
+    fn list_links(&self) -> Result<Vec<Link>> {
+        self.check(Op::ListLinks, "", || {
+            format!("listing links in {}", self.netns.display())
+        })?;
+        Ok(self
+            .kernel
+            .links_of(&self.netns.to_string_lossy())
+            .into_iter()
+            .collect())
+    }
+
+    fn add_macvtap_at(
+        &self,
+        name: &str,
+        lower_index: u32,
+        mode: MacvtapMode,
+        txqueuelen: Option<u32>,
+        index: Option<u32>,
+    ) -> Result<Link> {
+        let what = || self.what(&format!("creating {mode} macvtap"), name);
+        self.check(Op::AddMacvtap, name, what)?;
+        let Some(lower) = self.find(|l| l.index == lower_index) else {
+            return Err(self.kernel.refuse(Op::AddMacvtap, what(), Errno::ENODEV));
+        };
+        if self.find(|l| l.name == name).is_some() {
+            return Err(self.kernel.refuse(Op::AddMacvtap, what(), Errno::EEXIST));
+        }
+        if let Some(i) = index {
+            if self.find(|l| l.index == i).is_some() {
+                return Err(self.kernel.refuse(Op::AddMacvtap, what(), Errno::EBUSY));
+            }
+        }
+        let netns = self.netns.to_string_lossy().into_owned();
+        let index = match index {
+            Some(i) => i,
+            None => self.kernel.state().free_index(&self.netns, 2),
+        };
+        Ok(self.kernel.insert_link(
+            &netns,
+            Link {
+                index,
+                name: name.to_string(),
+                kind: Some("macvtap".into()),
+                mac: Some([0x02, 0, 0, 0, (index >> 8) as u8, index as u8]),
+                mtu: lower.mtu,
+                oper_state: "down".into(),
+                lower_index: Some(lower_index),
+                macvtap_mode: Some(mode),
+                txqueuelen: txqueuelen.unwrap_or(lower.txqueuelen),
+                ..Default::default()
+            },
+        ))
+    }
+
+    fn del_link(&self, index: u32, name: &str) -> Result<()> {
+        let what = || self.what("deleting link", format!("{name} (index {index})"));
+        self.check(Op::DelLink, name, what)?;
+        let mut st = self.kernel.state();
+        let ls = st.namespaces.entry(self.netns.clone()).or_default();
+        match ls.iter().position(|l| l.link.index == index) {
+            Some(pos) => {
+                ls.remove(pos);
+                Ok(())
+            }
+            None => {
+                drop(st);
+                Err(self.kernel.refuse(Op::DelLink, what(), Errno::ENODEV))
+            }
+        }
+    }
+
+    fn set_link_ns_at(
+        &self,
+        index: u32,
+        name: &str,
+        target: &Netns,
+        new_name: &str,
+        new_index: u32,
+    ) -> Result<()> {
+        let what = || {
+            format!(
+                "moving link {name} (index {index}) from {} into {} as {new_name} with ifindex \
+                 {new_index}",
+                self.netns.display(),
+                target.path().display()
+            )
+        };
+        self.check(Op::MoveLink, name, what)?;
+        let mut st = self.kernel.state();
+        let to = target.path().to_path_buf();
+        if !st.namespaces.contains_key(&to) {
+            drop(st);
+            return Err(self.kernel.refuse(Op::MoveLink, what(), Errno::EINVAL));
+        }
+        let Some(pos) = st
+            .namespaces
+            .get(&self.netns)
+            .and_then(|ls| ls.iter().position(|l| l.link.index == index))
+        else {
+            drop(st);
+            return Err(self.kernel.refuse(Op::MoveLink, what(), Errno::ENODEV));
+        };
+        let taken = |st: &State, f: &dyn Fn(&Link) -> bool| {
+            st.namespaces
+                .get(&to)
+                .is_some_and(|ls| ls.iter().any(|l| f(&l.link)))
+        };
+        let index_in_target = if st.ignore_new_ifindex {
+            if taken(&st, &|l| l.index == index) {
+                st.free_index(&to, 2)
+            } else {
+                index
+            }
+        } else if taken(&st, &|l| l.index == new_index) {
+            drop(st);
+            return Err(self.kernel.refuse(Op::MoveLink, what(), Errno::EBUSY));
+        } else {
+            new_index
+        };
+        let mut rename_failed = false;
+        if taken(&st, &|l| l.name == new_name) {
+            if !st.move_then_rename || taken(&st, &|l| l.name == name) {
+                drop(st);
+                return Err(self.kernel.refuse(Op::MoveLink, what(), Errno::EEXIST));
+            }
+            rename_failed = true;
+        }
+        let Some(ls) = st.namespaces.get_mut(&self.netns) else {
+            return Err(self.kernel.refuse(Op::MoveLink, what(), Errno::ENODEV));
+        };
+        let mut moving = ls.remove(pos);
+        moving.link.index = index_in_target;
+        if !rename_failed {
+            moving.link.name = new_name.to_string();
+        }
+        // Moving closes the link and flushes its addresses and routes.
+        moving.link.flags &= !(nix::libc::IFF_UP as u32);
+        moving.link.oper_state = "down".into();
+        moving.link.lower_in_other_netns = to != Path::new(HOST);
+        moving.addrs.clear();
+        moving.routes.clear();
+        st.namespaces.entry(to).or_default().push(moving);
+        drop(st);
+        if rename_failed {
+            return Err(self.kernel.refuse(Op::MoveLink, what(), Errno::EEXIST));
+        }
+        Ok(())
+    }
+
+    fn set_link(&self, index: u32, name: &str, change: &LinkChange) -> Result<()> {
+        let what = || format!("{change} on {name} in {}", self.netns.display());
+        self.check(Op::SetLink, name, what)?;
+        let st = self.kernel.state();
+        let Some(me) = st
+            .namespaces
+            .get(&self.netns)
+            .and_then(|ls| ls.iter().find(|l| l.link.index == index))
+            .map(|l| (l.id, l.link.lower_index, l.link.is_macvtap()))
+        else {
+            drop(st);
+            return Err(self.kernel.refuse(Op::SetLink, what(), Errno::ENODEV));
+        };
+        if let (Some(mac), (id, Some(lower), true)) = (change.mac, me) {
+            let clash = st.namespaces.values().flatten().any(|l| {
+                l.id != id
+                    && l.link.is_macvtap()
+                    && l.link.lower_index == Some(lower)
+                    && l.link.mac == Some(mac)
+            });
+            if clash {
+                drop(st);
+                return Err(self.kernel.refuse(Op::SetLink, what(), Errno::EADDRINUSE));
+            }
+        }
+        if let Some(n) = &change.name {
+            let clash = st
+                .namespaces
+                .get(&self.netns)
+                .is_some_and(|ls| ls.iter().any(|l| l.link.name == *n && l.id != me.0));
+            if clash {
+                drop(st);
+                return Err(self.kernel.refuse(Op::SetLink, what(), Errno::EEXIST));
+            }
+        }
+        drop(st);
+        self.with_link(Op::SetLink, index, &what, |l| {
+            let link = &mut l.link;
+            let set_flag = |flags: &mut u32, flag: i32, on: bool| {
+                if on {
+                    *flags |= flag as u32;
+                } else {
+                    *flags &= !(flag as u32);
+                }
+            };
+            if let Some(m) = change.mtu {
+                link.mtu = m;
+            }
+            if let Some(m) = change.mac {
+                link.mac = Some(m);
+            }
+            if let Some(up) = change.up {
+                set_flag(&mut link.flags, nix::libc::IFF_UP, up);
+                link.oper_state = if up { "up" } else { "down" }.into();
+            }
+            if let Some(p) = change.promisc {
+                set_flag(&mut link.flags, nix::libc::IFF_PROMISC, p);
+            }
+            if let Some(n) = &change.name {
+                link.name = n.clone();
+            }
+            if let Some(a) = &change.alias {
+                link.alias = (!a.is_empty()).then(|| a.clone());
+            }
+        })
+    }
+
+    fn add_addr(&self, index: u32, addr: IpAddr, prefix_len: u8) -> Result<()> {
+        let what = || {
+            self.what(
+                &format!("adding address {addr}/{prefix_len} to link index"),
+                index,
+            )
+        };
+        self.check(Op::AddAddr, &addr.to_string(), what)?;
+        let added = self.with_link(Op::AddAddr, index, &what, |l| {
+            if l.addrs.contains(&(addr, prefix_len)) {
+                false
+            } else {
+                l.addrs.push((addr, prefix_len));
+                true
+            }
+        })?;
+        if added {
+            Ok(())
+        } else {
+            Err(self.kernel.refuse(Op::AddAddr, what(), Errno::EEXIST))
+        }
+    }
+
+    fn list_addrs(&self, index: u32) -> Result<Vec<(IpAddr, u8)>> {
+        let what = || self.what("listing addresses of link index", index);
+        self.check(Op::ListAddrs, &index.to_string(), what)?;
+        Ok(self
+            .kernel
+            .state()
+            .namespaces
+            .get(&self.netns)
+            .and_then(|ls| ls.iter().find(|l| l.link.index == index))
+            .map(|l| l.addrs.clone())
+            .unwrap_or_default())
+    }
+
+    fn add_route(&self, index: u32, dst: IpAddr, prefix_len: u8, gw: Option<IpAddr>) -> Result<()> {
+        let what = || {
+            self.what(
+                &format!("adding route {dst}/{prefix_len} on link index"),
+                index,
+            )
+        };
+        self.check(Op::AddRoute, &dst.to_string(), what)?;
+        self.with_link(Op::AddRoute, index, &what, |l| {
+            l.routes.push((dst, prefix_len, gw))
+        })
+    }
+}
+
+impl Kernel for FakeKernel {
+    fn current_netns(&self) -> Result<Netns> {
+        self.open_netns(Path::new(HOST))
+    }
+
+    fn open_netns(&self, path: &Path) -> Result<Netns> {
+        let errno = self.begin(Op::OpenNetns, path, &path.to_string_lossy());
+        let exists = self.state().namespaces.contains_key(path);
+        match (errno, exists) {
+            (None, true) => Netns::fake(path),
+            (e, _) => Err(Error::OpenNetns {
+                path: path.to_path_buf(),
+                source: std::io::Error::from_raw_os_error(e.unwrap_or(Errno::ENOENT) as i32),
+            }),
+        }
+    }
+
+    fn links<'a>(&'a self, netns: Option<&Netns>) -> Result<Box<dyn Links + 'a>> {
+        let path = netns.map_or_else(|| PathBuf::from(HOST), |n| n.path().to_path_buf());
+        if let Some(errno) = self.begin(Op::OpenSocket, &path, "") {
+            return Err(Error::Socket(std::io::Error::from_raw_os_error(
+                errno as i32,
+            )));
+        }
+        Ok(Box::new(FakeLinks {
+            kernel: self,
+            netns: path,
+        }))
+    }
+
+    fn write_sysctl(&self, netns: &Netns, key: &str, value: &str) -> Result<()> {
+        let path = netns.path().to_path_buf();
+        let err = |errno: Errno| Error::Sysctl {
+            key: key.to_string(),
+            netns: path.clone(),
+            source: std::io::Error::from_raw_os_error(errno as i32),
+        };
+        if let Some(errno) = self.begin(Op::Sysctl, &path, key) {
+            return Err(err(errno));
+        }
+        self.state()
+            .sysctls
+            .insert((path.clone(), key.to_string()), value.to_string());
+        Ok(())
+    }
+
+    fn tap_device(&self, netns: &Netns, ifname: &str) -> Result<(u64, u64)> {
+        let path = netns.path().to_path_buf();
+        let err = |msg: String| Error::Sysfs {
+            ifname: ifname.to_string(),
+            netns: path.clone(),
+            msg,
+        };
+        if let Some(errno) = self.begin(Op::TapDevice, &path, ifname) {
+            return Err(err(errno.desc().to_string()));
+        }
+        let st = self.state();
+        let link = st
+            .namespaces
+            .get(&path)
+            .and_then(|ls| ls.iter().find(|l| l.link.name == ifname));
+        match link {
+            Some(l) if l.link.is_macvtap() => Ok((TAP_MAJOR, l.id)),
+            Some(_) => Err(err(format!(
+                "/sys/class/net/{ifname}/macvtap: {}",
+                Errno::ENOENT.desc()
+            ))),
+            None => Err(err(format!(
+                "/sys/class/net/{ifname}: {}",
+                Errno::ENOENT.desc()
+            ))),
+        }
+    }
+
+    fn open_tap_node(&self, path: &Path, dev: (u64, u64), _tries: u32) -> Result<TapNode> {
+        if let Some(errno) = self.begin(Op::OpenTapNode, path, &path.to_string_lossy()) {
+            return Err(Error::TapNode {
+                path: path.to_path_buf(),
+                msg: errno.desc().to_string(),
+            });
+        }
+        // The node is the device of the link whose ifindex it names, in
+        // whichever namespace the kernel created it (the fake: any).
+        let index: Option<u32> = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("tap"))
+            .and_then(|n| n.parse().ok());
+        let st = self.state();
+        let matches = st
+            .namespaces
+            .values()
+            .flatten()
+            .any(|l| Some(l.link.index) == index && (TAP_MAJOR, l.id) == dev);
+        drop(st);
+        if matches {
+            Ok(TapNode::fake(path))
+        } else {
+            if let Some(last) = self.state().calls.last_mut() {
+                last.failed = Some(Errno::ENOENT);
+            }
+            Err(Error::TapNode {
+                path: path.to_path_buf(),
+                msg: format!(
+                    "is not the link's tap device {}:{} (no such node, or another link's)",
+                    dev.0, dev.1
+                ),
+            })
+        }
+    }
+
+    fn chown_tap_node(&self, node: &TapNode, owner: u32, group: u32) -> Result<()> {
+        let path = node.path().to_path_buf();
+        if let Some(errno) = self.begin(Op::ChownTapNode, &path, &path.to_string_lossy()) {
+            return Err(Error::TapNode {
+                path,
+                msg: format!("giving it to {owner}:{group}: {}", errno.desc()),
+            });
+        }
+        self.state().chowned.insert(path, (owner, group));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POD: &str = "/run/netns/pod";
+
+    fn setup() -> (FakeKernel, Link) {
+        let k = FakeKernel::new();
+        k.add_netns(POD);
+        let nic = k.add_nic(HOST, "lower0");
+        (k, nic)
+    }
+
+    #[test]
+    fn a_move_keeps_the_index_or_is_refused_with_ebusy() {
+        let (k, nic) = setup();
+        let host = k.links(None).unwrap();
+        let m = host
+            .add_macvtap_at("mvt1", nic.index, MacvtapMode::Bridge, None, None)
+            .unwrap();
+        let pod = k.open_netns(Path::new(POD)).unwrap();
+        k.insert_link(
+            POD,
+            Link {
+                index: m.index,
+                name: "blk0".into(),
+                ..Default::default()
+            },
+        );
+        let e = host.set_link_ns(m.index, "mvt1", &pod, "net1").unwrap_err();
+        assert_eq!(e.errno(), Some(Errno::EBUSY));
+        assert!(k.link(HOST, "mvt1").is_some(), "nothing moved");
+        k.ignore_new_ifindex();
+        host.set_link_ns(m.index, "mvt1", &pod, "net1").unwrap();
+        let moved = k.link(POD, "net1").unwrap();
+        assert_ne!(moved.index, m.index, "an old kernel gives a new index");
+        assert_eq!(k.link(POD, "blk0").unwrap().index, m.index);
+    }
+
+    #[test]
+    fn injected_failures_hit_the_nth_call_and_are_recorded() {
+        let (k, nic) = setup();
+        k.fail(Op::GetLink, 2, Errno::EIO);
+        let host = k.links(None).unwrap();
+        assert!(host.get_link("lower0").unwrap().is_some());
+        let e = host.get_link("lower0").unwrap_err();
+        assert_eq!(e.op(), Some(Op::GetLink));
+        assert_eq!(
+            e.to_string(),
+            format!("looking up link lower0 in {HOST}: I/O error (EIO)")
+        );
+        assert!(host.get_link_by_index(nic.index).unwrap().is_some());
+        let failed: Vec<_> = k
+            .calls()
+            .into_iter()
+            .filter(|c| c.failed.is_some())
+            .collect();
+        assert_eq!(failed.len(), 1);
+        assert_eq!(k.count(Op::GetLink), 3);
+    }
+
+    #[test]
+    fn a_mac_another_macvtap_on_the_lower_uses_is_eaddrinuse() {
+        let (k, nic) = setup();
+        let host = k.links(None).unwrap();
+        let a = host
+            .add_macvtap_at("mvta", nic.index, MacvtapMode::Bridge, None, None)
+            .unwrap();
+        let b = host
+            .add_macvtap_at("mvtb", nic.index, MacvtapMode::Bridge, None, None)
+            .unwrap();
+        let change = LinkChange {
+            mac: a.mac,
+            ..Default::default()
+        };
+        let e = host.set_link(b.index, "mvtb", &change).unwrap_err();
+        assert_eq!(e.errno(), Some(Errno::EADDRINUSE));
+        assert!(
+            e.to_string()
+                .contains("another macvtap on the same lower NIC already uses this MAC"),
+            "{e}"
+        );
+    }
+}
