@@ -6,6 +6,7 @@
 
 mod common;
 use common::*;
+use test_support::{sh, unique_ifindex};
 
 /// Does what the Go device plugin v0.13.1's Allocate did: a macvtap named
 /// after the device ID on the NIC. Returns its ifindex.
@@ -26,7 +27,8 @@ fn go_allocate(sb: &Sandbox, device_id: &str) -> u32 {
         "macvtap",
         "mode",
         "bridge",
-    ]);
+    ])
+    .unwrap();
     index
 }
 
@@ -107,7 +109,8 @@ fn a_go_era_name_that_is_not_a_macvtap_is_refused() {
         "peer",
         "name",
         "vx5",
-    ]);
+    ])
+    .unwrap();
     let before = sb.node_links();
     let msg = sb
         .cni("ADD", &netconf("1.0.0", "eth0Mvp5"), &[])
@@ -126,12 +129,13 @@ fn a_go_era_name_that_is_not_a_macvtap_is_refused() {
         "lower0",
         "type",
         "macvlan",
-    ]);
+    ])
+    .unwrap();
     let msg = sb
         .cni("ADD", &netconf("1.0.0", "eth0Mvp6"), &[])
         .fails_with(102);
     assert!(msg.contains("macvlan"), "{msg}");
-    assert_eq!(links_summary(&sb.pod.name).len(), 1, "only lo in the pod");
+    assert_eq!(links_summary(&sb.pod).len(), 1, "only lo in the pod");
 }
 
 #[test]

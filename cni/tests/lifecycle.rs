@@ -4,6 +4,7 @@
 mod common;
 use common::*;
 use serde_json::json;
+use test_support::{TestNs, sh};
 
 #[test]
 fn add_check_del_work_for_every_version() {
@@ -91,7 +92,7 @@ fn del_after_the_netns_is_gone_succeeds() {
     sb.allocate("eth0Mvp0");
     let conf = netconf("0.4.0", "eth0Mvp0");
     sb.cni("ADD", &conf, &[]).ok();
-    sh(&["ip", "netns", "del", &sb.pod.name]);
+    sh(&["ip", "netns", "del", &sb.pod.name]).unwrap();
     sb.cni("DEL", &conf, &[]).ok();
     sb.cni("DEL", &conf, &[("CNI_NETNS", "")]).ok();
 }
@@ -111,7 +112,8 @@ fn del_leaves_a_non_macvtap_alone() {
         "peer",
         "name",
         "x1",
-    ]);
+    ])
+    .unwrap();
     sb.cni("DEL", &netconf("1.0.0", "eth0Mvp0"), &[]).ok();
     assert!(sb.link(&sb.pod, "net1").is_some());
 }
@@ -135,7 +137,8 @@ fn check_detects_changes_made_after_add() {
         "net1",
         "mtu",
         "1300",
-    ]);
+    ])
+    .unwrap();
     assert!(
         sb.cni("CHECK", &conf, &[])
             .fails_with(106)
@@ -150,7 +153,8 @@ fn check_detects_changes_made_after_add() {
         "net1",
         "mtu",
         "1400",
-    ]);
+    ])
+    .unwrap();
 
     sh(&[
         "ip",
@@ -161,7 +165,8 @@ fn check_detects_changes_made_after_add() {
         "net1",
         "address",
         "02:00:00:00:99:99",
-    ]);
+    ])
+    .unwrap();
     assert!(sb.cni("CHECK", &conf, &[]).fails_with(106).contains("MAC"));
     let mac = conf["prevResult"]["interfaces"][0]["mac"]
         .as_str()
@@ -176,12 +181,13 @@ fn check_detects_changes_made_after_add() {
         "net1",
         "address",
         &mac,
-    ]);
+    ])
+    .unwrap();
 
-    sh(&["ip", "-n", &sb.pod.name, "link", "set", "net1", "down"]);
+    sh(&["ip", "-n", &sb.pod.name, "link", "set", "net1", "down"]).unwrap();
     assert!(sb.cni("CHECK", &conf, &[]).fails_with(106).contains("down"));
 
-    sh(&["ip", "-n", &sb.pod.name, "link", "del", "net1"]);
+    sh(&["ip", "-n", &sb.pod.name, "link", "del", "net1"]).unwrap();
     assert!(
         sb.cni("CHECK", &conf, &[])
             .fails_with(106)
@@ -301,13 +307,16 @@ fn del_gives_the_link_back_so_a_new_sandbox_gets_it() {
         Some(format!("macvtap-cni:{host_name}").as_str())
     );
 
-    let second = TestNs::new("pod2");
+    let second = TestNs::new("pod2").unwrap();
     let result = sb
         .cni("ADD", &conf, &[("CNI_NETNS", &second.path()), args[0]])
         .ok()
         .json();
     assert_eq!(result["interfaces"][0]["sandbox"], second.path());
-    let link = common::link_json(&second.name, "net1").expect("net1 in the new sandbox");
+    let link = second
+        .link_json("net1")
+        .unwrap()
+        .expect("net1 in the new sandbox");
     assert_eq!(link["ifindex"].as_u64(), Some(index as u64));
     assert_eq!(link["address"], "02:00:00:00:05:01");
     assert!(std::path::Path::new(&format!("/dev/tap{index}")).exists());
@@ -316,7 +325,7 @@ fn del_gives_the_link_back_so_a_new_sandbox_gets_it() {
         Some((107, 107))
     );
     // Delete before the namespace goes (namespaces die asynchronously).
-    sh(&["ip", "-n", &second.name, "link", "del", "net1"]);
+    sh(&["ip", "-n", &second.name, "link", "del", "net1"]).unwrap();
 }
 
 /// Multus sends DEL from its cache, but a runtime may send one without
@@ -350,11 +359,12 @@ fn del_without_any_name_deletes_the_link() {
         "net1",
         "alias",
         "eth0",
-    ]);
+    ])
+    .unwrap();
     sb.cni("DEL", &netconf("1.1.0", ""), &[]).ok();
     assert!(sb.link(&sb.pod, "net1").is_none());
     assert!(
-        !common::links_summary(&sb.node.name)
+        !common::links_summary(&sb.node)
             .iter()
             .any(|l| l.0 == index as u64 || l.1 == "eth0" && l.2 == "macvtap"),
         "nothing named by the pod's alias reached the host"
@@ -383,7 +393,8 @@ fn del_deletes_when_the_ifindex_is_taken_on_the_host() {
         "peer",
         "name",
         "squat1",
-    ]);
+    ])
+    .unwrap();
     let run = sb.cni("DEL", &conf, &[]);
     run.ok();
     assert!(run.stderr.contains("ifindex is taken"), "{}", run.stderr);
@@ -413,7 +424,7 @@ fn del_deletes_when_the_name_is_taken_on_the_host() {
         .unwrap();
     assert_eq!(host["ifindex"].as_u64(), Some(other as u64));
     assert!(
-        !common::links_summary(&sb.node.name)
+        !common::links_summary(&sb.node)
             .iter()
             .any(|l| l.0 == index as u64)
     );

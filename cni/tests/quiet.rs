@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{Sandbox, TestNs, netconf, sh};
+use common::{Sandbox, netconf};
 use nix::sys::socket::{
     AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, recv, setsockopt, socket, sockopt,
 };
@@ -18,6 +18,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use test_support::{TestNs, sh};
 
 /// One captured Ethernet frame.
 #[derive(Debug, Clone)]
@@ -135,6 +136,7 @@ fn without_ipam_the_pod_link_sends_nothing_with_the_vms_mac() {
             "cat",
             "/proc/sys/net/ipv6/conf/net1/disable_ipv6"
         ])
+        .unwrap()
         .trim(),
         "1"
     );
@@ -143,7 +145,7 @@ fn without_ipam_the_pod_link_sends_nothing_with_the_vms_mac() {
     // leaves a link: its first router solicitation comes after its DAD (at
     // least a second after it came up), and by then a chatty link that came
     // up earlier has sent its MLD report and DAD probe (within a second).
-    let control_ns = TestNs::new("ctl");
+    let control_ns = TestNs::new("ctl").unwrap();
     let control_mac = "02:00:00:00:16:02";
     sh(&[
         "ip",
@@ -158,7 +160,8 @@ fn without_ipam_the_pod_link_sends_nothing_with_the_vms_mac() {
         "macvtap",
         "mode",
         "bridge",
-    ]);
+    ])
+    .unwrap();
     sh(&[
         "ip",
         "-n",
@@ -170,8 +173,9 @@ fn without_ipam_the_pod_link_sends_nothing_with_the_vms_mac() {
         control_mac,
         "netns",
         &control_ns.name,
-    ]);
-    sh(&["ip", "-n", &control_ns.name, "link", "set", "ctl0", "up"]);
+    ])
+    .unwrap();
+    sh(&["ip", "-n", &control_ns.name, "link", "set", "ctl0", "up"]).unwrap();
     capture.wait_for("router solicitation from the control link", |f| {
         f.src == mac(control_mac) && f.is_router_solicitation()
     });
@@ -187,8 +191,8 @@ fn without_ipam_the_pod_link_sends_nothing_with_the_vms_mac() {
         ours.len(),
         ours.first().map(|f| &f.bytes)
     );
-    sh(&["ip", "-n", &control_ns.name, "link", "del", "ctl0"]);
-    sh(&["ip", "-n", &sb.pod.name, "link", "del", "net1"]);
+    sh(&["ip", "-n", &control_ns.name, "link", "del", "ctl0"]).unwrap();
+    sh(&["ip", "-n", &sb.pod.name, "link", "del", "net1"]).unwrap();
 }
 
 #[test]
@@ -210,6 +214,7 @@ fn with_ipam_the_pod_link_keeps_ipv6() {
             "cat",
             "/proc/sys/net/ipv6/conf/net1/disable_ipv6"
         ])
+        .unwrap()
         .trim(),
         "0"
     );
@@ -222,7 +227,8 @@ fn with_ipam_the_pod_link_keeps_ipv6() {
         "show",
         "dev",
         "net1",
-    ]);
+    ])
+    .unwrap();
     assert!(addrs.contains("2001:db8::16/64"), "{addrs}");
-    sh(&["ip", "-n", &sb.pod.name, "link", "del", "net1"]);
+    sh(&["ip", "-n", &sb.pod.name, "link", "del", "net1"]).unwrap();
 }

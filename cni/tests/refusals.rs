@@ -4,6 +4,7 @@
 mod common;
 use common::*;
 use serde_json::json;
+use test_support::{TestNs, sh, unique_ifindex};
 
 #[test]
 fn add_refuses_an_empty_device_id() {
@@ -49,14 +50,15 @@ fn add_refuses_a_veth() {
         "peer",
         "name",
         "vx",
-    ]);
+    ])
+    .unwrap();
     let before = sb.node_links();
     let msg = sb
         .cni("ADD", &netconf("1.0.0", "eth0Mvp0"), &[])
         .fails_with(102);
     assert!(msg.contains("veth"), "{msg}");
     assert_eq!(sb.node_links(), before);
-    assert_eq!(links_summary(&sb.pod.name).len(), 1, "only lo in the pod");
+    assert_eq!(links_summary(&sb.pod).len(), 1, "only lo in the pod");
 }
 
 #[test]
@@ -79,7 +81,8 @@ fn add_refuses_a_host_nic() {
         "lower0",
         "type",
         "macvlan",
-    ]);
+    ])
+    .unwrap();
     let with_macvlan = sb.node_links();
     let msg = sb
         .cni("ADD", &netconf("1.0.0", "eth0Mvp0"), &[])
@@ -112,13 +115,14 @@ fn rename_failure_leaves_the_link_on_the_host_under_its_name() {
         "peer",
         "name",
         "x1",
-    ]);
+    ])
+    .unwrap();
     let before = sb.node_links();
     let msg = sb
         .cni("ADD", &netconf("1.0.0", "eth0Mvp0"), &[])
         .fails_with(7);
     assert!(
-        links_summary(&sb.pod.name).iter().all(|l| l.2 != "macvtap"),
+        links_summary(&sb.pod).iter().all(|l| l.2 != "macvtap"),
         "nothing left in the pod"
     );
     assert!(msg.contains("already exists"), "{msg}");
@@ -128,7 +132,7 @@ fn rename_failure_leaves_the_link_on_the_host_under_its_name() {
         .expect("link back on the host");
     assert_eq!(link["ifindex"].as_u64(), Some(index as u64));
     // A retry after the pod is fixed works.
-    sh(&["ip", "-n", &sb.pod.name, "link", "del", "net1"]);
+    sh(&["ip", "-n", &sb.pod.name, "link", "del", "net1"]).unwrap();
     sb.cni("ADD", &netconf("1.0.0", "eth0Mvp0"), &[]).ok();
 }
 
@@ -150,7 +154,8 @@ fn taken_ifindex_in_the_pod_is_refused_before_moving() {
         "peer",
         "name",
         "blk1",
-    ]);
+    ])
+    .unwrap();
     let before = sb.node_links();
     let msg = sb
         .cni("ADD", &netconf("1.0.0", "eth0Mvp0"), &[])
@@ -162,7 +167,7 @@ fn taken_ifindex_in_the_pod_is_refused_before_moving() {
 #[test]
 fn a_tap_node_of_another_link_is_refused_and_rolled_back() {
     let sb = Sandbox::new();
-    let other = TestNs::new("other");
+    let other = TestNs::new("other").unwrap();
     let index = unique_ifindex();
     // Another namespace's macvtap takes /dev/tap<index> first...
     sh(&[
@@ -179,7 +184,8 @@ fn a_tap_node_of_another_link_is_refused_and_rolled_back() {
         "lowy",
         "netns",
         &other.name,
-    ]);
+    ])
+    .unwrap();
     sh(&[
         "ip",
         "-n",
@@ -193,7 +199,8 @@ fn a_tap_node_of_another_link_is_refused_and_rolled_back() {
         "lowy",
         "type",
         "macvtap",
-    ]);
+    ])
+    .unwrap();
     // ...then the device's macvtap gets the same ifindex on the node.
     sb.allocate_at("eth0Mvp0", index);
     let before = sb.node_links();
@@ -205,7 +212,7 @@ fn a_tap_node_of_another_link_is_refused_and_rolled_back() {
         "{msg}"
     );
     assert_eq!(sb.node_links(), before, "the link is back, as it was");
-    assert_eq!(links_summary(&sb.pod.name).len(), 1);
+    assert_eq!(links_summary(&sb.pod).len(), 1);
 }
 
 #[test]
