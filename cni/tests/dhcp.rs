@@ -8,7 +8,6 @@ use common::dhcp::{DhcpDaemon, Dnsmasq, lock, wait_until};
 use common::*;
 use serde_json::{Value, json};
 use std::net::Ipv4Addr;
-use test_support::sh;
 
 fn dhcp_conf(device_id: &str) -> Value {
     let mut conf = netconf("1.0.0", device_id);
@@ -20,17 +19,9 @@ fn dhcp_conf(device_id: &str) -> Value {
 fn dhcp_leases_an_address_onto_the_macvtap_and_del_releases_it() {
     let lock = lock();
     let sb = Sandbox::new();
-    sh(&[
-        "ip",
-        "-n",
-        &sb.peer.name,
-        "addr",
-        "add",
-        "192.0.2.1/24",
-        "dev",
-        "peer0",
-    ])
-    .unwrap();
+    sb.peer
+        .ip(&["addr", "add", "192.0.2.1/24", "dev", "peer0"])
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let server = Dnsmasq::start(&sb.peer, "peer0", "192.0.2.50", "192.0.2.60", dir.path());
     let daemon = DhcpDaemon::start(&lock, dir.path());

@@ -100,20 +100,9 @@ fn del_after_the_netns_is_gone_succeeds() {
 #[test]
 fn del_leaves_a_non_macvtap_alone() {
     let sb = Sandbox::new();
-    sh(&[
-        "ip",
-        "-n",
-        &sb.pod.name,
-        "link",
-        "add",
-        "net1",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "x1",
-    ])
-    .unwrap();
+    sb.pod
+        .ip(&["link", "add", "net1", "type", "veth", "peer", "name", "x1"])
+        .unwrap();
     sb.cni("DEL", &netconf("1.0.0", "eth0Mvp0"), &[]).ok();
     assert!(sb.link(&sb.pod, "net1").is_some());
 }
@@ -128,66 +117,30 @@ fn check_detects_changes_made_after_add() {
     conf["prevResult"] = result;
     sb.cni("CHECK", &conf, &[]).ok();
 
-    sh(&[
-        "ip",
-        "-n",
-        &sb.pod.name,
-        "link",
-        "set",
-        "net1",
-        "mtu",
-        "1300",
-    ])
-    .unwrap();
+    sb.pod.ip(&["link", "set", "net1", "mtu", "1300"]).unwrap();
     assert!(
         sb.cni("CHECK", &conf, &[])
             .fails_with(106)
             .contains("MTU 1300")
     );
-    sh(&[
-        "ip",
-        "-n",
-        &sb.pod.name,
-        "link",
-        "set",
-        "net1",
-        "mtu",
-        "1400",
-    ])
-    .unwrap();
+    sb.pod.ip(&["link", "set", "net1", "mtu", "1400"]).unwrap();
 
-    sh(&[
-        "ip",
-        "-n",
-        &sb.pod.name,
-        "link",
-        "set",
-        "net1",
-        "address",
-        "02:00:00:00:99:99",
-    ])
-    .unwrap();
+    sb.pod
+        .ip(&["link", "set", "net1", "address", "02:00:00:00:99:99"])
+        .unwrap();
     assert!(sb.cni("CHECK", &conf, &[]).fails_with(106).contains("MAC"));
     let mac = conf["prevResult"]["interfaces"][0]["mac"]
         .as_str()
         .unwrap()
         .to_string();
-    sh(&[
-        "ip",
-        "-n",
-        &sb.pod.name,
-        "link",
-        "set",
-        "net1",
-        "address",
-        &mac,
-    ])
-    .unwrap();
+    sb.pod
+        .ip(&["link", "set", "net1", "address", &mac])
+        .unwrap();
 
-    sh(&["ip", "-n", &sb.pod.name, "link", "set", "net1", "down"]).unwrap();
+    sb.pod.ip(&["link", "set", "net1", "down"]).unwrap();
     assert!(sb.cni("CHECK", &conf, &[]).fails_with(106).contains("down"));
 
-    sh(&["ip", "-n", &sb.pod.name, "link", "del", "net1"]).unwrap();
+    sb.pod.ip(&["link", "del", "net1"]).unwrap();
     assert!(
         sb.cni("CHECK", &conf, &[])
             .fails_with(106)
@@ -325,7 +278,7 @@ fn del_gives_the_link_back_so_a_new_sandbox_gets_it() {
         Some((107, 107))
     );
     // Delete before the namespace goes (namespaces die asynchronously).
-    sh(&["ip", "-n", &second.name, "link", "del", "net1"]).unwrap();
+    second.ip(&["link", "del", "net1"]).unwrap();
 }
 
 /// Multus sends DEL from its cache, but a runtime may send one without
@@ -350,17 +303,9 @@ fn del_without_any_name_deletes_the_link() {
     let sb = Sandbox::new();
     let index = sb.allocate("eth0Mvp8");
     sb.cni("ADD", &netconf("1.1.0", "eth0Mvp8"), &[]).ok();
-    sh(&[
-        "ip",
-        "-n",
-        &sb.pod.name,
-        "link",
-        "set",
-        "net1",
-        "alias",
-        "eth0",
-    ])
-    .unwrap();
+    sb.pod
+        .ip(&["link", "set", "net1", "alias", "eth0"])
+        .unwrap();
     sb.cni("DEL", &netconf("1.1.0", ""), &[]).ok();
     assert!(sb.link(&sb.pod, "net1").is_none());
     assert!(
@@ -379,22 +324,12 @@ fn del_deletes_when_the_ifindex_is_taken_on_the_host() {
     let index = sb.allocate("eth0Mvp9");
     let conf = netconf("1.1.0", "eth0Mvp9");
     sb.cni("ADD", &conf, &[]).ok();
-    sh(&[
-        "ip",
-        "-n",
-        &sb.node.name,
-        "link",
-        "add",
-        "squat0",
-        "index",
-        &index.to_string(),
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "squat1",
-    ])
-    .unwrap();
+    let index_arg = index.to_string();
+    sb.node
+        .ip(&[
+            "link", "add", "squat0", "index", &index_arg, "type", "veth", "peer", "name", "squat1",
+        ])
+        .unwrap();
     let run = sb.cni("DEL", &conf, &[]);
     run.ok();
     assert!(run.stderr.contains("ifindex is taken"), "{}", run.stderr);

@@ -6,7 +6,9 @@
 
 mod common;
 
-use common::{DEADLINE, FakeApiServer, Node, TestNs, describe_events, require_root, wait_log};
+use common::{
+    DEADLINE, FakeApiServer, Node, TestNs, describe_events, http_get, require_root, wait_log,
+};
 use kubelet_proto::v1beta1::Device;
 use macvtap_deviceplugin::testkubelet::{ResourceView, TestPodResources, summary};
 use macvtap_link::tapdev::{check_tap_node, tap_dev_in_netns};
@@ -899,25 +901,6 @@ async fn sigterm_stops_serving_and_removes_own_sockets() {
     node.daemon().signal(Signal::SIGINT);
     assert!(node.daemon().wait_exit(DEADLINE).expect("exits").success());
     assert!(!sock.exists());
-}
-
-/// Fetches `path` from `127.0.0.1:9402` inside the namespace.
-fn http_get(ns: &TestNs, path: &str) -> String {
-    use std::io::{Read, Write};
-    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
-    Netns::open(ns.path())
-        .unwrap()
-        .run(move || {
-            let mut s = std::net::TcpStream::connect("127.0.0.1:9402")
-                .map_err(macvtap_link::Error::Socket)?;
-            s.write_all(req.as_bytes())
-                .map_err(macvtap_link::Error::Socket)?;
-            let mut out = String::new();
-            s.read_to_string(&mut out)
-                .map_err(macvtap_link::Error::Socket)?;
-            Ok(out)
-        })
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

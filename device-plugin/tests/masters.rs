@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{DEADLINE, Node, TestNs, require_root, wait_log};
+use common::{DEADLINE, Node, TestNs, http_get, require_root, wait_log};
 use kubelet_proto::v1beta1::Device;
 use macvtap_deviceplugin::allocate::create_device;
 use macvtap_deviceplugin::config::ResourceConfig;
@@ -76,24 +76,6 @@ async fn allocate_on(node: &Node, name: &str, lower: &str) {
         resp.container_responses[0].devices[0].host_path,
         format!("/dev/tap{}", link.index)
     );
-}
-
-/// Fetches `/metrics` from `127.0.0.1:9402` inside the namespace.
-fn metrics(ns: &TestNs) -> String {
-    use std::io::{Read, Write};
-    Netns::open(ns.path())
-        .unwrap()
-        .run(move || {
-            let mut s = std::net::TcpStream::connect("127.0.0.1:9402")
-                .map_err(macvtap_link::Error::Socket)?;
-            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-                .map_err(macvtap_link::Error::Socket)?;
-            let mut out = String::new();
-            s.read_to_string(&mut out)
-                .map_err(macvtap_link::Error::Socket)?;
-            Ok(out)
-        })
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -240,7 +222,7 @@ async fn a_configured_lower_device_is_unhealthy_while_enslaved_and_allocate_name
     k.wait_resource(DP, DEADLINE, |v| v.connected && all_unhealthy(&v.devices))
         .await
         .unwrap();
-    let m = metrics(&node.ns);
+    let m = http_get(&node.ns, "/metrics");
     for want in [
         "macvtap_dp_unhealthy_total{resource=\"macvtap.network.kubevirt.io/dp\",reason=\"nic_enslaved\"} 1\n",
         "macvtap_dp_devices{resource=\"macvtap.network.kubevirt.io/dp\",state=\"unhealthy\"} 3\n",
@@ -298,7 +280,7 @@ async fn a_configured_lower_device_is_unhealthy_while_enslaved_and_allocate_name
     })
     .await;
     assert_eq!(lines_with(&log, &unhealthy), 2, "{log}");
-    let m = metrics(&node.ns);
+    let m = http_get(&node.ns, "/metrics");
     let want = "macvtap_dp_unhealthy_total{resource=\"macvtap.network.kubevirt.io/dp\",reason=\"nic_enslaved\"} 2\n";
     assert!(m.contains(want), "want {want:?} in:\n{m}");
     // One registration and one stream all along.

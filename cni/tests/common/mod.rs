@@ -39,19 +39,17 @@ impl Sandbox {
 
     /// [`Sandbox::allocate`] with a given ifindex.
     pub fn allocate_at(&self, device_id: &str, index: u32) {
-        let name = macvtap_link::link_name_for_device(device_id);
+        self.add_macvtap(&macvtap_link::link_name_for_device(device_id), index);
+    }
+
+    /// A bridge-mode macvtap `name` on `lower0` in the node namespace with
+    /// ifindex `index` (from [`unique_ifindex`], so its `/dev/tapN` is its
+    /// own).
+    pub fn add_macvtap(&self, name: &str, index: u32) {
+        let index = index.to_string();
         self.node
             .ip(&[
-                "link",
-                "add",
-                &name,
-                "index",
-                &index.to_string(),
-                "link",
-                "lower0",
-                "type",
-                "macvtap",
-                "mode",
+                "link", "add", name, "index", &index, "link", "lower0", "type", "macvtap", "mode",
                 "bridge",
             ])
             .unwrap();

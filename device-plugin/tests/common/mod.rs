@@ -477,6 +477,21 @@ async fn serve_api_connection(
     }
 }
 
+/// Fetches `path` from the metrics server at `127.0.0.1:9402` inside `ns`
+/// (the daemon's `--metrics-addr` in these tests) and returns the response.
+pub fn http_get(ns: &TestNs, path: &str) -> String {
+    use std::io::{Read, Write};
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
+    ns.run(move || {
+        let mut s = std::net::TcpStream::connect("127.0.0.1:9402")?;
+        s.write_all(req.as_bytes())?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        Ok(out)
+    })
+    .unwrap()
+}
+
 /// Waits until the daemon's log satisfies `pred`, and returns it.
 pub async fn wait_log(node: &mut Node, what: &str, pred: impl Fn(&str) -> bool) -> String {
     let end = Instant::now() + DEADLINE;
