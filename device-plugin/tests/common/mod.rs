@@ -5,7 +5,6 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use macvtap_deviceplugin::testkubelet::TestKubelet;
-use macvtap_link::Netns;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -352,9 +351,8 @@ pub struct FakeApiServer {
 impl FakeApiServer {
     /// Listens on a free port of 127.0.0.1 in `ns`.
     pub fn start(ns: &TestNs) -> Self {
-        let std_listener = Netns::open(ns.path())
-            .unwrap()
-            .run(|| std::net::TcpListener::bind("127.0.0.1:0").map_err(macvtap_link::Error::Socket))
+        let std_listener = ns
+            .run(|| Ok(std::net::TcpListener::bind("127.0.0.1:0")?))
             .unwrap();
         std_listener.set_nonblocking(true).unwrap();
         let port = std_listener.local_addr().unwrap().port();
