@@ -19,16 +19,9 @@ fn dhcp_conf(device_id: &str) -> Value {
 fn dhcp_leases_an_address_onto_the_macvtap_and_del_releases_it() {
     let lock = lock();
     let sb = Sandbox::new();
-    sh(&[
-        "ip",
-        "-n",
-        &sb.peer.name,
-        "addr",
-        "add",
-        "192.0.2.1/24",
-        "dev",
-        "peer0",
-    ]);
+    sb.peer
+        .ip(&["addr", "add", "192.0.2.1/24", "dev", "peer0"])
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let server = Dnsmasq::start(&sb.peer, "peer0", "192.0.2.50", "192.0.2.60", dir.path());
     let daemon = DhcpDaemon::start(&lock, dir.path());
@@ -104,5 +97,5 @@ fn add_without_the_dhcp_daemon_names_the_fix_and_rolls_back() {
         "the error names the fix: {msg}"
     );
     assert_eq!(sb.node_links(), before, "rolled back");
-    assert_eq!(links_summary(&sb.pod.name).len(), 1, "only lo in the pod");
+    assert_eq!(links_summary(&sb.pod).len(), 1, "only lo in the pod");
 }

@@ -6,27 +6,13 @@
 
 mod common;
 use common::*;
+use test_support::unique_ifindex;
 
 /// Does what the Go device plugin v0.13.1's Allocate did: a macvtap named
 /// after the device ID on the NIC. Returns its ifindex.
 fn go_allocate(sb: &Sandbox, device_id: &str) -> u32 {
     let index = unique_ifindex();
-    sh(&[
-        "ip",
-        "-n",
-        &sb.node.name,
-        "link",
-        "add",
-        device_id,
-        "index",
-        &index.to_string(),
-        "link",
-        "lower0",
-        "type",
-        "macvtap",
-        "mode",
-        "bridge",
-    ]);
+    sb.add_macvtap(device_id, index);
     index
 }
 
@@ -95,19 +81,11 @@ fn the_mvt_link_is_taken_when_both_exist() {
 #[test]
 fn a_go_era_name_that_is_not_a_macvtap_is_refused() {
     let sb = Sandbox::new();
-    sh(&[
-        "ip",
-        "-n",
-        &sb.node.name,
-        "link",
-        "add",
-        "eth0Mvp5",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "vx5",
-    ]);
+    sb.node
+        .ip(&[
+            "link", "add", "eth0Mvp5", "type", "veth", "peer", "name", "vx5",
+        ])
+        .unwrap();
     let before = sb.node_links();
     let msg = sb
         .cni("ADD", &netconf("1.0.0", "eth0Mvp5"), &[])
@@ -115,23 +93,16 @@ fn a_go_era_name_that_is_not_a_macvtap_is_refused() {
     assert!(msg.contains("eth0Mvp5") && msg.contains("veth"), "{msg}");
     assert_eq!(sb.node_links(), before);
     // A macvlan under the Go-era name is refused the same way.
-    sh(&[
-        "ip",
-        "-n",
-        &sb.node.name,
-        "link",
-        "add",
-        "eth0Mvp6",
-        "link",
-        "lower0",
-        "type",
-        "macvlan",
-    ]);
+    sb.node
+        .ip(&[
+            "link", "add", "eth0Mvp6", "link", "lower0", "type", "macvlan",
+        ])
+        .unwrap();
     let msg = sb
         .cni("ADD", &netconf("1.0.0", "eth0Mvp6"), &[])
         .fails_with(102);
     assert!(msg.contains("macvlan"), "{msg}");
-    assert_eq!(links_summary(&sb.pod.name).len(), 1, "only lo in the pod");
+    assert_eq!(links_summary(&sb.pod).len(), 1, "only lo in the pod");
 }
 
 #[test]

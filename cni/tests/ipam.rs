@@ -4,6 +4,7 @@
 mod common;
 use common::*;
 use serde_json::{Value, json};
+use test_support::sh;
 
 fn require_plugin(name: &str) {
     let p = format!("/usr/lib/cni/{name}");
@@ -55,7 +56,7 @@ fn host_local_addresses_land_on_the_link_and_are_released() {
         let have = sb.pod_addrs();
         assert!(have.contains(&"192.0.2.10/24".to_string()), "{have:?}");
         assert!(have.iter().any(|a| a.starts_with("2001:db8::")), "{have:?}");
-        let routes = sh(&["ip", "-n", &sb.pod.name, "route", "show", "198.51.100.0/24"]);
+        let routes = sb.pod.ip(&["route", "show", "198.51.100.0/24"]).unwrap();
         assert!(
             routes.contains("via 192.0.2.1 dev net1"),
             "gateway of the v4 range: {routes}"
@@ -66,16 +67,9 @@ fn host_local_addresses_land_on_the_link_and_are_released() {
             let mut check = conf.clone();
             check["prevResult"] = r.clone();
             sb.cni("CHECK", &check, &[]).ok();
-            sh(&[
-                "ip",
-                "-n",
-                &sb.pod.name,
-                "addr",
-                "del",
-                "192.0.2.10/24",
-                "dev",
-                "net1",
-            ]);
+            sb.pod
+                .ip(&["addr", "del", "192.0.2.10/24", "dev", "net1"])
+                .unwrap();
             assert!(
                 sb.cni("CHECK", &check, &[])
                     .fails_with(106)
@@ -107,19 +101,12 @@ fn static_ipam_addresses_and_routes() {
     let r = sb.cni("ADD", &conf, &[]).ok().json();
     assert_eq!(r["ips"][0]["address"], "192.0.2.2/24");
     assert_eq!(r["dns"]["nameservers"][0], "192.0.2.53");
-    let routes = sh(&["ip", "-n", &sb.pod.name, "route", "show", "default"]);
+    let routes = sb.pod.ip(&["route", "show", "default"]).unwrap();
     assert!(routes.contains("via 192.0.2.1 dev net1"), "{routes}");
     // The address really works: the peer answers a ping.
-    sh(&[
-        "ip",
-        "-n",
-        &sb.peer.name,
-        "addr",
-        "add",
-        "192.0.2.1/24",
-        "dev",
-        "peer0",
-    ]);
+    sb.peer
+        .ip(&["addr", "add", "192.0.2.1/24", "dev", "peer0"])
+        .unwrap();
     sh(&[
         "ip",
         "netns",
@@ -131,7 +118,8 @@ fn static_ipam_addresses_and_routes() {
         "-W",
         "5",
         "192.0.2.1",
-    ]);
+    ])
+    .unwrap();
     sb.cni("DEL", &conf, &[]).ok();
 }
 

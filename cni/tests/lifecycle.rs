@@ -4,6 +4,7 @@
 mod common;
 use common::*;
 use serde_json::json;
+use test_support::{TestNs, sh};
 
 #[test]
 fn add_check_del_work_for_every_version() {
@@ -91,7 +92,7 @@ fn del_after_the_netns_is_gone_succeeds() {
     sb.allocate("eth0Mvp0");
     let conf = netconf("0.4.0", "eth0Mvp0");
     sb.cni("ADD", &conf, &[]).ok();
-    sh(&["ip", "netns", "del", &sb.pod.name]);
+    sh(&["ip", "netns", "del", &sb.pod.name]).unwrap();
     sb.cni("DEL", &conf, &[]).ok();
     sb.cni("DEL", &conf, &[("CNI_NETNS", "")]).ok();
 }
@@ -99,19 +100,9 @@ fn del_after_the_netns_is_gone_succeeds() {
 #[test]
 fn del_leaves_a_non_macvtap_alone() {
     let sb = Sandbox::new();
-    sh(&[
-        "ip",
-        "-n",
-        &sb.pod.name,
-        "link",
-        "add",
-        "net1",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "x1",
-    ]);
+    sb.pod
+        .ip(&["link", "add", "net1", "type", "veth", "peer", "name", "x1"])
+        .unwrap();
     sb.cni("DEL", &netconf("1.0.0", "eth0Mvp0"), &[]).ok();
     assert!(sb.link(&sb.pod, "net1").is_some());
 }
@@ -126,62 +117,30 @@ fn check_detects_changes_made_after_add() {
     conf["prevResult"] = result;
     sb.cni("CHECK", &conf, &[]).ok();
 
-    sh(&[
-        "ip",
-        "-n",
-        &sb.pod.name,
-        "link",
-        "set",
-        "net1",
-        "mtu",
-        "1300",
-    ]);
+    sb.pod.ip(&["link", "set", "net1", "mtu", "1300"]).unwrap();
     assert!(
         sb.cni("CHECK", &conf, &[])
             .fails_with(106)
             .contains("MTU 1300")
     );
-    sh(&[
-        "ip",
-        "-n",
-        &sb.pod.name,
-        "link",
-        "set",
-        "net1",
-        "mtu",
-        "1400",
-    ]);
+    sb.pod.ip(&["link", "set", "net1", "mtu", "1400"]).unwrap();
 
-    sh(&[
-        "ip",
-        "-n",
-        &sb.pod.name,
-        "link",
-        "set",
-        "net1",
-        "address",
-        "02:00:00:00:99:99",
-    ]);
+    sb.pod
+        .ip(&["link", "set", "net1", "address", "02:00:00:00:99:99"])
+        .unwrap();
     assert!(sb.cni("CHECK", &conf, &[]).fails_with(106).contains("MAC"));
     let mac = conf["prevResult"]["interfaces"][0]["mac"]
         .as_str()
         .unwrap()
         .to_string();
-    sh(&[
-        "ip",
-        "-n",
-        &sb.pod.name,
-        "link",
-        "set",
-        "net1",
-        "address",
-        &mac,
-    ]);
+    sb.pod
+        .ip(&["link", "set", "net1", "address", &mac])
+        .unwrap();
 
-    sh(&["ip", "-n", &sb.pod.name, "link", "set", "net1", "down"]);
+    sb.pod.ip(&["link", "set", "net1", "down"]).unwrap();
     assert!(sb.cni("CHECK", &conf, &[]).fails_with(106).contains("down"));
 
-    sh(&["ip", "-n", &sb.pod.name, "link", "del", "net1"]);
+    sb.pod.ip(&["link", "del", "net1"]).unwrap();
     assert!(
         sb.cni("CHECK", &conf, &[])
             .fails_with(106)
@@ -301,13 +260,16 @@ fn del_gives_the_link_back_so_a_new_sandbox_gets_it() {
         Some(format!("macvtap-cni:{host_name}").as_str())
     );
 
-    let second = TestNs::new("pod2");
+    let second = TestNs::new("pod2").unwrap();
     let result = sb
         .cni("ADD", &conf, &[("CNI_NETNS", &second.path()), args[0]])
         .ok()
         .json();
     assert_eq!(result["interfaces"][0]["sandbox"], second.path());
-    let link = common::link_json(&second.name, "net1").expect("net1 in the new sandbox");
+    let link = second
+        .link_json("net1")
+        .unwrap()
+        .expect("net1 in the new sandbox");
     assert_eq!(link["ifindex"].as_u64(), Some(index as u64));
     assert_eq!(link["address"], "02:00:00:00:05:01");
     assert!(std::path::Path::new(&format!("/dev/tap{index}")).exists());
@@ -316,7 +278,7 @@ fn del_gives_the_link_back_so_a_new_sandbox_gets_it() {
         Some((107, 107))
     );
     // Delete before the namespace goes (namespaces die asynchronously).
-    sh(&["ip", "-n", &second.name, "link", "del", "net1"]);
+    second.ip(&["link", "del", "net1"]).unwrap();
 }
 
 /// Multus sends DEL from its cache, but a runtime may send one without
@@ -341,20 +303,13 @@ fn del_without_any_name_deletes_the_link() {
     let sb = Sandbox::new();
     let index = sb.allocate("eth0Mvp8");
     sb.cni("ADD", &netconf("1.1.0", "eth0Mvp8"), &[]).ok();
-    sh(&[
-        "ip",
-        "-n",
-        &sb.pod.name,
-        "link",
-        "set",
-        "net1",
-        "alias",
-        "eth0",
-    ]);
+    sb.pod
+        .ip(&["link", "set", "net1", "alias", "eth0"])
+        .unwrap();
     sb.cni("DEL", &netconf("1.1.0", ""), &[]).ok();
     assert!(sb.link(&sb.pod, "net1").is_none());
     assert!(
-        !common::links_summary(&sb.node.name)
+        !common::links_summary(&sb.node)
             .iter()
             .any(|l| l.0 == index as u64 || l.1 == "eth0" && l.2 == "macvtap"),
         "nothing named by the pod's alias reached the host"
@@ -369,21 +324,12 @@ fn del_deletes_when_the_ifindex_is_taken_on_the_host() {
     let index = sb.allocate("eth0Mvp9");
     let conf = netconf("1.1.0", "eth0Mvp9");
     sb.cni("ADD", &conf, &[]).ok();
-    sh(&[
-        "ip",
-        "-n",
-        &sb.node.name,
-        "link",
-        "add",
-        "squat0",
-        "index",
-        &index.to_string(),
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "squat1",
-    ]);
+    let index_arg = index.to_string();
+    sb.node
+        .ip(&[
+            "link", "add", "squat0", "index", &index_arg, "type", "veth", "peer", "name", "squat1",
+        ])
+        .unwrap();
     let run = sb.cni("DEL", &conf, &[]);
     run.ok();
     assert!(run.stderr.contains("ifindex is taken"), "{}", run.stderr);
@@ -413,7 +359,7 @@ fn del_deletes_when_the_name_is_taken_on_the_host() {
         .unwrap();
     assert_eq!(host["ifindex"].as_u64(), Some(other as u64));
     assert!(
-        !common::links_summary(&sb.node.name)
+        !common::links_summary(&sb.node)
             .iter()
             .any(|l| l.0 == index as u64)
     );

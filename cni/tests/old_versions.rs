@@ -65,7 +65,7 @@ fn host_local_in_0_2_0_prints_ip4_and_lands_on_the_link() {
     );
     assert!(r.get("ip6").is_none(), "{r}");
     assert!(sb.pod_addrs().contains(&"192.0.2.10/24".to_string()));
-    let routes = sh(&["ip", "-n", &sb.pod.name, "route", "show", "198.51.100.0/24"]);
+    let routes = sb.pod.ip(&["route", "show", "198.51.100.0/24"]).unwrap();
     assert!(routes.contains("via 192.0.2.1 dev net1"), "{routes}");
 
     sb.cni("DEL", &conf, &[]).ok();

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{Sandbox, TestNs, netconf, sh};
+use common::{Sandbox, netconf};
 use nix::sys::socket::{
     AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, recv, setsockopt, socket, sockopt,
 };
@@ -18,6 +18,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use test_support::{TestNs, sh, unique_ifindex};
 
 /// One captured Ethernet frame.
 #[derive(Debug, Clone)]
@@ -114,6 +115,13 @@ fn mac(s: &str) -> [u8; 6] {
     macvtap_link::link::parse_mac(s).unwrap()
 }
 
+/// `disable_ipv6` of `net1`, read inside the pod namespace.
+fn pod_disable_ipv6(sb: &Sandbox) -> String {
+    let path = "/proc/sys/net/ipv6/conf/net1/disable_ipv6";
+    let out = sh(&["ip", "netns", "exec", &sb.pod.name, "cat", path]).unwrap();
+    out.trim().to_string()
+}
+
 #[test]
 fn without_ipam_the_pod_link_sends_nothing_with_the_vms_mac() {
     let sb = Sandbox::new();
@@ -126,52 +134,27 @@ fn without_ipam_the_pod_link_sends_nothing_with_the_vms_mac() {
         &[("CNI_ARGS", &format!("IgnoreUnknown=true;MAC={vm_mac}"))],
     )
     .ok();
-    assert_eq!(
-        sh(&[
-            "ip",
-            "netns",
-            "exec",
-            &sb.pod.name,
-            "cat",
-            "/proc/sys/net/ipv6/conf/net1/disable_ipv6"
-        ])
-        .trim(),
-        "1"
-    );
+    assert_eq!(pod_disable_ipv6(&sb), "1");
 
     // A control brought up after ours, the way a plain `ip link set up`
     // leaves a link: its first router solicitation comes after its DAD (at
     // least a second after it came up), and by then a chatty link that came
     // up earlier has sent its MLD report and DAD probe (within a second).
-    let control_ns = TestNs::new("ctl");
+    let control_ns = TestNs::new("ctl").unwrap();
     let control_mac = "02:00:00:00:16:02";
-    sh(&[
-        "ip",
-        "-n",
-        &sb.node.name,
-        "link",
-        "add",
-        "ctl0",
-        "link",
-        "lower0",
-        "type",
-        "macvtap",
-        "mode",
-        "bridge",
-    ]);
-    sh(&[
-        "ip",
-        "-n",
-        &sb.node.name,
-        "link",
-        "set",
-        "ctl0",
-        "address",
-        control_mac,
-        "netns",
-        &control_ns.name,
-    ]);
-    sh(&["ip", "-n", &control_ns.name, "link", "set", "ctl0", "up"]);
+    sb.add_macvtap("ctl0", unique_ifindex());
+    sb.node
+        .ip(&[
+            "link",
+            "set",
+            "ctl0",
+            "address",
+            control_mac,
+            "netns",
+            &control_ns.name,
+        ])
+        .unwrap();
+    control_ns.ip(&["link", "set", "ctl0", "up"]).unwrap();
     capture.wait_for("router solicitation from the control link", |f| {
         f.src == mac(control_mac) && f.is_router_solicitation()
     });
@@ -187,8 +170,8 @@ fn without_ipam_the_pod_link_sends_nothing_with_the_vms_mac() {
         ours.len(),
         ours.first().map(|f| &f.bytes)
     );
-    sh(&["ip", "-n", &control_ns.name, "link", "del", "ctl0"]);
-    sh(&["ip", "-n", &sb.pod.name, "link", "del", "net1"]);
+    control_ns.ip(&["link", "del", "ctl0"]).unwrap();
+    sb.pod.ip(&["link", "del", "net1"]).unwrap();
 }
 
 #[test]
@@ -201,28 +184,8 @@ fn with_ipam_the_pod_link_keeps_ipv6() {
         "addresses": [{"address": "2001:db8::16/64"}]
     });
     sb.cni("ADD", &conf, &[]).ok();
-    assert_eq!(
-        sh(&[
-            "ip",
-            "netns",
-            "exec",
-            &sb.pod.name,
-            "cat",
-            "/proc/sys/net/ipv6/conf/net1/disable_ipv6"
-        ])
-        .trim(),
-        "0"
-    );
-    let addrs = sh(&[
-        "ip",
-        "-n",
-        &sb.pod.name,
-        "-6",
-        "addr",
-        "show",
-        "dev",
-        "net1",
-    ]);
+    assert_eq!(pod_disable_ipv6(&sb), "0");
+    let addrs = sb.pod.ip(&["-6", "addr", "show", "dev", "net1"]).unwrap();
     assert!(addrs.contains("2001:db8::16/64"), "{addrs}");
-    sh(&["ip", "-n", &sb.pod.name, "link", "del", "net1"]);
+    sb.pod.ip(&["link", "del", "net1"]).unwrap();
 }

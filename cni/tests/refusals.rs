@@ -4,6 +4,7 @@
 mod common;
 use common::*;
 use serde_json::json;
+use test_support::{TestNs, unique_ifindex};
 
 #[test]
 fn add_refuses_an_empty_device_id() {
@@ -37,26 +38,16 @@ fn add_refuses_an_unknown_device_id() {
 fn add_refuses_a_veth() {
     let sb = Sandbox::new();
     let name = macvtap_link::link_name_for_device("eth0Mvp0");
-    sh(&[
-        "ip",
-        "-n",
-        &sb.node.name,
-        "link",
-        "add",
-        &name,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "vx",
-    ]);
+    sb.node
+        .ip(&["link", "add", &name, "type", "veth", "peer", "name", "vx"])
+        .unwrap();
     let before = sb.node_links();
     let msg = sb
         .cni("ADD", &netconf("1.0.0", "eth0Mvp0"), &[])
         .fails_with(102);
     assert!(msg.contains("veth"), "{msg}");
     assert_eq!(sb.node_links(), before);
-    assert_eq!(links_summary(&sb.pod.name).len(), 1, "only lo in the pod");
+    assert_eq!(links_summary(&sb.pod).len(), 1, "only lo in the pod");
 }
 
 #[test]
@@ -68,18 +59,9 @@ fn add_refuses_a_host_nic() {
         .fails_with(101);
     // A macvlan (not a macvtap) under a device's name is refused too.
     let name = macvtap_link::link_name_for_device("eth0Mvp0");
-    sh(&[
-        "ip",
-        "-n",
-        &sb.node.name,
-        "link",
-        "add",
-        &name,
-        "link",
-        "lower0",
-        "type",
-        "macvlan",
-    ]);
+    sb.node
+        .ip(&["link", "add", &name, "link", "lower0", "type", "macvlan"])
+        .unwrap();
     let with_macvlan = sb.node_links();
     let msg = sb
         .cni("ADD", &netconf("1.0.0", "eth0Mvp0"), &[])
@@ -100,25 +82,15 @@ fn add_refuses_a_host_nic() {
 fn rename_failure_leaves_the_link_on_the_host_under_its_name() {
     let sb = Sandbox::new();
     let index = sb.allocate("eth0Mvp0");
-    sh(&[
-        "ip",
-        "-n",
-        &sb.pod.name,
-        "link",
-        "add",
-        "net1",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "x1",
-    ]);
+    sb.pod
+        .ip(&["link", "add", "net1", "type", "veth", "peer", "name", "x1"])
+        .unwrap();
     let before = sb.node_links();
     let msg = sb
         .cni("ADD", &netconf("1.0.0", "eth0Mvp0"), &[])
         .fails_with(7);
     assert!(
-        links_summary(&sb.pod.name).iter().all(|l| l.2 != "macvtap"),
+        links_summary(&sb.pod).iter().all(|l| l.2 != "macvtap"),
         "nothing left in the pod"
     );
     assert!(msg.contains("already exists"), "{msg}");
@@ -128,7 +100,7 @@ fn rename_failure_leaves_the_link_on_the_host_under_its_name() {
         .expect("link back on the host");
     assert_eq!(link["ifindex"].as_u64(), Some(index as u64));
     // A retry after the pod is fixed works.
-    sh(&["ip", "-n", &sb.pod.name, "link", "del", "net1"]);
+    sb.pod.ip(&["link", "del", "net1"]).unwrap();
     sb.cni("ADD", &netconf("1.0.0", "eth0Mvp0"), &[]).ok();
 }
 
@@ -136,21 +108,12 @@ fn rename_failure_leaves_the_link_on_the_host_under_its_name() {
 fn taken_ifindex_in_the_pod_is_refused_before_moving() {
     let sb = Sandbox::new();
     let index = sb.allocate("eth0Mvp0");
-    sh(&[
-        "ip",
-        "-n",
-        &sb.pod.name,
-        "link",
-        "add",
-        "blk0",
-        "index",
-        &index.to_string(),
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "blk1",
-    ]);
+    let index_arg = index.to_string();
+    sb.pod
+        .ip(&[
+            "link", "add", "blk0", "index", &index_arg, "type", "veth", "peer", "name", "blk1",
+        ])
+        .unwrap();
     let before = sb.node_links();
     let msg = sb
         .cni("ADD", &netconf("1.0.0", "eth0Mvp0"), &[])
@@ -162,38 +125,36 @@ fn taken_ifindex_in_the_pod_is_refused_before_moving() {
 #[test]
 fn a_tap_node_of_another_link_is_refused_and_rolled_back() {
     let sb = Sandbox::new();
-    let other = TestNs::new("other");
+    let other = TestNs::new("other").unwrap();
     let index = unique_ifindex();
     // Another namespace's macvtap takes /dev/tap<index> first...
-    sh(&[
-        "ip",
-        "-n",
-        &sb.node.name,
-        "link",
-        "add",
-        "lowx",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "lowy",
-        "netns",
-        &other.name,
-    ]);
-    sh(&[
-        "ip",
-        "-n",
-        &other.name,
-        "link",
-        "add",
-        "mvtother",
-        "index",
-        &index.to_string(),
-        "link",
-        "lowy",
-        "type",
-        "macvtap",
-    ]);
+    sb.node
+        .ip(&[
+            "link",
+            "add",
+            "lowx",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "lowy",
+            "netns",
+            &other.name,
+        ])
+        .unwrap();
+    other
+        .ip(&[
+            "link",
+            "add",
+            "mvtother",
+            "index",
+            &index.to_string(),
+            "link",
+            "lowy",
+            "type",
+            "macvtap",
+        ])
+        .unwrap();
     // ...then the device's macvtap gets the same ifindex on the node.
     sb.allocate_at("eth0Mvp0", index);
     let before = sb.node_links();
@@ -205,7 +166,7 @@ fn a_tap_node_of_another_link_is_refused_and_rolled_back() {
         "{msg}"
     );
     assert_eq!(sb.node_links(), before, "the link is back, as it was");
-    assert_eq!(links_summary(&sb.pod.name).len(), 1);
+    assert_eq!(links_summary(&sb.pod).len(), 1);
 }
 
 #[test]

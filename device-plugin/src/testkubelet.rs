@@ -884,88 +884,14 @@ impl Drop for TestKubelet {
     }
 }
 
-/// The lock file that [`tap_node_lock`] takes.
-pub const TAP_NODE_LOCK: &str = "/tmp/macvtap-tap-nodes.lock";
-
-/// Serializes tests that create macvtaps in fresh namespaces.
-///
-/// `/dev/tapN` is named after the link's ifindex, and every fresh namespace
-/// numbers its links from 1 again, so two tests running at once both make
-/// a macvtap with, say, ifindex 4, and only one of them gets `/dev/tap4`
-/// (on a real node all macvtaps are created in the host namespace, so this
-/// does not happen there). Tests hold this lock (an exclusive `flock`, across
-/// processes and threads) while they may have such a macvtap.
-pub fn tap_node_lock() -> TestResult<nix::fcntl::Flock<std::fs::File>> {
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(TAP_NODE_LOCK)?;
-    let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| format!("locking {TAP_NODE_LOCK}: {e}"))?;
-    sweep_stale_test_namespaces();
-    Ok(lock)
-}
-
-/// The process that created a test namespace, from its name:
-/// `dpt-<tag>-<pid>-<n>` (device plugin tests) or `mvt-<pid>-<n>-<tag>`
-/// (CNI and e2e tests).
-pub fn test_namespace_owner(name: &str) -> Option<u32> {
-    let parts: Vec<&str> = name.split('-').collect();
-    match *parts.first()? {
-        "dpt" if parts.len() >= 4 => parts[parts.len() - 2].parse().ok(),
-        "mvt" if parts.len() >= 4 => parts[1].parse().ok(),
-        _ => None,
-    }
-}
-
-/// Removes the test namespaces of test processes that no longer run (a run
-/// killed before its clean-up, such as one stopped mid-way): their macvtaps
-/// would hold `/dev/tapN` nodes that fresh tests need. The macvtaps are
-/// deleted first, so their nodes are gone when this returns (a namespace
-/// dies asynchronously). Called with the tap-node lock held; best effort.
-fn sweep_stale_test_namespaces() {
-    let Ok(entries) = std::fs::read_dir("/run/netns") else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(pid) = test_namespace_owner(&name) else {
-            continue;
-        };
-        if Path::new(&format!("/proc/{pid}")).exists() {
-            continue;
-        }
-        if let Ok(ns) = macvtap_link::Netns::open(entry.path()) {
-            if let Ok(handle) = macvtap_link::Handle::in_netns(&ns) {
-                for l in handle.list_links().unwrap_or_default() {
-                    if l.is_macvtap() {
-                        let _ = handle.del_link(l.index, &l.name);
-                    }
-                }
-            }
-        }
-        let _ = std::process::Command::new("ip")
-            .args(["netns", "del", &name])
-            .status();
-    }
-}
+// The tap-node lock lives with the other test fixtures; re-exported here for
+// the e2e harness, which has always taken it from the test kubelet.
+pub use test_support::tapnode::{TAP_NODE_LOCK, tap_node_lock, test_namespace_owner};
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use kubelet_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
-
-    #[test]
-    fn test_namespace_names_say_their_process() {
-        assert_eq!(test_namespace_owner("dpt-heal-1577-0"), Some(1577));
-        assert_eq!(test_namespace_owner("dpt-a-b-42-3"), Some(42));
-        assert_eq!(test_namespace_owner("mvt-1490-2-node"), Some(1490));
-        assert_eq!(test_namespace_owner("mvt-7-0-sandbox-b"), Some(7));
-        assert_eq!(test_namespace_owner("node"), None);
-        assert_eq!(test_namespace_owner("dpt-x"), None);
-        assert_eq!(test_namespace_owner("mvt-x-0-y"), None);
-    }
 
     /// Real kubelets (1.26 and later) dial plugins with `:authority
     /// localhost`; so does every dial of this kubelet ([`connect_unix`]).

@@ -6,7 +6,9 @@
 
 mod common;
 
-use common::{DEADLINE, FakeApiServer, Node, TestNs, describe_events, require_root, wait_log};
+use common::{
+    DEADLINE, FakeApiServer, Node, TestNs, describe_events, http_get, require_root, wait_log,
+};
 use kubelet_proto::v1beta1::Device;
 use macvtap_deviceplugin::testkubelet::{ResourceView, TestPodResources, summary};
 use macvtap_link::tapdev::{check_tap_node, tap_dev_in_netns};
@@ -80,7 +82,9 @@ async fn registers_with_the_kubelet_fields_and_advertises_capacity_devices() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allocate_creates_a_macvtap_on_the_lower_nic_with_a_matching_tap_node() {
     let mut node = Node::new("alloc");
-    node.ns.ip(&["link", "set", "eth1", "txqueuelen", "1234"]);
+    node.ns
+        .ip(&["link", "set", "eth1", "txqueuelen", "1234"])
+        .unwrap();
     node.start_kubelet().await;
     node.start_daemon(
         &["--resource=name=dp,lowerDevice=eth1,mode=vepa,capacity=4"],
@@ -100,8 +104,8 @@ async fn allocate_creates_a_macvtap_on_the_lower_nic_with_a_matching_tap_node() 
     println!("MEASURE Allocate: {:?}", started.elapsed());
     assert_eq!(resp.container_responses.len(), 1);
     let spec = &resp.container_responses[0].devices[0];
-    let link = node.ns.link(&name).expect("macvtap exists");
-    let lower = node.ns.link("eth1").unwrap();
+    let link = node.ns.link(&name).unwrap().expect("macvtap exists");
+    let lower = node.ns.link("eth1").unwrap().unwrap();
     assert!(link.is_macvtap());
     assert_eq!(link.macvtap_mode, Some(MacvtapMode::Vepa));
     assert_eq!(link.lower_index, Some(lower.index));
@@ -140,13 +144,14 @@ async fn the_same_id_allocated_twice_keeps_its_link_and_tap_node() {
         first, second,
         "the app container gets the init container's node"
     );
-    let link = node.ns.link(&name).expect("macvtap exists");
+    let link = node.ns.link(&name).unwrap().expect("macvtap exists");
     assert_eq!(first.host_path, format!("/dev/tap{}", link.index));
     let dev = tap_dev_in_netns(&Netns::open(node.ns.path()).unwrap(), &name).unwrap();
     check_tap_node(Path::new(&first.host_path), dev).unwrap();
     let macvtaps = node
         .ns
         .handle()
+        .unwrap()
         .list_links()
         .unwrap()
         .into_iter()
@@ -156,13 +161,15 @@ async fn the_same_id_allocated_twice_keeps_its_link_and_tap_node() {
 
     // A link of the device's name that is wrong (here: bridge mode, not
     // vepa) is replaced.
-    node.ns.ip(&["link", "del", &name]);
-    node.ns.ip(&[
-        "link", "add", "link", "eth1", "name", &name, "type", "macvtap", "mode", "bridge",
-    ]);
-    let wrong = node.ns.link(&name).unwrap();
+    node.ns.ip(&["link", "del", &name]).unwrap();
+    node.ns
+        .ip(&[
+            "link", "add", "link", "eth1", "name", &name, "type", "macvtap", "mode", "bridge",
+        ])
+        .unwrap();
+    let wrong = node.ns.link(&name).unwrap().unwrap();
     let resp = node.kubelet().allocate(DP, &["dpMvp2"]).await.unwrap();
-    let link = node.ns.link(&name).expect("macvtap exists");
+    let link = node.ns.link(&name).unwrap().expect("macvtap exists");
     assert_ne!(link.index, wrong.index, "the wrong link was replaced");
     assert_eq!(link.macvtap_mode, Some(MacvtapMode::Vepa));
     assert_eq!(
@@ -178,10 +185,14 @@ async fn a_tap_node_that_never_appears_names_a_dev_that_is_not_devtmpfs() {
     let node = Node::new("tmpfsdev");
     // A private "/dev" that is a plain tmpfs, as a kind node's /dev is.
     let dev = tempfile::tempdir().unwrap();
-    common::sh(
+    test_support::sh(&[
         "mount",
-        &["-t", "tmpfs", "tmpfs", dev.path().to_str().unwrap()],
-    );
+        "-t",
+        "tmpfs",
+        "tmpfs",
+        dev.path().to_str().unwrap(),
+    ])
+    .unwrap();
     struct Unmount<'a>(&'a Path);
     impl Drop for Unmount<'_> {
         fn drop(&mut self) {
@@ -190,8 +201,8 @@ async fn a_tap_node_that_never_appears_names_a_dev_that_is_not_devtmpfs() {
     }
     let _unmount = Unmount(dev.path());
     let netns = Netns::open(node.ns.path()).unwrap();
-    let handle = node.ns.handle();
-    let lower = node.ns.link("eth1").unwrap();
+    let handle = node.ns.handle().unwrap();
+    let lower = node.ns.link("eth1").unwrap().unwrap();
     let cfg = ResourceConfig::for_nic("eth1");
     let e = create_device(&handle, &netns, &cfg, &lower, "eth1Mvp0", dev.path()).unwrap_err();
     let msg = e.to_string();
@@ -205,7 +216,12 @@ async fn a_tap_node_that_never_appears_names_a_dev_that_is_not_devtmpfs() {
         assert!(msg.contains(want), "want {want:?} in: {msg}");
     }
     // The link made for the failed Allocate is gone again.
-    assert!(node.ns.link(&link_name_for_device("eth1Mvp0")).is_none());
+    assert!(
+        node.ns
+            .link(&link_name_for_device("eth1Mvp0"))
+            .unwrap()
+            .is_none()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -217,11 +233,11 @@ async fn allocate_of_an_unknown_id_fails_and_leaves_no_link() {
         assert_eq!(e.code(), tonic::Code::InvalidArgument, "{ids:?}: {e}");
     }
     // A failure after the checks (the NIC is gone) is a clear error, too.
-    node.ns.ip(&["link", "del", "eth1"]);
+    node.ns.ip(&["link", "del", "eth1"]).unwrap();
     let e = client.allocate(&["dpMvp0"]).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
     assert!(e.message().contains("eth1"), "{e}");
-    let links = node.ns.handle().list_links().unwrap();
+    let links = node.ns.handle().unwrap().list_links().unwrap();
     assert!(links.iter().all(|l| !l.is_macvtap()), "{links:?}");
 }
 
@@ -231,7 +247,7 @@ async fn allocate_of_an_unknown_id_fails_and_leaves_no_link() {
 /// first up are created, every repeat patches its series count.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flapping_nic_posts_events_on_the_node() {
-    require_root();
+    require_root().unwrap();
     let mut node = Node::new("events");
     let mut api = FakeApiServer::start(&node.ns);
     node.start_kubelet().await;
@@ -246,12 +262,12 @@ async fn a_flapping_nic_posts_events_on_the_node() {
         .unwrap();
     for i in 0..5 {
         if i % 2 == 0 {
-            node.ns.ip(&["link", "set", "eth1", "down"]);
+            node.ns.ip(&["link", "set", "eth1", "down"]).unwrap();
             k.wait_resource(DP, DEADLINE, |v| all_unhealthy(&v.devices))
                 .await
                 .unwrap();
         } else {
-            node.ns.ip(&["link", "set", "eth1", "up"]);
+            node.ns.ip(&["link", "set", "eth1", "up"]).unwrap();
             k.wait_resource(DP, DEADLINE, |v| all_healthy(&v.devices))
                 .await
                 .unwrap();
@@ -309,25 +325,25 @@ async fn devices_follow_the_lower_nic_down_and_up() {
         .unwrap();
 
     let t = Instant::now();
-    node.ns.ip(&["link", "set", "eth1", "down"]);
+    node.ns.ip(&["link", "set", "eth1", "down"]).unwrap();
     k.wait_resource(DP, DEADLINE, |v| all_unhealthy(&v.devices))
         .await
         .unwrap();
     println!("MEASURE health propagation (down): {:?}", t.elapsed());
 
     let t = Instant::now();
-    node.ns.ip(&["link", "set", "eth1", "up"]);
+    node.ns.ip(&["link", "set", "eth1", "up"]).unwrap();
     k.wait_resource(DP, DEADLINE, |v| all_healthy(&v.devices))
         .await
         .unwrap();
     println!("MEASURE health propagation (up): {:?}", t.elapsed());
 
     // Vanishing and coming back works the same way.
-    node.ns.ip(&["link", "del", "eth1"]);
+    node.ns.ip(&["link", "del", "eth1"]).unwrap();
     k.wait_resource(DP, DEADLINE, |v| all_unhealthy(&v.devices))
         .await
         .unwrap();
-    node.ns.add_nic("eth1");
+    node.ns.add_nic("eth1").unwrap();
     let v = k
         .wait_resource(DP, DEADLINE, |v| all_healthy(&v.devices))
         .await
@@ -430,7 +446,7 @@ async fn an_ended_stream_leads_to_re_registration() {
 /// registers `a` again).
 async fn node_with_a_hung_registration(tag: &str, extra: &[&str]) -> Node {
     let mut node = Node::new(tag);
-    node.ns.add_nic("eth2");
+    node.ns.add_nic("eth2").unwrap();
     node.start_kubelet().await;
     let mut args = vec![
         "--resource=name=a,lowerDevice=eth1,capacity=2",
@@ -460,7 +476,7 @@ async fn nic_down_shows_on_another_resource_while_a_register_hangs() {
     let node = node_with_a_hung_registration("hanghealth", &["--register-timeout=60s"]).await;
     let k = node.kubelet();
     let t = Instant::now();
-    node.ns.ip(&["link", "set", "eth2", "down"]);
+    node.ns.ip(&["link", "set", "eth2", "down"]).unwrap();
     k.wait_resource(B, DEADLINE, |v| v.connected && all_unhealthy(&v.devices))
         .await
         .unwrap();
@@ -471,7 +487,7 @@ async fn nic_down_shows_on_another_resource_while_a_register_hangs() {
     assert!(k.hung() >= 1, "the Register of a still hangs");
     assert_eq!(k.registration_count(A), 1);
     // And back up.
-    node.ns.ip(&["link", "set", "eth2", "up"]);
+    node.ns.ip(&["link", "set", "eth2", "up"]).unwrap();
     k.wait_resource(B, DEADLINE, |v| serving(v, 2))
         .await
         .unwrap();
@@ -566,7 +582,7 @@ async fn auto_discovery_follows_nics_appearing_and_vanishing() {
         .unwrap();
     assert_eq!(node.kubelet().registration_count(eth2), 0);
 
-    node.ns.add_nic("eth2");
+    node.ns.add_nic("eth2").unwrap();
     let reg = node
         .kubelet()
         .wait_for_registration(eth2, 0, DEADLINE)
@@ -585,7 +601,7 @@ async fn auto_discovery_follows_nics_appearing_and_vanishing() {
     );
     assert_eq!(v.devices[0].id, "eth2Mvp0");
 
-    node.ns.ip(&["link", "del", "eth2"]);
+    node.ns.ip(&["link", "del", "eth2"]).unwrap();
     node.kubelet()
         .wait_resource(eth2, DEADLINE, |v| v.connected && all_unhealthy(&v.devices))
         .await
@@ -812,16 +828,18 @@ async fn leaked_links_are_reclaimed_and_allocated_ones_kept() {
     k.allocate(DP, &["dpMvp0"]).await.unwrap();
     k.allocate(DP, &["dpMvp1"]).await.unwrap();
     // A macvtap on the NIC that is not ours by name is never touched.
-    node.ns.ip(&[
-        "link", "add", "link", "eth1", "name", "mytap", "type", "macvtap",
-    ]);
+    node.ns
+        .ip(&[
+            "link", "add", "link", "eth1", "name", "mytap", "type", "macvtap",
+        ])
+        .unwrap();
 
     // dpMvp1 looks leaked; after two more reclaim rounds it is allocated
     // again (a new pod, not yet in PodResources). Its clock restarts: at
     // the end of the grace counted from when it first looked leaked, it is
     // kept, not deleted.
     let re = link_name_for_device("dpMvp1");
-    let first = node.ns.link(&re).unwrap();
+    let first = node.ns.link(&re).unwrap().unwrap();
     let log = wait_log(&mut node, "first sight of the leaked link", |l| {
         log_lines_with(l, "looks leaked", &re) > 0
     })
@@ -844,20 +862,27 @@ async fn leaked_links_are_reclaimed_and_allocated_ones_kept() {
     let kept = node
         .ns
         .link(&re)
+        .unwrap()
         .expect("kept within the grace of its Allocate");
     assert_eq!(kept.index, first.index);
 
     // Then, leaked for the whole grace since its last Allocate, it goes.
     let end = Instant::now() + DEADLINE;
-    while node.ns.link(&re).is_some() && Instant::now() < end {
+    while node.ns.link(&re).unwrap().is_some() && Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(node.ns.link(&re).is_none(), "the leaked link was removed");
     assert!(
-        node.ns.link(&link_name_for_device("dpMvp0")).is_some(),
+        node.ns.link(&re).unwrap().is_none(),
+        "the leaked link was removed"
+    );
+    assert!(
+        node.ns
+            .link(&link_name_for_device("dpMvp0"))
+            .unwrap()
+            .is_some(),
         "the link PodResources lists stays"
     );
-    assert!(node.ns.link("mytap").is_some());
+    assert!(node.ns.link("mytap").unwrap().is_some());
     let log = wait_log(&mut node, "the deletion", |l| {
         l.contains("deleted a leaked macvtap")
     })
@@ -890,7 +915,12 @@ async fn reclaim_without_pod_resources_socket_is_skipped_with_one_message() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let log = node.daemon().log();
     assert_eq!(log.matches("no PodResources socket").count(), 1, "{log}");
-    assert!(node.ns.link(&link_name_for_device("dpMvp0")).is_some());
+    assert!(
+        node.ns
+            .link(&link_name_for_device("dpMvp0"))
+            .unwrap()
+            .is_some()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -918,28 +948,9 @@ async fn sigterm_stops_serving_and_removes_own_sockets() {
     assert!(!sock.exists());
 }
 
-/// Fetches `path` from `127.0.0.1:9402` inside the namespace.
-fn http_get(ns: &TestNs, path: &str) -> String {
-    use std::io::{Read, Write};
-    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
-    Netns::open(ns.path())
-        .unwrap()
-        .run(move || {
-            let mut s = std::net::TcpStream::connect("127.0.0.1:9402")
-                .map_err(macvtap_link::Error::Socket)?;
-            s.write_all(req.as_bytes())
-                .map_err(macvtap_link::Error::Socket)?;
-            let mut out = String::new();
-            s.read_to_string(&mut out)
-                .map_err(macvtap_link::Error::Socket)?;
-            Ok(out)
-        })
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_and_healthz_are_served() {
-    require_root();
+    require_root().unwrap();
     let node = node_with_dp(
         "metrics",
         "name=dp,lowerDevice=eth1,capacity=3",
@@ -998,7 +1009,7 @@ async fn metrics_and_healthz_are_served() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plugin_socket_is_root_only_even_with_umask_000() {
-    require_root();
+    require_root().unwrap();
     // nextest runs each test in its own process: the daemon inherits this.
     nix::sys::stat::umask(nix::sys::stat::Mode::empty());
     let node = node_with_dp("umask", "name=dp,lowerDevice=eth1,capacity=1", &[]).await;
@@ -1029,23 +1040,28 @@ async fn a_lost_link_of_a_held_device_comes_back_with_its_ifindex() {
     let free_tap = free.container_responses[0].devices[0].host_path.clone();
     let held_name = link_name_for_device("dpMvp0");
     let free_name = link_name_for_device("dpMvp1");
-    let held_index = node.ns.link(&held_name).unwrap().index;
+    let held_index = node.ns.link(&held_name).unwrap().unwrap().index;
 
     // Each link goes into a pod namespace (as CNI ADD moves it), and the
     // namespace is destroyed without DEL. The unheld one first: once the
     // held one is healed, the round that healed it saw both losses.
     for (name, tap, tag) in [(&free_name, &free_tap, "pa"), (&held_name, &held_tap, "pb")] {
-        let pod = TestNs::new(tag);
-        node.ns.ip(&["link", "set", name, "netns", &pod.name]);
+        let pod = TestNs::new(tag).unwrap();
+        node.ns
+            .ip(&["link", "set", name, "netns", &pod.name])
+            .unwrap();
         drop(pod);
         let end = Instant::now() + DEADLINE;
-        while Path::new(tap).exists() && node.ns.link(name).is_none() && Instant::now() < end {
+        while Path::new(tap).exists()
+            && node.ns.link(name).unwrap().is_none()
+            && Instant::now() < end
+        {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
     let end = Instant::now() + DEADLINE;
     let healed = loop {
-        if let Some(l) = node.ns.link(&held_name) {
+        if let Some(l) = node.ns.link(&held_name).unwrap() {
             break l;
         }
         assert!(
@@ -1063,7 +1079,7 @@ async fn a_lost_link_of_a_held_device_comes_back_with_its_ifindex() {
     let dev = tap_dev_in_netns(&Netns::open(node.ns.path()).unwrap(), &held_name).unwrap();
     check_tap_node(Path::new(&held_tap), dev).unwrap();
     assert!(
-        node.ns.link(&free_name).is_none() && !Path::new(&free_tap).exists(),
+        node.ns.link(&free_name).unwrap().is_none() && !Path::new(&free_tap).exists(),
         "a device no pod holds is not re-created"
     );
     let log = wait_log(&mut node, "the healing log line", |l| {

@@ -67,10 +67,12 @@ fn what_go_could_not_decode_and_bad_entries_of_our_sources_are_startup_errors() 
 async fn a_go_config_with_questionable_and_broken_entries_starts() {
     let mut node = Node::new("goconf");
     node.start_kubelet().await;
-    node.ns.ip(&[
-        "link", "add", "eth2", "type", "veth", "peer", "name", "eth2p",
-    ]);
-    node.ns.ip(&["link", "set", "eth2", "up"]);
+    node.ns
+        .ip(&[
+            "link", "add", "eth2", "type", "veth", "peer", "name", "eth2p",
+        ])
+        .unwrap();
+    node.ns.ip(&["link", "set", "eth2", "up"]).unwrap();
     // As Go's encoding/json read it: keys in any case, unknown keys (with a
     // warning) and a null value ignored, the last "dp" entry wins; "bad" and "x/y" and the
     // null entry cannot work (Go failed every Allocate or registration).
@@ -103,8 +105,9 @@ async fn a_go_config_with_questionable_and_broken_entries_starts() {
     let link = node
         .ns
         .link(&macvtap_link::link_name_for_device("dpMvp10000"))
+        .unwrap()
         .expect("the device's macvtap exists");
-    let eth1 = node.ns.link("eth1").unwrap();
+    let eth1 = node.ns.link("eth1").unwrap().unwrap();
     assert_eq!(link.lower_index, Some(eth1.index));
 
     let names: Vec<String> = k

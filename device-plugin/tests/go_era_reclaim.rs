@@ -21,18 +21,22 @@ async fn go_era_links_are_reclaimed_when_no_pod_holds_their_device() {
         .await
         .unwrap();
     pr.set_allocated(DP, &["dpMvp3"]);
-    node.ns.ip(&[
-        "link", "add", "veth9", "type", "veth", "peer", "name", "veth9p",
-    ]);
+    node.ns
+        .ip(&[
+            "link", "add", "veth9", "type", "veth", "peer", "name", "veth9p",
+        ])
+        .unwrap();
     for (name, lower) in [
         ("dpMvp2", "eth1"),    // leaked: no pod holds dpMvp2
         ("dpMvp3", "eth1"),    // held by a pod, not yet taken by its CNI ADD
         ("otherMvp0", "eth1"), // not a device of a configured resource
         ("dpMvp4", "veth9"),   // not on the resource's NIC
     ] {
-        node.ns.ip(&[
-            "link", "add", "link", lower, "name", name, "type", "macvtap",
-        ]);
+        node.ns
+            .ip(&[
+                "link", "add", "link", lower, "name", name, "type", "macvtap",
+            ])
+            .unwrap();
     }
     node.start_daemon(
         &[
@@ -44,11 +48,11 @@ async fn go_era_links_are_reclaimed_when_no_pod_holds_their_device() {
     );
 
     let end = Instant::now() + DEADLINE;
-    while node.ns.link("dpMvp2").is_some() && Instant::now() < end {
+    while node.ns.link("dpMvp2").unwrap().is_some() && Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(
-        node.ns.link("dpMvp2").is_none(),
+        node.ns.link("dpMvp2").unwrap().is_none(),
         "the leaked Go-era link was removed"
     );
     // All four were first seen in the same round: anything the reclaimer
@@ -64,7 +68,10 @@ async fn go_era_links_are_reclaimed_when_no_pod_holds_their_device() {
     })
     .await;
     for kept in ["dpMvp3", "otherMvp0", "dpMvp4"] {
-        assert!(node.ns.link(kept).is_some(), "{kept} was kept:\n{log}");
+        assert!(
+            node.ns.link(kept).unwrap().is_some(),
+            "{kept} was kept:\n{log}"
+        );
     }
     assert_eq!(
         log.lines()

@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{DEADLINE, Node, TestNs, require_root, wait_log};
+use common::{DEADLINE, Node, TestNs, http_get, require_root, wait_log};
 use kubelet_proto::v1beta1::Device;
 use macvtap_deviceplugin::allocate::create_device;
 use macvtap_deviceplugin::config::ResourceConfig;
@@ -45,8 +45,8 @@ fn serving_healthy(v: &ResourceView) -> bool {
 
 /// Adds bridge `name`, up.
 fn add_bridge(ns: &TestNs, name: &str) {
-    ns.ip(&["link", "add", name, "type", "bridge"]);
-    ns.ip(&["link", "set", name, "up"]);
+    ns.ip(&["link", "add", name, "type", "bridge"]).unwrap();
+    ns.ip(&["link", "set", name, "up"]).unwrap();
 }
 
 fn lines_with(log: &str, what: &str) -> usize {
@@ -65,31 +65,17 @@ async fn allocate_on(node: &Node, name: &str, lower: &str) {
     let link = node
         .ns
         .link(&link_name_for_device(&id))
+        .unwrap()
         .expect("the device's macvtap exists");
     assert!(link.is_macvtap());
-    assert_eq!(link.lower_index, Some(node.ns.link(lower).unwrap().index));
+    assert_eq!(
+        link.lower_index,
+        Some(node.ns.link(lower).unwrap().unwrap().index)
+    );
     assert_eq!(
         resp.container_responses[0].devices[0].host_path,
         format!("/dev/tap{}", link.index)
     );
-}
-
-/// Fetches `/metrics` from `127.0.0.1:9402` inside the namespace.
-fn metrics(ns: &TestNs) -> String {
-    use std::io::{Read, Write};
-    Netns::open(ns.path())
-        .unwrap()
-        .run(move || {
-            let mut s = std::net::TcpStream::connect("127.0.0.1:9402")
-                .map_err(macvtap_link::Error::Socket)?;
-            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-                .map_err(macvtap_link::Error::Socket)?;
-            let mut out = String::new();
-            s.read_to_string(&mut out)
-                .map_err(macvtap_link::Error::Socket)?;
-            Ok(out)
-        })
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -99,10 +85,12 @@ async fn discovery_advertises_a_bridge_in_place_of_its_port_and_every_advertised
     // without ports. veth counts as a NIC here, so the peers eth1p and
     // eth2p (plain NICs too) are advertised as well.
     let mut node = Node::new("brdisc");
-    node.ns.add_nic("eth2");
+    node.ns.add_nic("eth2").unwrap();
     add_bridge(&node.ns, "br0");
     add_bridge(&node.ns, "brempty");
-    node.ns.ip(&["link", "set", "eth2", "master", "br0"]);
+    node.ns
+        .ip(&["link", "set", "eth2", "master", "br0"])
+        .unwrap();
     node.start_kubelet().await;
     node.start_daemon(&["--discover-kinds", "veth"], &[]);
 
@@ -145,12 +133,12 @@ async fn discovery_advertises_a_bridge_in_place_of_its_port_and_every_advertised
 
     // Link events that change nothing about eth2 do not repeat its message:
     // eth1 down and up again, awaited through its devices' health.
-    node.ns.ip(&["link", "set", "eth1", "down"]);
+    node.ns.ip(&["link", "set", "eth1", "down"]).unwrap();
     node.kubelet()
         .wait_resource(&res("eth1"), DEADLINE, |v| all_unhealthy(&v.devices))
         .await
         .unwrap();
-    node.ns.ip(&["link", "set", "eth1", "up"]);
+    node.ns.ip(&["link", "set", "eth1", "up"]).unwrap();
     node.kubelet()
         .wait_resource(&res("eth1"), DEADLINE, serving_healthy)
         .await
@@ -176,7 +164,9 @@ async fn discovery_follows_a_nic_into_a_bridge_and_out_again() {
         .unwrap();
 
     add_bridge(&node.ns, "br0");
-    node.ns.ip(&["link", "set", "eth1", "master", "br0"]);
+    node.ns
+        .ip(&["link", "set", "eth1", "master", "br0"])
+        .unwrap();
     // eth1 keeps its resource (pods may hold its devices), Unhealthy; the
     // bridge is advertised in its place and its devices allocate.
     k.wait_resource(&eth1, DEADLINE, |v| {
@@ -200,7 +190,7 @@ async fn discovery_follows_a_nic_into_a_bridge_and_out_again() {
     // Released (the macvtap on br0 does not stop that): eth1 is usable
     // again; br0 holds no NIC and, like a vanished NIC, keeps its resource,
     // Unhealthy (a bridge whose last port left has no carrier).
-    node.ns.ip(&["link", "set", "eth1", "nomaster"]);
+    node.ns.ip(&["link", "set", "eth1", "nomaster"]).unwrap();
     let k = node.kubelet();
     k.wait_resource(&eth1, DEADLINE, serving_healthy)
         .await
@@ -217,7 +207,9 @@ async fn a_configured_lower_device_is_unhealthy_while_enslaved_and_allocate_name
     // eth1 is already a port of br0 when the daemon starts.
     let mut node = Node::new("brcfg");
     add_bridge(&node.ns, "br0");
-    node.ns.ip(&["link", "set", "eth1", "master", "br0"]);
+    node.ns
+        .ip(&["link", "set", "eth1", "master", "br0"])
+        .unwrap();
     node.start_kubelet().await;
     node.start_daemon(
         &[
@@ -230,7 +222,7 @@ async fn a_configured_lower_device_is_unhealthy_while_enslaved_and_allocate_name
     k.wait_resource(DP, DEADLINE, |v| v.connected && all_unhealthy(&v.devices))
         .await
         .unwrap();
-    let m = metrics(&node.ns);
+    let m = http_get(&node.ns, "/metrics");
     for want in [
         "macvtap_dp_unhealthy_total{resource=\"macvtap.network.kubevirt.io/dp\",reason=\"nic_enslaved\"} 1\n",
         "macvtap_dp_devices{resource=\"macvtap.network.kubevirt.io/dp\",state=\"unhealthy\"} 3\n",
@@ -246,10 +238,15 @@ async fn a_configured_lower_device_is_unhealthy_while_enslaved_and_allocate_name
         e.message(),
         format!("resource {DP} cannot get a macvtap: {ENSLAVED_ETH1}")
     );
-    assert!(node.ns.link(&link_name_for_device("dpMvp0")).is_none());
+    assert!(
+        node.ns
+            .link(&link_name_for_device("dpMvp0"))
+            .unwrap()
+            .is_none()
+    );
 
     // Released: Healthy, and Allocate works.
-    node.ns.ip(&["link", "set", "eth1", "nomaster"]);
+    node.ns.ip(&["link", "set", "eth1", "nomaster"]).unwrap();
     let k = node.kubelet();
     k.wait_resource(DP, DEADLINE, serving_healthy)
         .await
@@ -258,14 +255,21 @@ async fn a_configured_lower_device_is_unhealthy_while_enslaved_and_allocate_name
     // (A NIC that carries a macvtap cannot be enslaved: the kernel says EBUSY.)
     node.ns
         .handle()
+        .unwrap()
         .del_link(
-            node.ns.link(&link_name_for_device("dpMvp0")).unwrap().index,
+            node.ns
+                .link(&link_name_for_device("dpMvp0"))
+                .unwrap()
+                .unwrap()
+                .index,
             &link_name_for_device("dpMvp0"),
         )
         .unwrap();
 
     // Enslaved at run time: Unhealthy again, the reason logged and counted.
-    node.ns.ip(&["link", "set", "eth1", "master", "br0"]);
+    node.ns
+        .ip(&["link", "set", "eth1", "master", "br0"])
+        .unwrap();
     node.kubelet()
         .wait_resource(DP, DEADLINE, |v| all_unhealthy(&v.devices))
         .await
@@ -276,7 +280,7 @@ async fn a_configured_lower_device_is_unhealthy_while_enslaved_and_allocate_name
     })
     .await;
     assert_eq!(lines_with(&log, &unhealthy), 2, "{log}");
-    let m = metrics(&node.ns);
+    let m = http_get(&node.ns, "/metrics");
     let want = "macvtap_dp_unhealthy_total{resource=\"macvtap.network.kubevirt.io/dp\",reason=\"nic_enslaved\"} 2\n";
     assert!(m.contains(want), "want {want:?} in:\n{m}");
     // One registration and one stream all along.
@@ -289,12 +293,12 @@ fn a_macvtap_the_kernel_refuses_as_busy_names_the_master() {
     // The NIC is read before it is enslaved, as when the bridge takes it
     // between Allocate's check and the kernel call: the kernel's EBUSY is
     // turned into the master and the fix.
-    require_root();
-    let ns = TestNs::new("brbusy");
-    ns.add_nic("eth1");
+    require_root().unwrap();
+    let ns = TestNs::new("brbusy").unwrap();
+    ns.add_nic("eth1").unwrap();
     add_bridge(&ns, "br0");
-    let lower = ns.link("eth1").unwrap();
-    ns.ip(&["link", "set", "eth1", "master", "br0"]);
+    let lower = ns.link("eth1").unwrap().unwrap();
+    ns.ip(&["link", "set", "eth1", "master", "br0"]).unwrap();
     let netns = Netns::open(ns.path()).unwrap();
     let cfg = ResourceConfig {
         name: "dp".into(),
@@ -319,7 +323,7 @@ fn a_macvtap_the_kernel_refuses_as_busy_names_the_master() {
         format!("resource {DP} cannot get a macvtap: {ENSLAVED_ETH1}")
     );
     assert_eq!(e.grpc_code(), tonic::Code::FailedPrecondition);
-    assert!(ns.link(&link_name_for_device("dpMvp0")).is_none());
+    assert!(ns.link(&link_name_for_device("dpMvp0")).unwrap().is_none());
 }
 
 /// An ARP request for `target` from `mac`/`ip`, as written to a macvtap's
@@ -356,13 +360,18 @@ async fn a_macvtap_on_an_advertised_bridge_reaches_a_host_behind_the_bridge() {
     // Layout: eth2 is a port of br0; its peer is a host in its own
     // namespace at 192.0.2.2. Auto-discovery advertises br0 in eth2's place.
     let mut node = Node::new("brpath");
-    let peer = TestNs::new("brpath-peer");
-    node.ns.add_nic("eth2");
+    let peer = TestNs::new("brpath-peer").unwrap();
+    node.ns.add_nic("eth2").unwrap();
     add_bridge(&node.ns, "br0");
-    node.ns.ip(&["link", "set", "eth2", "master", "br0"]);
-    node.ns.ip(&["link", "set", "eth2p", "netns", &peer.name]);
-    peer.ip(&["addr", "add", "192.0.2.2/24", "dev", "eth2p"]);
-    peer.ip(&["link", "set", "eth2p", "up"]);
+    node.ns
+        .ip(&["link", "set", "eth2", "master", "br0"])
+        .unwrap();
+    node.ns
+        .ip(&["link", "set", "eth2p", "netns", &peer.name])
+        .unwrap();
+    peer.ip(&["addr", "add", "192.0.2.2/24", "dev", "eth2p"])
+        .unwrap();
+    peer.ip(&["link", "set", "eth2p", "up"]).unwrap();
     node.start_kubelet().await;
     node.start_daemon(&["--discover-kinds", "veth"], &[]);
     node.kubelet()
@@ -373,8 +382,8 @@ async fn a_macvtap_on_an_advertised_bridge_reaches_a_host_behind_the_bridge() {
 
     // The VM's side: the macvtap up, frames through its tap node.
     let name = link_name_for_device("br0Mvp0");
-    node.ns.ip(&["link", "set", &name, "up"]);
-    let link = node.ns.link(&name).unwrap();
+    node.ns.ip(&["link", "set", &name, "up"]).unwrap();
+    let link = node.ns.link(&name).unwrap().unwrap();
     let mac = link.mac.unwrap();
     let mut tap = std::fs::OpenOptions::new()
         .read(true)

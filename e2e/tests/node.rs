@@ -10,12 +10,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use anyhow::{Context, Result, ensure};
+use macvtap_deviceplugin::testkubelet::PluginClient;
 use macvtap_e2e::guest::{self, Guest};
 use macvtap_e2e::multus::{Multus, MultusRun, Pod, kubevirt_pod_ifname};
 use macvtap_e2e::node::{self, Allocation, FAST_RECLAIM, GUEST_IP, Node, PEER_IP};
 use macvtap_e2e::sandbox::TestNs;
 use macvtap_e2e::steps::Steps;
-use macvtap_e2e::vm::{GuestNet, Libvirtd, QEMU_UID, VmIface, run_qemu};
+use macvtap_e2e::vm::{GuestNet, Libvirtd, QEMU_UID, VmIface, VmRun, run_qemu};
 use serde_json::{Value, json};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -231,34 +232,143 @@ fn nothing_left(node: &Node, taps_before: &[String], pids: &[u32]) -> Result<()>
 
 /// The pod link's flags contain `flag`.
 fn has_flag(netns: &TestNs, ifname: &str, flag: &str) -> Result<bool> {
-    let v: Value = serde_json::from_str(&netns.ip(&["-j", "link", "show", "dev", ifname])?)?;
-    Ok(v[0]["flags"]
+    let v = netns.link_json(ifname)?.unwrap_or_default();
+    Ok(v["flags"]
         .as_array()
         .is_some_and(|f| f.iter().any(|x| x == flag)))
+}
+
+/// What every test here starts from: a sandbox node with the test kubelet
+/// and its PodResources, the real device plugin registered with the
+/// kubelet, the kubelet's client for its resource, and the real Multus.
+struct Setup {
+    node: Node,
+    /// The `/dev/tap*` nodes before the device plugin ran.
+    taps_before: Vec<String>,
+    /// The device plugin's process.
+    dp: u32,
+    /// The kubelet's client for the plugin's resource.
+    client: PluginClient,
+    multus: Multus,
+}
+
+impl Setup {
+    /// Starts the device plugin with `DP_MACVTAP_CONF` = `conf` and `args`,
+    /// and waits until it registered `resource_name` with `capacity` devices.
+    async fn start(
+        conf: &str,
+        args: &[&str],
+        resource_name: &str,
+        capacity: usize,
+    ) -> Result<Self> {
+        let mut node = Node::new()?;
+        let taps_before = node::tap_nodes();
+        node.start_kubelet().await?;
+        node.start_pod_resources().await?;
+        let dp = node.start_device_plugin(conf, args)?;
+        let client = node.plugin(resource_name, capacity).await?;
+        let multus = Multus::start(&node)?;
+        Ok(Self {
+            node,
+            taps_before,
+            dp,
+            client,
+            multus,
+        })
+    }
+
+    /// The kubelet's Allocate of `device_id` of resource `resource_name`
+    /// for pod `namespace/name`, which PodResources then lists as its.
+    async fn allocate_for(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        resource_name: &str,
+        device_id: &str,
+    ) -> Result<Allocation> {
+        let alloc = Node::allocate(&mut self.client, device_id).await?;
+        self.node
+            .hold_pod(namespace, name, &resource(resource_name), &[device_id])?;
+        Ok(alloc)
+    }
+
+    /// The NAD of `pod`'s network (named as the network, annotated with the
+    /// resource of the same name, config `nad_config`), then a successful
+    /// Multus ADD in a new pod namespace, checked with [`check_multus_add`].
+    /// Returns the namespace, the run and the pod interface's name.
+    fn add_pod(
+        &self,
+        steps: &Steps,
+        pod: &Pod,
+        nad_config: &str,
+        alloc: &Allocation,
+        mac: Option<&str>,
+    ) -> Result<(TestNs, MultusRun, String)> {
+        let network = pod.networks[0]["name"].as_str().context("network name")?;
+        self.multus
+            .add_nad("default", network, Some(&resource(network)), nad_config);
+        self.multus.add_pod(pod);
+        let netns = TestNs::new("pod")?;
+        let add = self.multus.run("ADD", pod, &netns)?;
+        let ifname = check_multus_add(&self.multus, &add, pod, &netns, alloc, mac)?;
+        for l in add.describe() {
+            steps.say(l);
+        }
+        Ok((netns, add, ifname))
+    }
+
+    /// The end of a test: `pod` deleted as a node does it ([`delete_pod`]),
+    /// the device plugin stopped, and [`nothing_left`] (none of `pids` nor
+    /// the device plugin alive).
+    fn finish(
+        mut self,
+        steps: &mut Steps,
+        pod: &Pod,
+        netns: TestNs,
+        alloc: &Allocation,
+        resource_name: &str,
+        pids: &[u32],
+    ) -> Result<()> {
+        delete_pod(&self.node, &self.multus, pod, netns, alloc, resource_name)?;
+        self.node.stop_device_plugin()?;
+        let mut all = vec![self.dp];
+        all.extend_from_slice(pids);
+        nothing_left(&self.node, &self.taps_before, &all)?;
+        println!("\n{}", steps.summary());
+        Ok(())
+    }
+}
+
+/// QEMU as uid 107 in `netns` on the Allocate response's `/dev/tapN`, as
+/// virt-launcher runs it, with the guest's MAC `mac` and `tries` pings.
+fn boot_qemu(
+    steps: &Steps,
+    netns: &TestNs,
+    alloc: &Allocation,
+    guest: &Guest,
+    mac: &str,
+    tries: u32,
+    work: &Path,
+) -> Result<VmRun> {
+    let run = tokio::task::block_in_place(|| {
+        run_qemu(&netns.name, &alloc.host_path, guest, &net(mac, tries), work)
+    })?;
+    steps.say(run.markers());
+    Ok(run)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qemu_vm_pings_through_the_macvtap_and_a_wrong_mac_does_not() -> Result<()> {
     let mut steps = Steps::new();
     steps.step("sandbox node, test kubelet, device plugin with the Go README's DP_MACVTAP_CONF");
-    let mut node = Node::new()?;
-    let taps_before = node::tap_nodes();
-    node.start_kubelet().await?;
-    node.start_pod_resources().await?;
-    let dp = node.start_device_plugin(GO_README_CONF, &FAST_RECLAIM)?;
-    let mut client = node.plugin("dataplane", 50).await?;
-    let multus = Multus::start(&node)?;
+    let mut setup = Setup::start(GO_README_CONF, &FAST_RECLAIM, "dataplane", 50).await?;
     let guest = guest();
 
     steps.step("kubelet Allocate for the VM pod (its VM sets macAddress)");
     let pod = vm_pod("vm-1", "dataplane", Some(VM_MAC));
-    let alloc = Node::allocate(&mut client, "dataplaneMvp0").await?;
-    node.hold_pod(
-        &pod.namespace,
-        &pod.name,
-        &resource("dataplane"),
-        &["dataplaneMvp0"],
-    )?;
+    let alloc = setup
+        .allocate_for(&pod.namespace, &pod.name, "dataplane", "dataplaneMvp0")
+        .await?;
     steps.say(format!(
         "{} -> {} ({:.1} ms)",
         alloc.device_id,
@@ -266,28 +376,25 @@ async fn qemu_vm_pings_through_the_macvtap_and_a_wrong_mac_does_not() -> Result<
         alloc.took.as_secs_f64() * 1e3
     ));
     let link = macvtap_link::link_name_for_device("dataplaneMvp0");
-    ensure!(node.ns.links()?.contains(&link), "Allocate made {link}");
+    ensure!(
+        setup.node.ns.links()?.contains(&link),
+        "Allocate made {link}"
+    );
 
     steps.step("Multus ADD (NAD cniVersion 0.3.1, resourceName annotation)");
-    multus.add_nad(
-        "default",
-        "dataplane",
-        Some(&resource("dataplane")),
+    let (netns, _, ifname) = setup.add_pod(
+        &steps,
+        &pod,
         &nad("0.3.1", "dataplane"),
-    );
-    multus.add_pod(&pod);
-    let netns = TestNs::new("pod")?;
-    let add = multus.run("ADD", &pod, &netns)?;
-    let ifname = check_multus_add(&multus, &add, &pod, &netns, &alloc, Some(VM_MAC))?;
-    for l in add.describe() {
-        steps.say(l);
-    }
+        &alloc,
+        Some(VM_MAC),
+    )?;
     ensure!(
         ifname == "pod9d32cad27e2",
         "KubeVirt's name for dataplane: {ifname}"
     );
     ensure!(
-        !node.ns.links()?.contains(&link),
+        !setup.node.ns.links()?.contains(&link),
         "the link left the node namespace"
     );
     ensure!(
@@ -298,16 +405,7 @@ async fn qemu_vm_pings_through_the_macvtap_and_a_wrong_mac_does_not() -> Result<
 
     steps.step("QEMU as uid 107 in the pod namespace on the Allocate response's tap");
     let work = tempfile::tempdir()?;
-    let run = tokio::task::block_in_place(|| {
-        run_qemu(
-            &netns.name,
-            &alloc.host_path,
-            &guest,
-            &net(VM_MAC, 20),
-            work.path(),
-        )
-    })?;
-    steps.say(run.markers());
+    let run = boot_qemu(&steps, &netns, &alloc, &guest, VM_MAC, 20, work.path())?;
     steps.say(format!("held the tap: {:?}", run.tap_holders));
     ensure!(
         run.ping_ok,
@@ -325,16 +423,15 @@ async fn qemu_vm_pings_through_the_macvtap_and_a_wrong_mac_does_not() -> Result<
     );
 
     steps.step("negative: a guest MAC other than the one given to the CNI gets no connectivity");
-    let wrong = tokio::task::block_in_place(|| {
-        run_qemu(
-            &netns.name,
-            &alloc.host_path,
-            &guest,
-            &net("52:54:00:00:00:99", 3),
-            work.path(),
-        )
-    })?;
-    steps.say(wrong.markers());
+    let wrong = boot_qemu(
+        &steps,
+        &netns,
+        &alloc,
+        &guest,
+        "52:54:00:00:00:99",
+        3,
+        work.path(),
+    )?;
     ensure!(
         !wrong.ping_ok && wrong.console.contains(guest::PING_FAIL),
         "ping worked with the wrong MAC"
@@ -344,11 +441,7 @@ async fn qemu_vm_pings_through_the_macvtap_and_a_wrong_mac_does_not() -> Result<
         "teardown as a pod deletion: Multus DEL gives the link back, pod namespace removed, \
          device freed, link reclaimed, daemon stopped",
     );
-    delete_pod(&node, &multus, &pod, netns, &alloc, "dataplane")?;
-    node.stop_device_plugin()?;
-    nothing_left(&node, &taps_before, &[dp])?;
-    println!("\n{}", steps.summary());
-    Ok(())
+    setup.finish(&mut steps, &pod, netns, &alloc, "dataplane", &[])
 }
 
 /// virt-launcher's libvirt, as KubeVirt runs it, for a VM without
@@ -359,40 +452,28 @@ async fn qemu_vm_pings_through_the_macvtap_and_a_wrong_mac_does_not() -> Result<
 async fn virt_launcher_libvirt_runs_a_multiqueue_vm_with_the_links_mac_and_mtu() -> Result<()> {
     let mut steps = Steps::new();
     steps.step("sandbox node, test kubelet, device plugin, Multus");
-    let mut node = Node::new()?;
-    let taps_before = node::tap_nodes();
-    node.start_kubelet().await?;
-    node.start_pod_resources().await?;
-    let dp = node.start_device_plugin(GO_README_CONF, &FAST_RECLAIM)?;
-    let mut client = node.plugin("dataplane", 50).await?;
-    let multus = Multus::start(&node)?;
+    let mut setup = Setup::start(GO_README_CONF, &FAST_RECLAIM, "dataplane", 50).await?;
     let guest = guest();
 
     steps.step("Allocate, Multus ADD (NAD cniVersion 1.0.0, mtu 1400; the VM sets no MAC)");
     let pod = vm_pod("vm-2", "dataplane", None);
-    let alloc = Node::allocate(&mut client, "dataplaneMvp7").await?;
-    node.hold_pod(
-        &pod.namespace,
-        &pod.name,
-        &resource("dataplane"),
-        &["dataplaneMvp7"],
-    )?;
+    let alloc = setup
+        .allocate_for(&pod.namespace, &pod.name, "dataplane", "dataplaneMvp7")
+        .await?;
     let link = macvtap_link::link_name_for_device("dataplaneMvp7");
-    let before: Value = serde_json::from_str(&node.ns.ip(&["-j", "link", "show", "dev", &link])?)?;
-    let own_mac = before[0]["address"].as_str().unwrap().to_string();
-    multus.add_nad(
-        "default",
-        "dataplane",
-        Some(&resource("dataplane")),
+    let before = setup
+        .node
+        .ns
+        .link_json(&link)?
+        .context("the allocated link")?;
+    let own_mac = before["address"].as_str().unwrap().to_string();
+    let (netns, _, ifname) = setup.add_pod(
+        &steps,
+        &pod,
         r#"{"cniVersion":"1.0.0","name":"dataplane","type":"macvtap","mtu":1400}"#,
-    );
-    multus.add_pod(&pod);
-    let netns = TestNs::new("pod")?;
-    let add = multus.run("ADD", &pod, &netns)?;
-    let ifname = check_multus_add(&multus, &add, &pod, &netns, &alloc, None)?;
-    for l in add.describe() {
-        steps.say(l);
-    }
+        &alloc,
+        None,
+    )?;
 
     steps.step("libvirtd in the pod namespace as virt-launcher runs it (uid 107, session)");
     let lv_dir = tempfile::tempdir()?;
@@ -457,23 +538,18 @@ async fn virt_launcher_libvirt_runs_a_multiqueue_vm_with_the_links_mac_and_mtu()
             && holders[0].fds == 2,
         "expected QEMU as {QEMU_UID} holding the tap once per queue: {holders:?}"
     );
-    let pod_link: Value =
-        serde_json::from_str(&netns.ip(&["-j", "link", "show", "dev", &ifname])?)?;
+    let pod_link = netns.link_json(&ifname)?.context("the pod link")?;
     ensure!(
-        pod_link[0]["address"] == own_mac.as_str(),
+        pod_link["address"] == own_mac.as_str(),
         "the link's MAC changed: {}",
-        pod_link[0]["address"]
+        pod_link["address"]
     );
 
     steps.step("teardown: libvirtd stopped, Multus DEL, pod namespace removed, link reclaimed");
     drop(libvirtd);
-    delete_pod(&node, &multus, &pod, netns, &alloc, "dataplane")?;
-    node.stop_device_plugin()?;
-    let mut pids = vec![dp, lv_pid];
+    let mut pids = vec![lv_pid];
     pids.extend(qemus);
-    nothing_left(&node, &taps_before, &pids)?;
-    println!("\n{}", steps.summary());
-    Ok(())
+    setup.finish(&mut steps, &pod, netns, &alloc, "dataplane", &pids)
 }
 
 /// Auto-discovery, with a conflist NAD (ours, then the reference `tuning`
@@ -483,11 +559,7 @@ async fn virt_launcher_libvirt_runs_a_multiqueue_vm_with_the_links_mac_and_mtu()
 async fn auto_discovery_resource_with_a_conflist_nad_carries_a_vm() -> Result<()> {
     let mut steps = Steps::new();
     steps.step("device plugin with DP_MACVTAP_CONF=[] (auto-discovery; veth counts as a NIC here)");
-    let mut node = Node::new()?;
-    let taps_before = node::tap_nodes();
-    node.start_kubelet().await?;
-    node.start_pod_resources().await?;
-    let dp = node.start_device_plugin(
+    let mut setup = Setup::start(
         "[]",
         &[
             "--discover-kinds",
@@ -497,38 +569,24 @@ async fn auto_discovery_resource_with_a_conflist_nad_carries_a_vm() -> Result<()
             FAST_RECLAIM[2],
             FAST_RECLAIM[3],
         ],
-    )?;
-    let mut client = node.plugin("lower0", 100).await?;
-    let multus = Multus::start(&node)?;
+        "lower0",
+        100,
+    )
+    .await?;
     let guest = guest();
 
     steps.step("Allocate lower0Mvp3, Multus ADD with a conflist NAD (macvtap, then tuning)");
     let pod = vm_pod("vm-3", "lower0", Some(VM_MAC));
-    let alloc = Node::allocate(&mut client, "lower0Mvp3").await?;
-    node.hold_pod(
-        &pod.namespace,
-        &pod.name,
-        &resource("lower0"),
-        &["lower0Mvp3"],
-    )?;
+    let alloc = setup
+        .allocate_for(&pod.namespace, &pod.name, "lower0", "lower0Mvp3")
+        .await?;
     // tuning keeps what it changed in its data dir: a temp dir, not /run.
     let tuning_dir = tempfile::tempdir()?;
     let conflist = json!({"cniVersion": "1.0.0", "name": "lower0", "plugins": [
         {"type": "macvtap", "mtu": 1500},
         {"type": "tuning", "allmulti": true, "dataDir": tuning_dir.path()}]});
-    multus.add_nad(
-        "default",
-        "lower0",
-        Some(&resource("lower0")),
-        &conflist.to_string(),
-    );
-    multus.add_pod(&pod);
-    let netns = TestNs::new("pod")?;
-    let add = multus.run("ADD", &pod, &netns)?;
-    let ifname = check_multus_add(&multus, &add, &pod, &netns, &alloc, Some(VM_MAC))?;
-    for l in add.describe() {
-        steps.say(l);
-    }
+    let (netns, add, ifname) =
+        setup.add_pod(&steps, &pod, &conflist.to_string(), &alloc, Some(VM_MAC))?;
     let tuning = add.calls_of("tuning");
     ensure!(
         tuning.len() == 1,
@@ -553,16 +611,7 @@ async fn auto_discovery_resource_with_a_conflist_nad_carries_a_vm() -> Result<()
 
     steps.step("QEMU on the tap");
     let work = tempfile::tempdir()?;
-    let run = tokio::task::block_in_place(|| {
-        run_qemu(
-            &netns.name,
-            &alloc.host_path,
-            &guest,
-            &net(VM_MAC, 20),
-            work.path(),
-        )
-    })?;
-    steps.say(run.markers());
+    let run = boot_qemu(&steps, &netns, &alloc, &guest, VM_MAC, 20, work.path())?;
     ensure!(
         run.ping_ok,
         "the guest could not ping {PEER_IP}:\n{}",
@@ -570,11 +619,7 @@ async fn auto_discovery_resource_with_a_conflist_nad_carries_a_vm() -> Result<()
     );
 
     steps.step("teardown");
-    delete_pod(&node, &multus, &pod, netns, &alloc, "lower0")?;
-    node.stop_device_plugin()?;
-    nothing_left(&node, &taps_before, &[dp])?;
-    println!("\n{}", steps.summary());
-    Ok(())
+    setup.finish(&mut steps, &pod, netns, &alloc, "lower0", &[])
 }
 
 /// A sandbox whose second network fails after our CNI ran (the real Multus
@@ -589,13 +634,7 @@ async fn auto_discovery_resource_with_a_conflist_nad_carries_a_vm() -> Result<()
 async fn a_recreated_sandbox_gets_the_same_device_and_its_vm_pings() -> Result<()> {
     let mut steps = Steps::new();
     steps.step("sandbox node, test kubelet with PodResources, device plugin, Multus");
-    let mut node = Node::new()?;
-    let taps_before = node::tap_nodes();
-    node.start_kubelet().await?;
-    node.start_pod_resources().await?;
-    let dp = node.start_device_plugin(GO_README_CONF, &FAST_RECLAIM)?;
-    let mut client = node.plugin("dataplane", 50).await?;
-    let multus = Multus::start(&node)?;
+    let mut setup = Setup::start(GO_README_CONF, &FAST_RECLAIM, "dataplane", 50).await?;
     let guest = guest();
 
     steps.step("kubelet Allocate, once for the pod's whole life");
@@ -607,7 +646,7 @@ async fn a_recreated_sandbox_gets_the_same_device_and_its_vm_pings() -> Result<(
         .context("networks")?
         .push(json!({"name": "flaky", "namespace": "default", "interface": "net2"}));
     let flaky_state = tempfile::tempdir()?;
-    multus.add_plugin(
+    setup.multus.add_plugin(
         "flaky",
         &format!(
             "#!/bin/sh\ncat >/dev/null\nstate={}/failed-once\n\
@@ -620,39 +659,35 @@ async fn a_recreated_sandbox_gets_the_same_device_and_its_vm_pings() -> Result<(
             flaky_state.path().display()
         ),
     )?;
-    multus.add_nad(
+    setup.multus.add_nad(
         "default",
         "flaky",
         None,
         r#"{"cniVersion":"1.0.0","name":"flaky","type":"flaky"}"#,
     );
-    let alloc = Node::allocate(&mut client, "dataplaneMvp2").await?;
-    node.hold_pod(
-        &pod.namespace,
-        &pod.name,
-        &resource("dataplane"),
-        &["dataplaneMvp2"],
-    )?;
+    let alloc = setup
+        .allocate_for(&pod.namespace, &pod.name, "dataplane", "dataplaneMvp2")
+        .await?;
     let index = alloc.ifindex()?;
     steps.say(format!(
         "{} -> {}",
         alloc.device_id,
         alloc.host_path.display()
     ));
-    multus.add_nad(
+    setup.multus.add_nad(
         "default",
         "dataplane",
         Some(&resource("dataplane")),
         &nad("1.0.0", "dataplane"),
     );
-    multus.add_pod(&pod);
+    setup.multus.add_pod(&pod);
 
     steps.step(
         "first sandbox: Multus ADD runs our network, then the second network fails: \
          Multus rolls back, the runtime calls DEL and removes the namespace",
     );
     let first = TestNs::new("sandbox-a")?;
-    let add = multus.run("ADD", &pod, &first)?;
+    let add = setup.multus.run("ADD", &pod, &first)?;
     ensure!(
         !add.ok,
         "the first ADD should fail on the flaky network: {}",
@@ -668,10 +703,10 @@ async fn a_recreated_sandbox_gets_the_same_device_and_its_vm_pings() -> Result<(
         "Multus ran our plugin {ours:?} (expected ADD, then DEL on the rollback)"
     );
     steps.say(format!("Multus: {}", add.json["msg"]));
-    node.returned_link(&alloc.device_id, index)?;
-    let del = multus.run("DEL", &pod, &first)?;
+    setup.node.returned_link(&alloc.device_id, index)?;
+    let del = setup.multus.run("DEL", &pod, &first)?;
     ensure!(del.ok, "Multus DEL failed: {} {}", del.json, del.stderr);
-    node.returned_link(&alloc.device_id, index)?;
+    setup.node.returned_link(&alloc.device_id, index)?;
     drop(first);
     let ifname = pod.networks[0]["interface"]
         .as_str()
@@ -685,27 +720,18 @@ async fn a_recreated_sandbox_gets_the_same_device_and_its_vm_pings() -> Result<(
 
     steps.step("second sandbox, new namespace: the retried Multus ADD, both networks work");
     let second = TestNs::new("sandbox-b")?;
-    let add = multus.run("ADD", &pod, &second)?;
-    check_multus_add(&multus, &add, &pod, &second, &alloc, Some(VM_MAC))?;
-    let moved: Value = serde_json::from_str(&second.ip(&["-j", "link", "show", "dev", &ifname])?)?;
+    let add = setup.multus.run("ADD", &pod, &second)?;
+    check_multus_add(&setup.multus, &add, &pod, &second, &alloc, Some(VM_MAC))?;
+    let moved = second.link_json(&ifname)?.unwrap_or_default();
     ensure!(
-        moved[0]["ifindex"].as_u64() == Some(u64::from(index)),
+        moved["ifindex"].as_u64() == Some(u64::from(index)),
         "the retried ADD got ifindex {} instead of {index}",
-        moved[0]["ifindex"]
+        moved["ifindex"]
     );
 
     steps.step("QEMU in the new sandbox on the original DeviceSpec's /dev/tapN");
     let work = tempfile::tempdir()?;
-    let run = tokio::task::block_in_place(|| {
-        run_qemu(
-            &second.name,
-            &alloc.host_path,
-            &guest,
-            &net(VM_MAC, 20),
-            work.path(),
-        )
-    })?;
-    steps.say(run.markers());
+    let run = boot_qemu(&steps, &second, &alloc, &guest, VM_MAC, 20, work.path())?;
     ensure!(
         run.ping_ok,
         "the guest in the re-created sandbox could not ping {PEER_IP}:\n{}",
@@ -716,11 +742,11 @@ async fn a_recreated_sandbox_gets_the_same_device_and_its_vm_pings() -> Result<(
     drop(second);
     let healed = Instant::now();
     let deadline = healed + node::WAIT;
-    while node.returned_link(&alloc.device_id, index).is_err() {
+    while setup.node.returned_link(&alloc.device_id, index).is_err() {
         ensure!(
             Instant::now() < deadline,
             "the device plugin did not re-create the lost link; daemon log:\n{}",
-            node.daemon_log()
+            setup.node.daemon_log()
         );
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -731,13 +757,13 @@ async fn a_recreated_sandbox_gets_the_same_device_and_its_vm_pings() -> Result<(
 
     steps.step("third sandbox: the retried Multus ADD works on the healed link");
     let third = TestNs::new("sandbox-c")?;
-    let add = multus.run("ADD", &pod, &third)?;
-    check_multus_add(&multus, &add, &pod, &third, &alloc, Some(VM_MAC))?;
-    let moved: Value = serde_json::from_str(&third.ip(&["-j", "link", "show", "dev", &ifname])?)?;
+    let add = setup.multus.run("ADD", &pod, &third)?;
+    check_multus_add(&setup.multus, &add, &pod, &third, &alloc, Some(VM_MAC))?;
+    let moved = third.link_json(&ifname)?.unwrap_or_default();
     ensure!(
-        moved[0]["ifindex"].as_u64() == Some(u64::from(index)),
+        moved["ifindex"].as_u64() == Some(u64::from(index)),
         "the healed link has ifindex {} instead of {index}",
-        moved[0]["ifindex"]
+        moved["ifindex"]
     );
     ensure!(
         alloc.host_path.exists(),
@@ -746,11 +772,7 @@ async fn a_recreated_sandbox_gets_the_same_device_and_its_vm_pings() -> Result<(
     );
 
     steps.step("teardown as a pod deletion");
-    delete_pod(&node, &multus, &pod, third, &alloc, "dataplane")?;
-    node.stop_device_plugin()?;
-    nothing_left(&node, &taps_before, &[dp])?;
-    println!("\n{}", steps.summary());
-    Ok(())
+    setup.finish(&mut steps, &pod, third, &alloc, "dataplane", &[])
 }
 
 /// A pod whose network names the macvtap NAD but that holds no device:
@@ -759,20 +781,12 @@ async fn a_recreated_sandbox_gets_the_same_device_and_its_vm_pings() -> Result<(
 /// and no link moves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_without_the_resource_gets_the_cnis_error_and_no_link_moves() -> Result<()> {
-    let mut node = Node::new()?;
-    node.start_kubelet().await?;
-    node.start_pod_resources().await?;
-    node.start_device_plugin(GO_README_CONF, &FAST_RECLAIM)?;
-    let mut client = node.plugin("dataplane", 50).await?;
-    let multus = Multus::start(&node)?;
+    let mut setup = Setup::start(GO_README_CONF, &FAST_RECLAIM, "dataplane", 50).await?;
     // Another pod holds a device: its link must stay where it is.
-    Node::allocate(&mut client, "dataplaneMvp1").await?;
-    node.hold_pod(
-        "default",
-        "other-pod",
-        &resource("dataplane"),
-        &["dataplaneMvp1"],
-    )?;
+    setup
+        .allocate_for("default", "other-pod", "dataplane", "dataplaneMvp1")
+        .await?;
+    let (node, multus) = (&mut setup.node, &setup.multus);
     let before = node.ns.links()?;
     multus.add_nad(
         "default",

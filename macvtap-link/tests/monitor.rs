@@ -3,18 +3,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use macvtap_link::Netns;
 use macvtap_link::monitor::{LinkEvent, LinkMonitor};
 use std::sync::mpsc;
 use std::time::Duration;
-
-mod common;
-use common::{Ns, ip};
+use test_support::TestNs;
 
 #[test]
 fn monitor_reports_links_appearing_changing_and_vanishing() {
-    let ns = Ns::new("mon");
-    let netns = Netns::open(format!("/run/netns/{}", ns.0)).unwrap();
+    let ns = TestNs::new("mon").unwrap();
+    let netns = ns.netns().unwrap();
     let monitor = LinkMonitor::in_netns(&netns).unwrap();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
@@ -34,14 +31,13 @@ fn monitor_reports_links_appearing_changing_and_vanishing() {
             return e;
         }
     };
-    ip(&[
-        "-n", &ns.0, "link", "add", "m0", "type", "veth", "peer", "name", "m1",
-    ]);
+    ns.ip(&["link", "add", "m0", "type", "veth", "peer", "name", "m1"])
+        .unwrap();
     wait_for(&|e| matches!(e, LinkEvent::Changed { name, .. } if name == "m0"));
-    ip(&["-n", &ns.0, "link", "set", "m0", "up"]);
+    ns.ip(&["link", "set", "m0", "up"]).unwrap();
     wait_for(
         &|e| matches!(e, LinkEvent::Changed { name, flags, .. } if name == "m0" && flags & 1 == 1),
     );
-    ip(&["-n", &ns.0, "link", "del", "m0"]);
+    ns.ip(&["link", "del", "m0"]).unwrap();
     wait_for(&|e| matches!(e, LinkEvent::Removed { name, .. } if name == "m0"));
 }

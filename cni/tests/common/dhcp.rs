@@ -6,13 +6,13 @@
 //! worktrees and engineers), and refuses to run while a daemon it did not
 //! start serves that socket.
 
-use super::{TestNs, require_root};
 use nix::fcntl::{Flock, FlockArg};
 use std::fs::File;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use test_support::{TestNs, require_root};
 
 /// The reference dhcp plugin (also its daemon, with the `daemon` argument).
 pub const DHCP_PLUGIN: &str = "/usr/lib/cni/dhcp";
@@ -31,7 +31,7 @@ pub struct DhcpLock {
 /// that this test did not start fails the test loudly; a stale socket is
 /// removed.
 pub fn lock() -> DhcpLock {
-    require_root();
+    require_root().unwrap();
     for (path, package) in [
         (DHCP_PLUGIN, "containernetworking-plugins"),
         ("/usr/sbin/dnsmasq", "dnsmasq-base"),

@@ -1,6 +1,6 @@
-//! Test fixtures: throwaway network namespaces that play a node (with a veth
-//! as its NIC) and a pod, and a runner that executes the real `macvtap`
-//! binary the way a container runtime does.
+//! CNI test fixtures: a sandbox of `test_support` namespaces that play a
+//! node (with a veth as its NIC) and a pod, and a runner that executes the
+//! real `macvtap` binary the way a container runtime does.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod dhcp;
@@ -9,69 +9,7 @@ pub mod kubelet;
 use serde_json::Value;
 use std::io::Write;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
-
-static COUNTER: AtomicU32 = AtomicU32::new(0);
-
-/// Fails the test loudly when not root: these tests need netlink and netns.
-pub fn require_root() {
-    if !nix::unistd::Uid::effective().is_root() {
-        panic!(
-            "NOT RUN: this test needs root (network namespaces, macvtap links); \
-             run the suite as root as .ci/run does"
-        );
-    }
-}
-
-/// Runs a command and panics with its output when it fails.
-pub fn sh(args: &[&str]) -> String {
-    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// A named network namespace that is deleted on drop.
-pub struct TestNs {
-    pub name: String,
-}
-
-impl TestNs {
-    pub fn new(tag: &str) -> Self {
-        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
-        let name = format!("mvt-{}-{n}-{tag}", std::process::id());
-        sh(&["ip", "netns", "add", &name]);
-        sh(&["ip", "-n", &name, "link", "set", "lo", "up"]);
-        TestNs { name }
-    }
-
-    pub fn path(&self) -> String {
-        format!("/run/netns/{}", self.name)
-    }
-}
-
-impl Drop for TestNs {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-    }
-}
-
-/// An ifindex that no other test will pick, so `/dev/tapN` never collides.
-pub fn unique_ifindex() -> u32 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    let seed = t
-        ^ std::process::id().wrapping_mul(2_654_435_761)
-        ^ COUNTER.fetch_add(1, Ordering::SeqCst).wrapping_mul(40503);
-    100_000 + seed % 900_000_000
-}
+use test_support::{TestNs, require_root, unique_ifindex};
 
 /// A sandbox node: `node` holds the NIC `lower0` (a veth whose peer `peer0`
 /// is in `peer`), `pod` is an empty pod namespace.
@@ -83,16 +21,11 @@ pub struct Sandbox {
 
 impl Sandbox {
     pub fn new() -> Self {
-        require_root();
-        let node = TestNs::new("node");
-        let peer = TestNs::new("peer");
-        let pod = TestNs::new("pod");
-        sh(&[
-            "ip", "-n", &node.name, "link", "add", "lower0", "type", "veth", "peer", "name",
-            "peer0", "netns", &peer.name,
-        ]);
-        sh(&["ip", "-n", &node.name, "link", "set", "lower0", "up"]);
-        sh(&["ip", "-n", &peer.name, "link", "set", "peer0", "up"]);
+        require_root().unwrap();
+        let node = TestNs::new("node").unwrap();
+        let peer = TestNs::new("peer").unwrap();
+        let pod = TestNs::new("pod").unwrap();
+        node.add_nic_to("lower0", &peer, "peer0").unwrap();
         Sandbox { pod, peer, node }
     }
 
@@ -106,23 +39,20 @@ impl Sandbox {
 
     /// [`Sandbox::allocate`] with a given ifindex.
     pub fn allocate_at(&self, device_id: &str, index: u32) {
-        let name = macvtap_link::link_name_for_device(device_id);
-        sh(&[
-            "ip",
-            "-n",
-            &self.node.name,
-            "link",
-            "add",
-            &name,
-            "index",
-            &index.to_string(),
-            "link",
-            "lower0",
-            "type",
-            "macvtap",
-            "mode",
-            "bridge",
-        ]);
+        self.add_macvtap(&macvtap_link::link_name_for_device(device_id), index);
+    }
+
+    /// A bridge-mode macvtap `name` on `lower0` in the node namespace with
+    /// ifindex `index` (from [`unique_ifindex`], so its `/dev/tapN` is its
+    /// own).
+    pub fn add_macvtap(&self, name: &str, index: u32) {
+        let index = index.to_string();
+        self.node
+            .ip(&[
+                "link", "add", name, "index", &index, "link", "lower0", "type", "macvtap", "mode",
+                "bridge",
+            ])
+            .unwrap();
     }
 
     /// Runs the real plugin inside the node namespace.
@@ -143,16 +73,7 @@ impl Sandbox {
 
     /// The addresses (`addr/prefix`) on `net1` in the pod.
     pub fn pod_addrs(&self) -> Vec<String> {
-        let out = sh(&[
-            "ip",
-            "-n",
-            &self.pod.name,
-            "-j",
-            "addr",
-            "show",
-            "dev",
-            "net1",
-        ]);
+        let out = self.pod.ip(&["-j", "addr", "show", "dev", "net1"]).unwrap();
         let v: Value = serde_json::from_str(&out).unwrap();
         v[0]["addr_info"]
             .as_array()
@@ -164,12 +85,12 @@ impl Sandbox {
 
     /// `ip -d -j link show` of one link in a namespace, or None.
     pub fn link(&self, ns: &TestNs, name: &str) -> Option<Value> {
-        link_json(&ns.name, name)
+        ns.link_json(name).unwrap()
     }
 
     /// What the host namespace looks like, to compare before and after.
     pub fn node_links(&self) -> Vec<(u64, String, String, u64, String)> {
-        links_summary(&self.node.name)
+        links_summary(&self.node)
     }
 }
 
@@ -260,23 +181,9 @@ pub fn run_plugin(netns: &str, env: &[(&str, String)], stdin: &[u8]) -> CniRun {
     }
 }
 
-pub fn link_json(ns: &str, name: &str) -> Option<Value> {
-    let out = Command::new("ip")
-        .args(["-n", ns, "-d", "-j", "link", "show", "dev", name])
-        .output()
-        .unwrap();
-    if !out.status.success() {
-        return None;
-    }
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    v.as_array().and_then(|a| a.first()).cloned()
-}
-
 /// (ifindex, name, kind, mtu, mac) of every link in a namespace.
-pub fn links_summary(ns: &str) -> Vec<(u64, String, String, u64, String)> {
-    let out = sh(&["ip", "-n", ns, "-d", "-j", "link", "show"]);
-    let v: Value = serde_json::from_str(&out).unwrap();
-    v.as_array()
+pub fn links_summary(ns: &TestNs) -> Vec<(u64, String, String, u64, String)> {
+    ns.links_json()
         .unwrap()
         .iter()
         .map(|l| {

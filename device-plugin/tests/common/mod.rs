@@ -1,98 +1,22 @@
-//! Helpers for the device plugin's kernel tests: a fresh network namespace
+//! Helpers for the device plugin's kernel tests: a `test_support` namespace
 //! as the node (a veth pair as its NIC), a temp kubelet directory, and the
 //! real daemon binary running inside the namespace.
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
-use macvtap_deviceplugin::testkubelet::{TestKubelet, tap_node_lock};
-use macvtap_link::{Handle, Link, Netns};
+use macvtap_deviceplugin::testkubelet::TestKubelet;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
+use test_support::tap_node_lock;
+pub use test_support::{TestNs, require_root};
 
 /// The generous deadline every wait uses.
 pub const DEADLINE: Duration = Duration::from_secs(10);
 
-/// Fails the test loudly when it cannot run: these tests need root.
-pub fn require_root() {
-    if !nix::unistd::geteuid().is_root() {
-        panic!(
-            "NOT RUN: this test needs root (it creates network namespaces and macvtap links); \
-             run the suite as root"
-        );
-    }
-}
-
 static COUNTER: AtomicU32 = AtomicU32::new(0);
-
-/// A network namespace made by the test, deleted on drop.
-pub struct TestNs {
-    /// Its name under /run/netns.
-    pub name: String,
-}
-
-impl TestNs {
-    /// Creates a namespace with loopback up.
-    pub fn new(tag: &str) -> Self {
-        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
-        let name = format!("dpt-{tag}-{}-{n}", std::process::id());
-        sh("ip", &["netns", "add", &name]);
-        let ns = Self { name };
-        ns.ip(&["link", "set", "lo", "up"]);
-        ns
-    }
-
-    /// Runs `ip -n <ns> ARGS` and panics on failure.
-    pub fn ip(&self, args: &[&str]) {
-        let mut all = vec!["-n", self.name.as_str()];
-        all.extend_from_slice(args);
-        sh("ip", &all);
-    }
-
-    /// The namespace file.
-    pub fn path(&self) -> PathBuf {
-        PathBuf::from("/run/netns").join(&self.name)
-    }
-
-    /// A netlink handle inside the namespace.
-    pub fn handle(&self) -> Handle {
-        Handle::in_netns(&Netns::open(self.path()).unwrap()).unwrap()
-    }
-
-    /// A link of the namespace by name.
-    pub fn link(&self, name: &str) -> Option<Link> {
-        self.handle().get_link(name).unwrap()
-    }
-
-    /// Adds a veth pair `name` / `<name>p` (the fake NIC and its peer), both up.
-    pub fn add_nic(&self, name: &str) {
-        let peer = format!("{name}p");
-        self.ip(&["link", "add", name, "type", "veth", "peer", "name", &peer]);
-        self.ip(&["link", "set", &peer, "up"]);
-        self.ip(&["link", "set", name, "up"]);
-    }
-}
-
-impl Drop for TestNs {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-    }
-}
-
-/// Runs a command and panics with its output on failure.
-pub fn sh(cmd: &str, args: &[&str]) {
-    let out = Command::new(cmd).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd} {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// The daemon binary running inside a namespace.
 pub struct Daemon {
@@ -201,10 +125,10 @@ pub struct Node {
 impl Node {
     /// A node with NIC `eth1` and no daemon or kubelet yet.
     pub fn new(tag: &str) -> Self {
-        require_root();
+        require_root().unwrap();
         let tap_lock = tap_node_lock().unwrap();
-        let ns = TestNs::new(tag);
-        ns.add_nic("eth1");
+        let ns = TestNs::new(tag).unwrap();
+        ns.add_nic("eth1").unwrap();
         Self {
             daemon: None,
             kubelet: None,
@@ -254,11 +178,7 @@ impl Drop for Node {
         // Namespaces die asynchronously, and their macvtaps' /dev/tapN nodes
         // with them: delete the macvtaps now, while the tap-node lock is
         // held, so the next test cannot meet a stale node of the same index.
-        if let Ok(links) = self.ns.handle().list_links() {
-            for l in links.iter().filter(|l| l.is_macvtap()) {
-                let _ = self.ns.handle().del_link(l.index, &l.name);
-            }
-        }
+        let _ = self.ns.delete_macvtaps();
     }
 }
 
@@ -431,9 +351,8 @@ pub struct FakeApiServer {
 impl FakeApiServer {
     /// Listens on a free port of 127.0.0.1 in `ns`.
     pub fn start(ns: &TestNs) -> Self {
-        let std_listener = Netns::open(ns.path())
-            .unwrap()
-            .run(|| std::net::TcpListener::bind("127.0.0.1:0").map_err(macvtap_link::Error::Socket))
+        let std_listener = ns
+            .run(|| Ok(std::net::TcpListener::bind("127.0.0.1:0")?))
             .unwrap();
         std_listener.set_nonblocking(true).unwrap();
         let port = std_listener.local_addr().unwrap().port();
@@ -554,6 +473,21 @@ async fn serve_api_connection(
             invalid,
         });
     }
+}
+
+/// Fetches `path` from the metrics server at `127.0.0.1:9402` inside `ns`
+/// (the daemon's `--metrics-addr` in these tests) and returns the response.
+pub fn http_get(ns: &TestNs, path: &str) -> String {
+    use std::io::{Read, Write};
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
+    ns.run(move || {
+        let mut s = std::net::TcpStream::connect("127.0.0.1:9402")?;
+        s.write_all(req.as_bytes())?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        Ok(out)
+    })
+    .unwrap()
 }
 
 /// Waits until the daemon's log satisfies `pred`, and returns it.
