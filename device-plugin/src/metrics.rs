@@ -3,6 +3,7 @@
 //! build-info gauge, as the Go client renders them.
 
 use crate::procstat::ProcessStats;
+use crate::reclaim::RoundOutcome;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
@@ -53,6 +54,7 @@ struct Inner {
     resources: BTreeMap<String, ResourceMetrics>,
     leaked_links_removed: u64,
     links_healed: u64,
+    reclaim_rounds: [u64; 3],
     config_reloads: u64,
     config_reload_errors: u64,
 }
@@ -127,6 +129,11 @@ impl Metrics {
     /// Counts lost macvtaps re-created for the pods that hold their devices.
     pub fn links_healed(&self, n: u64) {
         self.with(|m| m.links_healed += n);
+    }
+
+    /// Counts one reclaim round by how it ended.
+    pub fn reclaim_round(&self, outcome: RoundOutcome) {
+        self.with(|m| m.reclaim_rounds[round_slot(outcome)] += 1);
     }
 
     /// Counts a config file reload attempt.
@@ -241,6 +248,15 @@ impl Metrics {
                     "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
                 );
             }
+            let name = "macvtap_dp_reclaim_rounds_total";
+            let _ = writeln!(
+                out,
+                "# HELP {name} Reclaim rounds, by outcome (done, skipped without a PodResources socket, failed).\n# TYPE {name} counter"
+            );
+            for outcome in [RoundOutcome::Done, RoundOutcome::Skipped, RoundOutcome::Failed] {
+                let v = m.reclaim_rounds[round_slot(outcome)];
+                let _ = writeln!(out, "{name}{{outcome=\"{}\"}} {v}", outcome.label());
+            }
             let _ = writeln!(
                 out,
                 "# HELP macvtap_dp_build_info The running build: its version as a label, value always 1.\n\
@@ -307,6 +323,15 @@ fn process_metrics(out: &mut String, p: &ProcessStats) {
 }
 
 /// A label value with `\`, `"` and newlines escaped, as the format requires.
+/// Where `outcome` is counted in `Inner::reclaim_rounds`.
+fn round_slot(outcome: RoundOutcome) -> usize {
+    match outcome {
+        RoundOutcome::Done => 0,
+        RoundOutcome::Skipped => 1,
+        RoundOutcome::Failed => 2,
+    }
+}
+
 /// The `reason` label values of `macvtap_dp_unhealthy_total`.
 pub const UNHEALTHY_REASONS: [&str; 3] = ["nic_missing", "nic_down", "nic_enslaved"];
 
@@ -380,7 +405,17 @@ mod tests {
         m.allocation("macvtap.network.kubevirt.io/eth0", false, Duration::ZERO);
         m.registration("macvtap.network.kubevirt.io/eth0", true);
         m.leaked_links_removed(2);
+        m.reclaim_round(RoundOutcome::Skipped);
+        m.reclaim_round(RoundOutcome::Skipped);
+        m.reclaim_round(RoundOutcome::Failed);
         let t = m.render();
+        for want in [
+            "macvtap_dp_reclaim_rounds_total{outcome=\"done\"} 0\n",
+            "macvtap_dp_reclaim_rounds_total{outcome=\"skipped\"} 2\n",
+            "macvtap_dp_reclaim_rounds_total{outcome=\"failed\"} 1\n",
+        ] {
+            assert!(t.contains(want), "{want} in {t}");
+        }
         assert!(t.contains("macvtap_dp_devices{resource=\"macvtap.network.kubevirt.io/eth0\",state=\"healthy\"} 3\n"), "{t}");
         assert!(
             t.contains(

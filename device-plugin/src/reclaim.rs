@@ -287,21 +287,20 @@ impl Reclaimer {
         due
     }
 
-    /// One round: ask the kubelet, list links, delete what is due. Returns
-    /// how many links were deleted. Without a PodResources socket it logs
-    /// that once and does nothing.
+    /// One round: ask the kubelet, list links, delete what is due. Without a
+    /// PodResources socket it logs that once and does nothing.
     pub async fn run_once(
         &mut self,
         resources: &[ResourceConfig],
         metrics: &Metrics,
-    ) -> Result<usize> {
+    ) -> Result<RoundOutcome> {
         if !self.socket.exists() {
             if !self.said_socket_absent {
                 info!(socket = %self.socket.display(), "no PodResources socket; leaked-link reclaim is skipped until it appears");
                 self.said_socket_absent = true;
             }
             self.first_seen.clear();
-            return Ok(0);
+            return Ok(RoundOutcome::Skipped);
         }
         self.said_socket_absent = false;
         // Links first: every link listed existed before PodResources answers.
@@ -330,7 +329,7 @@ impl Reclaimer {
         let due = self.due(&leaked, Instant::now());
         debug!(leaked = leaked.len(), due = due.len(), "reclaim round done");
         if due.is_empty() {
-            return Ok(0);
+            return Ok(RoundOutcome::Done);
         }
         let deleted = tokio::task::spawn_blocking(move || delete_links(&due))
             .await
@@ -343,7 +342,29 @@ impl Reclaimer {
             });
         }
         metrics.leaked_links_removed(deleted.len() as u64);
-        Ok(deleted.len())
+        Ok(RoundOutcome::Done)
+    }
+}
+
+/// How a reclaim round ended, counted in `macvtap_dp_reclaim_rounds_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoundOutcome {
+    /// The round asked the kubelet and acted on its answer.
+    Done,
+    /// There was no PodResources socket, so the round did nothing.
+    Skipped,
+    /// The round failed (a netlink or PodResources error, logged).
+    Failed,
+}
+
+impl RoundOutcome {
+    /// The `outcome` label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            RoundOutcome::Done => "done",
+            RoundOutcome::Skipped => "skipped",
+            RoundOutcome::Failed => "failed",
+        }
     }
 }
 
@@ -457,9 +478,14 @@ pub async fn reclaim_loop(
             }
         }
         let current = resources.borrow().clone();
-        if let Err(e) = reclaimer.run_once(&current, &metrics).await {
-            warn!(error = %e, "leaked-link reclaim round failed");
-        }
+        let outcome = match reclaimer.run_once(&current, &metrics).await {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                warn!(error = %e, "leaked-link reclaim round failed");
+                RoundOutcome::Failed
+            }
+        };
+        metrics.reclaim_round(outcome);
     }
 }
 

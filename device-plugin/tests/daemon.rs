@@ -899,7 +899,11 @@ async fn reclaim_without_pod_resources_socket_is_skipped_with_one_message() {
     let mut node = node_with_dp(
         "noprs",
         "name=dp,lowerDevice=eth1,capacity=2",
-        &["--reclaim-interval=100ms", "--reclaim-grace=0s"],
+        &[
+            "--reclaim-interval=100ms",
+            "--reclaim-grace=0s",
+            "--metrics-addr=127.0.0.1:9402",
+        ],
     )
     .await;
     node.kubelet()
@@ -907,12 +911,21 @@ async fn reclaim_without_pod_resources_socket_is_skipped_with_one_message() {
         .await
         .unwrap();
     node.kubelet().allocate(DP, &["dpMvp0"]).await.unwrap();
+    // Several skipped rounds, counted by the daemon itself.
     let end = Instant::now() + DEADLINE;
-    while !node.daemon().log().contains("no PodResources socket") && Instant::now() < end {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let skipped = |m: &str| {
+        m.lines()
+            .find_map(|l| l.strip_prefix("macvtap_dp_reclaim_rounds_total{outcome=\"skipped\"} "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let mut metrics = http_get(&node.ns, "/metrics");
+    while skipped(&metrics) < 4 && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        metrics = http_get(&node.ns, "/metrics");
     }
-    // Several rounds later: still one message, and the link is untouched.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(skipped(&metrics) >= 4, "{metrics}");
+    // Still one message, and the link is untouched.
     let log = node.daemon().log();
     assert_eq!(log.matches("no PodResources socket").count(), 1, "{log}");
     assert!(
