@@ -19,13 +19,22 @@ pub fn require_root() -> Result<()> {
 
 /// Runs `ip` with `args`; an error carries its stderr.
 pub fn ip(args: &[&str]) -> Result<String> {
-    let out = Command::new("ip")
-        .args(args)
+    let mut all = vec!["ip"];
+    all.extend_from_slice(args);
+    run(&all)
+}
+
+/// Runs the program `args[0]` with the rest as arguments and returns its
+/// stdout; an error carries its stderr.
+pub fn run(args: &[&str]) -> Result<String> {
+    let (program, rest) = args.split_first().context("no program to run")?;
+    let out = Command::new(program)
+        .args(rest)
         .output()
-        .context("running ip (apt-get install iproute2)")?;
+        .with_context(|| format!("running {program} (hack/setup.sh installs it)"))?;
     if !out.status.success() {
         bail!(
-            "ip {}: {}",
+            "{}: {}",
             args.join(" "),
             String::from_utf8_lossy(&out.stderr).trim()
         );
