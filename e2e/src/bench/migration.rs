@@ -141,7 +141,7 @@ pub async fn compare(static_dir: &Path, per_variant: usize, report: &mut Report)
              and the VM answered after the switchover shows as a long round trip, not a loss (that \
              queue holds 1000 frames, the NIC's txqueuelen: 10 s of these pings; busier \
              traffic or a longer wait overflows it, and then it is loss).",
-            format!("{} s", TARGET_LEAD.as_secs_f64())
+            TARGET_LEAD.as_secs_f64()
         ),
     );
     report.text(&table(&silent, &chatty));
