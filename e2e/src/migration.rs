@@ -15,11 +15,14 @@
 //! nodes live in this one host. The PodResources check is enforced against
 //! each node's own test kubelet. QEMU runs as uid 107 on the pod's
 //! `/dev/tapN` (see [`crate::vm`]); the target QEMU waits with `-incoming`
-//! and the source migrates to it through QMP, as libvirt does for a
+//! and the source migrates to it through QMP, as libvirt drives QEMU for a
 //! KubeVirt migration (`migrate` with a `unix:` URI, then `query-migrate`
-//! until `completed`; libvirt's direct migration over a unix socket).
-//! QEMU's own announcement after switchover (RARP, `announce-*`
-//! defaults) stays on.
+//! until `completed`). In KubeVirt each QEMU also talks to a unix socket,
+//! and virt-handler's migration proxy joins the two over the network
+//! (`pkg/virt-handler/migration-proxy/migration-proxy.go`); here both ends
+//! share one socket, since the nodes share one host. QEMU's own
+//! announcement after the switchover (RARP, the `announce-*` defaults)
+//! stays on.
 
 use crate::guest::{self, Guest, SERVING};
 use crate::icmp::{Figures, Pinger};

@@ -129,7 +129,7 @@ pub async fn compare(static_dir: &Path, per_variant: usize, report: &mut Report)
              and its test kubelet. The VM (QEMU TCG, 128 MiB, as uid 107 on `/dev/tapN`, \
              `macAddress` set) migrates between the nodes, back and forth: for each migration \
              the target node allocates a device and runs our CNI's ADD with the VM's MAC, QEMU \
-             there waits with `-incoming`, and {} later the source QEMU migrates to it over a \
+             there waits with `-incoming`, and {} s later the source QEMU migrates to it over a \
              unix socket through QMP; then the source pod's CNI DEL. The peer pings the VM \
              every 10 ms throughout, from its raw socket. **silent**: our CNI (no IPv6 on the \
              pod-side link). **chatty**: IPv6 re-enabled on the target pod's link right after \
