@@ -131,8 +131,20 @@ fn build_variant(cache: &Path, iperf: bool) -> Result<Guest> {
     } else {
         "initrd.cpio"
     });
+    // Written beside it and renamed over it: a test in another process may
+    // be booting (QEMU reading, libvirt copying) the previous initramfs
+    // right now, and must never see a half-written one.
+    let partial = cache.join(format!(
+        ".{}.{}",
+        initrd
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("initrd"),
+        std::process::id()
+    ));
     let mut cpio = Cpio::new(std::io::BufWriter::new(
-        std::fs::File::create(&initrd).with_context(|| format!("creating {}", initrd.display()))?,
+        std::fs::File::create(&partial)
+            .with_context(|| format!("creating {}", partial.display()))?,
     ));
     for d in ["bin", "dev", "proc", "sys", "tmp", "lib", "lib/mod"] {
         cpio.dir(d)?;
@@ -158,6 +170,8 @@ fn build_variant(cache: &Path, iperf: bool) -> Result<Guest> {
     cpio.file("lib/mod/order", 0o644, order.as_bytes())?;
     cpio.file("init", 0o755, INIT.as_bytes())?;
     std::io::Write::flush(&mut cpio.finish()?)?;
+    std::fs::rename(&partial, &initrd)
+        .with_context(|| format!("renaming {} to {}", partial.display(), initrd.display()))?;
     Ok(Guest {
         kernel: vmlinuz,
         initrd,
