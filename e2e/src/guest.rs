@@ -2,7 +2,8 @@
 //! `apt-get download`, never installed) and a busybox-static initramfs whose
 //! `/init` loads the virtio-net modules, configures `eth0` from the kernel
 //! command line, pings the peer, prints a marker on the serial console and
-//! powers off. Built at test time and cached.
+//! powers off (or, with `vmtest.mode=serve`, stays up answering pings, for
+//! live migration). Built at test time and cached.
 
 use crate::cpio::Cpio;
 use anyhow::{Context, Result, bail};
@@ -13,6 +14,9 @@ use std::process::Command;
 pub const PING_OK: &str = "VMTEST-PING-OK";
 /// The marker the guest prints when the peer never answered.
 pub const PING_FAIL: &str = "VMTEST-PING-FAIL";
+/// The marker the guest prints in `vmtest.mode=serve`, once `eth0` has its
+/// address and is up: it then keeps running (answering pings) until killed.
+pub const SERVING: &str = "VMTEST-SERVING";
 
 /// Kernel image and initramfs ready to boot.
 #[derive(Debug, Clone)]
@@ -59,6 +63,10 @@ echo "VMTEST eth0 mac=$(cat /sys/class/net/eth0/address 2>/dev/null) mtu=$(cat /
 ip link set lo up
 ip addr add "$IP" dev eth0
 ip link set eth0 up
+if [ "$MODE" = serve ]; then
+  echo "VMTEST-SERVING ip=$IP uptime=$(cut -d' ' -f1 /proc/uptime)"
+  while true; do sleep 3600; done
+fi
 ok=0; n=0
 while [ $n -lt "$TRIES" ]; do
   if ping -c 1 -W 1 "$PEER" >/dev/null 2>&1; then ok=1; break; fi
@@ -123,8 +131,20 @@ fn build_variant(cache: &Path, iperf: bool) -> Result<Guest> {
     } else {
         "initrd.cpio"
     });
+    // Written beside it and renamed over it: a test in another process may
+    // be booting (QEMU reading, libvirt copying) the previous initramfs
+    // right now, and must never see a half-written one.
+    let partial = cache.join(format!(
+        ".{}.{}",
+        initrd
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("initrd"),
+        std::process::id()
+    ));
     let mut cpio = Cpio::new(std::io::BufWriter::new(
-        std::fs::File::create(&initrd).with_context(|| format!("creating {}", initrd.display()))?,
+        std::fs::File::create(&partial)
+            .with_context(|| format!("creating {}", partial.display()))?,
     ));
     for d in ["bin", "dev", "proc", "sys", "tmp", "lib", "lib/mod"] {
         cpio.dir(d)?;
@@ -150,6 +170,8 @@ fn build_variant(cache: &Path, iperf: bool) -> Result<Guest> {
     cpio.file("lib/mod/order", 0o644, order.as_bytes())?;
     cpio.file("init", 0o755, INIT.as_bytes())?;
     std::io::Write::flush(&mut cpio.finish()?)?;
+    std::fs::rename(&partial, &initrd)
+        .with_context(|| format!("renaming {} to {}", partial.display(), initrd.display()))?;
     Ok(Guest {
         kernel: vmlinuz,
         initrd,

@@ -6,11 +6,15 @@
 pub mod bench;
 pub mod cpio;
 pub mod guest;
+pub mod icmp;
 pub mod kubelet_socket;
 pub mod manifests;
+pub mod migration;
 pub mod multus;
 pub mod node;
+pub mod qmp;
 pub mod runtime;
 pub mod sandbox;
 pub mod steps;
+pub mod switch;
 pub mod vm;

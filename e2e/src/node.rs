@@ -13,7 +13,21 @@ use macvtap_deviceplugin::testkubelet::{
 use serde_json::Value;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The tests' tap-node lock (see `tap_node_lock`), shared by every node of
+/// one test: an `flock` taken twice in one process, on two descriptors,
+/// would wait for itself, so the nodes of a two-node test hold one guard.
+pub type TapLock = Arc<nix::fcntl::Flock<std::fs::File>>;
+
+/// Takes the tap-node lock for one test (one or more nodes).
+pub fn tap_lock() -> Result<TapLock> {
+    // Fresh namespaces number links from 1; see `tap_node_lock`.
+    Ok(Arc::new(
+        tap_node_lock().map_err(|e| anyhow::anyhow!("{e}"))?,
+    ))
+}
 
 /// The peer host's address on the NIC's segment.
 pub const PEER_IP: &str = "192.0.2.1";
@@ -55,8 +69,9 @@ pub fn binary(package: &str, name: &str) -> Result<PathBuf> {
 pub struct Node {
     /// The node's network namespace (the "host" namespace of this node).
     pub ns: TestNs,
-    /// The peer host at [`PEER_IP`] on the other end of the NIC.
-    pub peer: TestNs,
+    /// The peer host at [`PEER_IP`] on the other end of the NIC (shared by
+    /// the nodes of one L2 segment, see [`crate::switch::Segment`]).
+    pub peer: Arc<TestNs>,
     /// The kubelet's root dir.
     pub kubelet_dir: tempfile::TempDir,
     /// The test kubelet, once started.
@@ -64,7 +79,7 @@ pub struct Node {
     /// The kubelet's PodResources API, once started.
     pub pod_resources: Option<TestPodResources>,
     daemon: Option<Reaped>,
-    _tap_lock: nix::fcntl::Flock<std::fs::File>,
+    _tap_lock: TapLock,
 }
 
 /// The device plugin flags the node e2e uses: reclaim quickly, so that a
@@ -86,8 +101,7 @@ impl Node {
     /// Makes the namespaces: `lower0` in the node, `peer0` with [`PEER_IP`]/24
     /// in the peer.
     pub fn new() -> Result<Self> {
-        // Fresh namespaces number links from 1; see `tap_node_lock`.
-        let lock = tap_node_lock().map_err(|e| anyhow::anyhow!("{e}"))?;
+        let lock = tap_lock()?;
         let ns = TestNs::new("node")?;
         let peer = TestNs::new("peer")?;
         ns.ip(&[
@@ -96,6 +110,16 @@ impl Node {
         ns.ip(&["link", "set", "lower0", "up"])?;
         peer.ip(&["addr", "add", &format!("{PEER_IP}/24"), "dev", "peer0"])?;
         peer.ip(&["link", "set", "peer0", "up"])?;
+        Self::assemble(ns, Arc::new(peer), lock)
+    }
+
+    /// A node whose NIC `lower0` is already wired in `ns` (e.g. to a switch
+    /// port), reaching `peer`; `lock` is the test's one tap-node lock.
+    pub fn with_nic(ns: TestNs, peer: Arc<TestNs>, lock: TapLock) -> Result<Self> {
+        Self::assemble(ns, peer, lock)
+    }
+
+    fn assemble(ns: TestNs, peer: Arc<TestNs>, lock: TapLock) -> Result<Self> {
         let kubelet_dir = tempfile::tempdir()?;
         std::fs::create_dir_all(kubelet_dir.path().join("device-plugins"))?;
         Ok(Node {

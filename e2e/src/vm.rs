@@ -218,6 +218,44 @@ pub enum Netdev<'a> {
     TapIfname(&'a str),
 }
 
+/// What [`Qemu::spawn_with`] adds to the common command line. Both ends of
+/// a live migration must be started with the same machine and devices, so
+/// only these differ between them.
+#[derive(Debug, Clone)]
+pub struct QemuExtras {
+    /// Guest RAM in MiB.
+    pub memory_mib: u32,
+    /// A QMP socket QEMU serves (`-qmp unix:<path>,server=on,wait=off`).
+    pub qmp: Option<PathBuf>,
+    /// `-incoming <uri>`: wait for a live migration instead of booting.
+    pub incoming: Option<String>,
+}
+
+impl Default for QemuExtras {
+    fn default() -> Self {
+        QemuExtras {
+            memory_mib: 256,
+            qmp: None,
+            incoming: None,
+        }
+    }
+}
+
+impl QemuExtras {
+    fn qemu_args(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        if let Some(q) = &self.qmp {
+            v.push("-qmp".to_string());
+            v.push(format!("unix:{},server=on,wait=off", q.display()));
+        }
+        if let Some(i) = &self.incoming {
+            v.push("-incoming".to_string());
+            v.push(i.clone());
+        }
+        v
+    }
+}
+
 /// A QEMU process booting the guest, with its serial console in a file.
 pub struct Qemu {
     /// The process (killed on drop).
@@ -240,6 +278,28 @@ impl Qemu {
         net: &GuestNet,
         extra: &str,
         work: &Path,
+    ) -> Result<Self> {
+        Self::spawn_with(
+            pod_ns,
+            netdev,
+            guest,
+            net,
+            extra,
+            work,
+            &QemuExtras::default(),
+        )
+    }
+
+    /// [`Qemu::spawn`] with the options of [`QemuExtras`] (guest RAM, a QMP
+    /// socket, `-incoming` for the target of a live migration).
+    pub fn spawn_with(
+        pod_ns: &str,
+        netdev: &Netdev,
+        guest: &Guest,
+        net: &GuestNet,
+        extra: &str,
+        work: &Path,
+        extras: &QemuExtras,
     ) -> Result<Self> {
         let console = work.join(format!("qemu-{}.console", net.mac.replace(':', "")));
         let _ = std::fs::remove_file(&console);
@@ -267,9 +327,10 @@ impl Qemu {
             .args(user)
             .args(["sh", "-c", r#"exec "$@" 3<>"$TAP""#, "sh"])
             .arg("qemu-system-x86_64")
-            .args([
-                "-accel", "tcg", "-m", "256", "-smp", "1", "-display", "none", "-monitor", "none",
-            ])
+            .args(["-accel", "tcg", "-m"])
+            .arg(extras.memory_mib.max(1).to_string())
+            .args(["-smp", "1", "-display", "none", "-monitor", "none"])
+            .args(extras.qemu_args())
             .args(["-no-reboot", "-serial"])
             .arg(format!("file:{}", console.display()))
             .arg("-kernel")
@@ -311,7 +372,15 @@ impl Qemu {
                 to_marker = Some(self.start.elapsed());
             }
             if let Some(status) = self.process.child.try_wait()? {
+                // Decide from a read made after the exit, never from `text`,
+                // read before it: the guest may have printed its marker in
+                // between (then the marker time is this read's).
                 let console_text = self.console_text();
+                if to_marker.is_none()
+                    && (console_text.contains(PING_OK) || console_text.contains(PING_FAIL))
+                {
+                    to_marker = Some(self.start.elapsed());
+                }
                 if !status.success() && to_marker.is_none() {
                     let mut err = String::new();
                     if let Some(mut e) = self.process.child.stderr.take() {
@@ -528,7 +597,8 @@ impl Libvirtd {
             .context("running virsh (apt-get install libvirt-clients)")?;
         if !out.status.success() {
             bail!(
-                "virsh {args:?}: {}",
+                "virsh {}: {}",
+                args.join(" "),
                 String::from_utf8_lossy(&out.stderr).trim()
             );
         }
@@ -623,15 +693,36 @@ impl Libvirtd {
         self.virsh(&["create", &xml_path.to_string_lossy()])?;
         let mut to_marker = None;
         let mut holders = Vec::new();
+        let mut unanswered = 0;
         loop {
             if !held_by_qemu(&holders) {
                 holders = tap_holders(&tap);
             }
+            // Whether the domain is gone is asked *before* the console is
+            // read: once it is gone, the read below is made after its end
+            // and holds everything the guest printed.
+            let gone = match self.domain_state(name) {
+                Ok(state) => {
+                    unanswered = 0;
+                    state.ended()
+                }
+                Err(e) => {
+                    // A transient failure (libvirtd busy) is not an end.
+                    unanswered += 1;
+                    if unanswered >= DOMSTATE_TRIES {
+                        let _ = self.virsh(&["destroy", name]);
+                        return Err(e.context(format!(
+                            "virsh domstate failed {DOMSTATE_TRIES} times in a row"
+                        )));
+                    }
+                    false
+                }
+            };
             let text = std::fs::read_to_string(&console).unwrap_or_default();
             if to_marker.is_none() && (text.contains(PING_OK) || text.contains(PING_FAIL)) {
                 to_marker = Some(start.elapsed());
             }
-            if self.virsh(&["domstate", name]).is_err() {
+            if gone {
                 return Ok((
                     VmRun {
                         ping_ok: text.contains(PING_OK),
@@ -652,8 +743,75 @@ impl Libvirtd {
     }
 }
 
+/// How many `virsh domstate` failures in a row (100 ms apart) end a wait.
+const DOMSTATE_TRIES: u32 = 20;
+
+/// A domain's state as `virsh domstate` tells it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DomainState {
+    /// libvirt knows no such domain (a transient domain that ended).
+    Gone,
+    /// The state libvirt reports, e.g. `running`, `shut off`.
+    Is(String),
+}
+
+impl DomainState {
+    /// The domain no longer runs: gone, shut off or crashed.
+    pub fn ended(&self) -> bool {
+        match self {
+            DomainState::Gone => true,
+            DomainState::Is(s) => s == "shut off" || s == "crashed",
+        }
+    }
+
+    /// Reads `virsh domstate`'s outcome: its stdout, or the error it printed.
+    /// Only "no such domain" means gone; any other error is an error.
+    pub fn parse(outcome: std::result::Result<&str, &str>) -> Option<Self> {
+        match outcome {
+            Ok(out) => Some(DomainState::Is(out.trim().to_string())),
+            Err(err)
+                if err.contains("Domain not found") || err.contains("failed to get domain") =>
+            {
+                Some(DomainState::Gone)
+            }
+            Err(_) => None,
+        }
+    }
+}
+
+impl Libvirtd {
+    /// The domain's state; an error only when virsh failed for another
+    /// reason than an unknown domain.
+    pub fn domain_state(&self, name: &str) -> Result<DomainState> {
+        match self.virsh(&["domstate", name]) {
+            Ok(out) => Ok(DomainState::Is(out.trim().to_string())),
+            Err(e) => match DomainState::parse(Err(&format!("{e:#}"))) {
+                Some(state) => Ok(state),
+                None => Err(e),
+            },
+        }
+    }
+}
+
 impl Drop for Libvirtd {
     fn drop(&mut self) {
         self.process.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DomainState;
+
+    #[test]
+    fn only_an_unknown_domain_counts_as_gone() {
+        let gone = "virsh domstate vm: error: failed to get domain 'vm'";
+        assert_eq!(DomainState::parse(Err(gone)), Some(DomainState::Gone));
+        // A transient failure is no answer, not an end.
+        let busy = "virsh: error: failed to connect to the hypervisor";
+        assert_eq!(DomainState::parse(Err(busy)), None);
+        let running = DomainState::parse(Ok("running\n")).unwrap();
+        assert!(!running.ended());
+        assert!(DomainState::parse(Ok("shut off\n")).unwrap().ended());
     }
 }

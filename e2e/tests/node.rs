@@ -496,7 +496,16 @@ async fn virt_launcher_libvirt_runs_a_multiqueue_vm_with_the_links_mac_and_mtu()
         )
     })?;
     steps.say(run.markers());
-    let qemus = node::children(lv_pid);
+    // The QEMUs to check for later are those seen holding the tap while the
+    // domain ran: libvirtd's children sampled now, after the domain ended,
+    // could never show one.
+    let qemus: Vec<u32> = run
+        .tap_holders
+        .iter()
+        .filter(|h| h.comm.starts_with("qemu"))
+        .map(|h| h.pid)
+        .collect();
+    ensure!(!qemus.is_empty(), "no QEMU was seen holding the tap");
     ensure!(
         run.ping_ok,
         "the guest could not ping {PEER_IP}:\n{}",

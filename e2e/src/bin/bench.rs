@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 use macvtap_deviceplugin::testkubelet::TestPodResources;
-use macvtap_e2e::bench::{cni, datapath, dp, plot, report::Report, sizes};
+use macvtap_e2e::bench::{cni, datapath, dp, migration, plot, report::Report, sizes};
 use std::path::PathBuf;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -87,6 +87,13 @@ async fn main() -> Result<()> {
             &mut report,
         )
         .await?;
+    }
+    if want("migration") {
+        let per_variant: usize = std::env::var("BENCH_MIGRATIONS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(6);
+        migration::compare(&root.join("target/static"), per_variant.max(5), &mut report).await?;
     }
     // A subset run must not overwrite the full report.
     let out = if only.is_empty() {

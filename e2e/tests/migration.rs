@@ -1,0 +1,62 @@
+//! Live migration of a VM on our macvtap between two sandbox nodes on one
+//! L2 segment (see `macvtap_e2e::migration`): the migration completes, the
+//! VM answers the peer's pings from the target node after the switchover
+//! (and the switch has learned its MAC there), and once the pods are gone
+//! nothing is left on either node. Once with our silent pod-side link and
+//! once with the link left chatty; whether one loses fewer pings than the
+//! other is for the benchmark to report (`BENCH_ONLY=migration
+//! hack/bench.sh`), not asserted here, and no timing is asserted.
+
+use anyhow::{Result, ensure};
+use macvtap_e2e::migration::{Binaries, Cluster, Variant, port};
+use macvtap_e2e::sandbox::require_root;
+use macvtap_e2e::steps::Steps;
+
+async fn migrate_once(variant: Variant) -> Result<()> {
+    require_root()?;
+    let mut steps = Steps::new();
+    steps.step("switch namespace with a bridge, peer host, two nodes each with our device plugin");
+    let mut cluster = Cluster::start(Binaries::workspace()?).await?;
+
+    steps.step("source pod on node A: Allocate, CNI ADD with the VM's MAC; QEMU boots the VM");
+    let source = cluster.pod(0, variant).await?;
+    let vm = tokio::task::block_in_place(|| cluster.boot(source))?;
+
+    steps.step(&format!(
+        "target pod on node B ({}), QEMU -incoming, migrate through QMP while the peer pings",
+        variant.name()
+    ));
+    let (vm, outcome) = cluster.migrate(vm, 1, variant).await?;
+    steps.say(outcome.describe());
+    ensure!(
+        outcome.target_status == "running",
+        "the target VM is {} after the migration",
+        outcome.target_status
+    );
+    ensure!(
+        outcome.port_after.as_deref() == Some(port(1).as_str()),
+        "the switch has the VM's MAC on port {:?}, not on node B's {}",
+        outcome.port_after,
+        port(1)
+    );
+    ensure!(
+        outcome.figures.to_first_reply.is_some(),
+        "no reply came after the switchover"
+    );
+
+    steps.step("teardown: target VM stopped, its CNI DEL; links reclaimed on both nodes");
+    tokio::task::block_in_place(|| cluster.stop(vm))?;
+    cluster.finish()?;
+    println!("\n{}", steps.summary());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vm_migrates_to_another_node_and_answers_from_there() -> Result<()> {
+    migrate_once(Variant::Silent).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vm_migrates_with_a_chatty_target_link_and_answers_from_there() -> Result<()> {
+    migrate_once(Variant::Chatty).await
+}
