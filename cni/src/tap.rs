@@ -4,6 +4,11 @@ use crate::error::Result;
 use macvtap_link::tapdev::tap_node_path;
 use macvtap_link::{Kernel, Netns};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// How long devtmpfs gets to create `/dev/tapN` (the device plugin made the
+/// link earlier, so the node is normally there already).
+const TAP_NODE_WAIT: Duration = Duration::from_millis(500);
 
 /// Where devtmpfs puts the tap nodes.
 pub const DEV_DIR: &str = "/dev";
@@ -23,7 +28,7 @@ pub fn hand_over(
 ) -> Result<PathBuf> {
     let dev = kernel.tap_device(netns, ifname)?;
     let node = tap_node_path(Path::new(DEV_DIR), ifindex);
-    let opened = kernel.open_tap_node(&node, dev, 50)?;
+    let opened = kernel.open_tap_node(&node, dev, TAP_NODE_WAIT)?;
     kernel.chown_tap_node(&opened, owner, group)?;
     Ok(node)
 }

@@ -15,6 +15,7 @@ use macvtap_link::tapdev::{parse_major_minor, tap_dev_in_netns, tap_node_path};
 use macvtap_link::{Handle, Kernel, Link, Links, Linux, MacvtapMode, Netns, link_name_for_device};
 use nix::errno::Errno;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 use tracing::{info, warn};
 
 /// Where the kernel's tap nodes live, on the host and in the container.
@@ -24,8 +25,8 @@ pub const DEV_DIR: &str = "/dev";
 /// daemon's network namespace (the host's, or the node namespace of a test).
 const SYSFS: &str = "/sys";
 
-/// How many 10 ms tries to give devtmpfs to create `/dev/tapN`.
-const TAP_NODE_TRIES: u32 = 200;
+/// How long devtmpfs gets to create `/dev/tapN` after the macvtap appears.
+const TAP_NODE_WAIT: Duration = Duration::from_secs(2);
 
 /// Checks that every ID of the request belongs to `cfg`, before anything is
 /// created, so that a bad request changes nothing.
@@ -120,6 +121,18 @@ fn allocate_with(
     Ok(out)
 }
 
+/// Wraps a kernel error about device `id`'s link `name`.
+fn device_error<'a>(
+    id: &'a str,
+    name: &'a str,
+) -> impl Fn(macvtap_link::Error) -> Error + Copy + 'a {
+    move |source| Error::Device {
+        device_id: id.to_string(),
+        link: name.to_string(),
+        source,
+    }
+}
+
 /// Re-creates the lost macvtap of device `id` on `lower` with ifindex
 /// `index`, the one whose `/dev/tap<index>` the kubelet keeps handing to the
 /// device's pod, and checks that node. Deletes what it made on failure.
@@ -133,11 +146,7 @@ pub fn recreate_device(
     dev_dir: &Path,
 ) -> Result<Link> {
     let name = link_name_for_device(id);
-    let wrap = |source| Error::Device {
-        device_id: id.to_string(),
-        link: name.clone(),
-        source,
-    };
+    let wrap = device_error(id, &name);
     let link = handle
         .add_macvtap_at(
             &name,
@@ -218,11 +227,7 @@ fn create_device_on(
     dev_dir: &Path,
 ) -> Result<PreparedDevice> {
     let name = link_name_for_device(id);
-    let wrap = |source| Error::Device {
-        device_id: id.to_string(),
-        link: name.clone(),
-        source,
-    };
+    let wrap = device_error(id, &name);
     if let Some(old) = handle.get_link(&name).map_err(wrap)? {
         match unusable_reason(&old, lower, cfg.mode) {
             None => {
@@ -354,7 +359,7 @@ fn check_node(
         Some(dev) => dev,
         None => kernel.tap_device(netns, name).map_err(NodeError::Link)?,
     };
-    match kernel.open_tap_node(node, dev, TAP_NODE_TRIES) {
+    match kernel.open_tap_node(node, dev, TAP_NODE_WAIT) {
         Ok(_) => Ok(()),
         Err(e) if node.symlink_metadata().is_err() => {
             let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();

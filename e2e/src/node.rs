@@ -24,9 +24,7 @@ pub type TapLock = Arc<nix::fcntl::Flock<std::fs::File>>;
 /// Takes the tap-node lock for one test (one or more nodes).
 pub fn tap_lock() -> Result<TapLock> {
     // Fresh namespaces number links from 1; see `tap_node_lock`.
-    Ok(Arc::new(
-        tap_node_lock().map_err(|e| anyhow::anyhow!("{e}"))?,
-    ))
+    Ok(Arc::new(tap_node_lock()?))
 }
 
 /// The peer host's address on the NIC's segment.
@@ -410,26 +408,4 @@ pub fn alive(pid: u32) -> bool {
                 .starts_with('Z')
         })
         .unwrap_or(false)
-}
-
-/// The children of `pid` (from `/proc/*/stat`).
-pub fn children(pid: u32) -> Vec<u32> {
-    let Ok(rd) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/stat"))
-                .ok()
-                .and_then(|s| {
-                    s.rsplit(')')
-                        .next()?
-                        .split_whitespace()
-                        .nth(1)?
-                        .parse::<u32>()
-                        .ok()
-                })
-                == Some(pid)
-        })
-        .collect()
 }

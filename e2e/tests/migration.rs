@@ -2,8 +2,9 @@
 //! L2 segment (see `macvtap_e2e::migration`): the migration completes, the
 //! VM answers the peer's pings from the target node after the switchover
 //! (and the switch has learned its MAC there), and once the pods are gone
-//! nothing is left on either node. Once with our silent pod-side link and
-//! once with the link left chatty; whether one loses fewer pings than the
+//! nothing is left on either node. Once with our silent pod-side link (and
+//! then, before the migration, the switch must still have the VM's MAC on
+//! node A's port) and once with the link left chatty; whether one loses fewer pings than the
 //! other is for the benchmark to report (`BENCH_ONLY=migration
 //! hack/bench.sh`), not asserted here, and no timing is asserted.
 
@@ -33,6 +34,17 @@ async fn migrate_once(variant: Variant) -> Result<()> {
         "the target VM is {} after the migration",
         outcome.target_status
     );
+    if variant == Variant::Silent {
+        // Nothing but the VM on node A sent from its MAC before the
+        // migration: the silent target link taught the switch nothing.
+        ensure!(
+            outcome.port_before.as_deref() == Some(port(0).as_str()),
+            "before the migration the switch had the VM's MAC on {:?}, not on node A's {}: \
+             the target pod's link sent frames from the VM's MAC",
+            outcome.port_before,
+            port(0)
+        );
+    }
     ensure!(
         outcome.port_after.as_deref() == Some(port(1).as_str()),
         "the switch has the VM's MAC on port {:?}, not on node B's {}",

@@ -69,7 +69,7 @@ impl TestNode {
     fn new(layout: Layout) -> Result<Self> {
         require_root()?;
         // Fresh namespaces number links from 1; see `tap_node_lock`.
-        let lock = tap_node_lock().map_err(|e| anyhow!("{e}"))?;
+        let lock = tap_node_lock()?;
         let ns = TestNs::new("rtnode")?;
         ns.ip(&[
             "link", "add", "lower0", "type", "veth", "peer", "name", "peer0",

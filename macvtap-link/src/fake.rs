@@ -20,9 +20,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
-/// The path the fake gives the calling thread's namespace, as [`Netns::current`] does.
-pub const HOST: &str = "/proc/thread-self/ns/net";
+/// The name the fake gives the calling thread's namespace, as [`Netns::current`] does.
+pub const HOST: &str = crate::netns::CURRENT_NETNS;
 
 /// The major number the fake gives every tap device.
 pub const TAP_MAJOR: u64 = 240;
@@ -675,7 +676,7 @@ impl Kernel for FakeKernel {
         }
     }
 
-    fn open_tap_node(&self, path: &Path, dev: (u64, u64), _tries: u32) -> Result<TapNode> {
+    fn open_tap_node(&self, path: &Path, dev: (u64, u64), _wait: Duration) -> Result<TapNode> {
         if let Some(errno) = self.begin(Op::OpenTapNode, path, &path.to_string_lossy()) {
             return Err(Error::TapNode {
                 path: path.to_path_buf(),

@@ -17,6 +17,7 @@ use nix::errno::Errno;
 use std::fmt;
 use std::net::IpAddr;
 use std::path::Path;
+use std::time::Duration;
 
 /// One kind of kernel operation: errors carry it, so callers decide by kind
 /// (never by message text), and the fake fails calls by it.
@@ -183,8 +184,8 @@ pub trait Kernel {
     /// The major:minor of macvtap `ifname`'s char device, seen from `netns`.
     fn tap_device(&self, netns: &Netns, ifname: &str) -> Result<(u64, u64)>;
     /// Opens `path` without following symlinks and checks it is char device
-    /// `dev`, retrying `tries` times while devtmpfs creates it.
-    fn open_tap_node(&self, path: &Path, dev: (u64, u64), tries: u32) -> Result<TapNode>;
+    /// `dev`, retrying for up to `wait` while devtmpfs creates it.
+    fn open_tap_node(&self, path: &Path, dev: (u64, u64), wait: Duration) -> Result<TapNode>;
     /// Gives the opened node to `owner:group` through its descriptor.
     fn chown_tap_node(&self, node: &TapNode, owner: u32, group: u32) -> Result<()>;
 }
@@ -224,8 +225,8 @@ impl Kernel for Linux {
         tapdev::tap_dev_in_netns(netns, ifname)
     }
 
-    fn open_tap_node(&self, path: &Path, dev: (u64, u64), tries: u32) -> Result<TapNode> {
-        tapdev::open_tap_node(path, dev, tries).map(|file| TapNode::opened(path, file))
+    fn open_tap_node(&self, path: &Path, dev: (u64, u64), wait: Duration) -> Result<TapNode> {
+        tapdev::open_tap_node(path, dev, wait).map(|file| TapNode::opened(path, file))
     }
 
     fn chown_tap_node(&self, node: &TapNode, owner: u32, group: u32) -> Result<()> {

@@ -30,7 +30,7 @@ pub(crate) fn open_socket(
         Ok(socket)
     };
     match netns {
-        None => Ok((open()?, PathBuf::from("the current network namespace"))),
+        None => Ok((open()?, PathBuf::from(crate::netns::CURRENT_NETNS))),
         Some(ns) => Ok((ns.run(open)?, ns.path().to_path_buf())),
     }
 }

@@ -11,6 +11,10 @@ use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
+/// How messages name the calling thread's namespace ([`Netns::current`]): a
+/// `/proc/thread-self` path would name a thread that is gone by then.
+pub const CURRENT_NETNS: &str = "the current network namespace";
+
 /// An open network namespace, with the path it was opened from for messages.
 #[derive(Debug)]
 pub struct Netns {
@@ -33,9 +37,12 @@ impl Netns {
         })
     }
 
-    /// Opens the network namespace of the calling thread.
+    /// Opens the network namespace of the calling thread; messages call it
+    /// [`CURRENT_NETNS`].
     pub fn current() -> Result<Self> {
-        Self::open("/proc/thread-self/ns/net")
+        let mut netns = Self::open("/proc/thread-self/ns/net")?;
+        netns.path = PathBuf::from(CURRENT_NETNS);
+        Ok(netns)
     }
 
     /// A namespace of the fake kernel: only its path means anything (the
@@ -52,7 +59,8 @@ impl Netns {
         })
     }
 
-    /// The path this namespace was opened from.
+    /// The path this namespace was opened from ([`CURRENT_NETNS`] for
+    /// [`Netns::current`]), for messages.
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -12,6 +12,7 @@ use nix::sys::stat::{Mode, major, minor};
 use std::fs::File;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// The path of the node the kernel creates for a macvtap with this ifindex.
 pub fn tap_node_path(dev_dir: &Path, ifindex: u32) -> PathBuf {
@@ -81,25 +82,12 @@ fn check_node_meta(path: &Path, meta: &std::fs::Metadata, dev: (u64, u64)) -> Re
     Ok(())
 }
 
-/// Waits briefly for `path` to be the char device `dev` (devtmpfs creates the
-/// node as the link registers) and returns the last error after `tries`.
-pub fn wait_for_tap_node(path: &Path, dev: (u64, u64), tries: u32) -> Result<()> {
-    let mut last = check_tap_node(path, dev);
-    for _ in 1..tries {
-        if last.is_ok() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-        last = check_tap_node(path, dev);
-    }
-    last
-}
-
 /// Opens `path` without following a symlink (`O_PATH | O_NOFOLLOW`) and
-/// checks that the inode opened is the char device `dev`, waiting briefly as
-/// [`wait_for_tap_node`] does. Acting through the returned descriptor (see
-/// [`chown_tap_node`]) acts on exactly the inode that was checked.
-pub fn open_tap_node(path: &Path, dev: (u64, u64), tries: u32) -> Result<File> {
+/// checks that the inode opened is the char device `dev`, retrying for up to
+/// `wait` while devtmpfs creates the node (it does so as the link registers).
+/// Acting through the returned descriptor (see [`chown_tap_node`]) acts on
+/// exactly the inode that was checked.
+pub fn open_tap_node(path: &Path, dev: (u64, u64), wait: Duration) -> Result<File> {
     let once = || -> Result<File> {
         let fd = nix::fcntl::open(
             path,
@@ -118,16 +106,18 @@ pub fn open_tap_node(path: &Path, dev: (u64, u64), tries: u32) -> Result<File> {
         check_node_meta(path, &meta, dev)?;
         Ok(file)
     };
-    let mut last = once();
-    for _ in 1..tries {
-        if last.is_ok() {
-            break;
+    let deadline = Instant::now() + wait;
+    loop {
+        let last = once();
+        if last.is_ok() || Instant::now() >= deadline {
+            return last;
         }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-        last = once();
+        std::thread::sleep(TAP_NODE_POLL);
     }
-    last
 }
+
+/// How often [`open_tap_node`] looks again for a node devtmpfs has not made yet.
+const TAP_NODE_POLL: Duration = Duration::from_millis(10);
 
 /// A `/dev/tapN` node checked to be a macvtap's char device, held open
 /// (`O_PATH`) so that what is done next acts on the inode that was checked.
@@ -219,9 +209,11 @@ mod tests {
         let null = std::fs::metadata("/dev/null").unwrap().rdev();
         let dev = (major(null), minor(null));
         assert!(check_tap_node(&link, dev).is_ok(), "by path it is followed");
-        let e = open_tap_node(&link, dev, 1).unwrap_err().to_string();
+        let e = open_tap_node(&link, dev, Duration::ZERO)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not a character device"), "{e}");
-        let opened = open_tap_node(Path::new("/dev/null"), dev, 1).unwrap();
+        let opened = open_tap_node(Path::new("/dev/null"), dev, Duration::ZERO).unwrap();
         assert!(opened.metadata().unwrap().file_type().is_char_device());
         std::fs::remove_dir_all(&dir).unwrap();
     }

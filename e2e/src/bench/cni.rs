@@ -58,8 +58,7 @@ struct Node {
 
 impl Node {
     fn new() -> Result<Self> {
-        let lock = macvtap_deviceplugin::testkubelet::tap_node_lock()
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let lock = macvtap_deviceplugin::testkubelet::tap_node_lock()?;
         let node = TestNs::new("bn")?;
         let peer = TestNs::new("bp")?;
         node.ip(&[
