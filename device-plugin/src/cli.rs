@@ -25,8 +25,8 @@ pub struct Args {
     #[command(subcommand)]
     pub command: Option<Command>,
 
-    /// The kubelet's root directory; sockets go to <dir>/device-plugins, the
-    /// PodResources API is read from <dir>/pod-resources/kubelet.sock.
+    /// The kubelet's root directory; sockets go to DIR/device-plugins, the
+    /// PodResources API is read from DIR/pod-resources/kubelet.sock.
     #[arg(long, value_name = "DIR", default_value = "/var/lib/kubelet")]
     pub kubelet_dir: PathBuf,
 
