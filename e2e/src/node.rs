@@ -102,12 +102,8 @@ impl Node {
         let lock = tap_lock()?;
         let ns = TestNs::new("node")?;
         let peer = TestNs::new("peer")?;
-        ns.ip(&[
-            "link", "add", "lower0", "type", "veth", "peer", "name", "peer0", "netns", &peer.name,
-        ])?;
-        ns.ip(&["link", "set", "lower0", "up"])?;
+        ns.add_nic_to("lower0", &peer, "peer0")?;
         peer.ip(&["addr", "add", &format!("{PEER_IP}/24"), "dev", "peer0"])?;
-        peer.ip(&["link", "set", "peer0", "up"])?;
         Self::assemble(ns, Arc::new(peer), lock)
     }
 
@@ -360,11 +356,7 @@ impl Drop for Node {
         // Namespaces die asynchronously, and with them their macvtaps and
         // /dev/tapN nodes; delete the macvtaps now, while the tap-node lock
         // is held, so the next sandbox cannot meet a stale node.
-        for link in self.ns.links().unwrap_or_default() {
-            if link.starts_with("mvt") {
-                let _ = self.ns.ip(&["link", "del", &link]);
-            }
-        }
+        let _ = self.ns.delete_macvtaps();
     }
 }
 

@@ -42,6 +42,8 @@ pub struct OwnershipCheck {
 /// The device the PodResources server lists for the `ours+check` series.
 pub const CHECKED_DEVICE: &str = "benchMvp2";
 const FLOOR_MAC: [u8; 6] = [0x02, 0x00, 0xc0, 0x00, 0x02, 0xab];
+/// The MAC the floor's DEL gives back (another one, as ours gives a random one).
+const FLOOR_DEL_MAC: [u8; 6] = [0x02, 0x00, 0xc0, 0x00, 0x02, 0xcd];
 
 /// The node: `lower0` in `node`, three pod namespaces.
 struct Node {
@@ -118,22 +120,27 @@ fn floor_add(host: &Handle, pod_ns: &Netns, name: &str) -> Result<()> {
 }
 
 /// The in-process floor of DEL: the same netlink work as ours, which gives
-/// the link back to the host (get; host look-ups of index and name; move +
-/// rename keeping the ifindex, which closes the link; get; MAC/promisc/down).
+/// the link back to the host (get; host look-ups of index and name; down and
+/// promisc off, then a fresh MAC, in the pod; move + rename keeping the
+/// ifindex).
 fn floor_del(host_ns: &Netns, host: &Handle, pod_ns: &Netns, host_name: &str) -> Result<()> {
     let pod = Handle::in_netns(pod_ns)?;
     let link = pod.get_link("net1")?.context("floor net1 missing")?;
     ensure!(host.get_link_by_index(link.index)?.is_none(), "index taken");
     ensure!(host.get_link(host_name)?.is_none(), "name taken");
-    pod.set_link_ns(link.index, "net1", host_ns, host_name)?;
-    let back = host.get_link(host_name)?.context("floor link not back")?;
-    let reset = LinkChange {
-        mac: Some(FLOOR_MAC),
+    let down = LinkChange {
         promisc: Some(false),
         up: Some(false),
         ..Default::default()
     };
-    host.set_link(back.index, host_name, &reset)?;
+    pod.set_link(link.index, "net1", &down)?;
+    let fresh_mac = LinkChange {
+        mac: Some(FLOOR_DEL_MAC),
+        ..Default::default()
+    };
+    pod.set_link(link.index, "net1", &fresh_mac)?;
+    pod.set_link_ns(link.index, "net1", host_ns, host_name)?;
+    host.get_link(host_name)?.context("floor link not back")?;
     Ok(())
 }
 
@@ -291,8 +298,8 @@ pub fn per_command(
     let what = format!(
         "Wall time of each CNI command, {n} interleaved rounds{}. `floor` is the same \
          netlink work issued in-process by `macvtap-link` with no exec (move+rename, \
-         MTU/MAC/up; for DEL the same give-back as ours: get, host look-ups, move+rename back, \
-         MAC/promisc/down; get+list addresses for CHECK){}. The Go plugin's DEL deletes its link. `go-macvlan` is Debian's \
+         MTU/MAC/up; for DEL the same give-back as ours: get, host look-ups, down, fresh MAC, \
+         move+rename back; get+list addresses for CHECK){}. The Go plugin's DEL deletes its link. `go-macvlan` is Debian's \
          Go macvlan plugin doing the same commands: it creates its link directly in the pod \
          namespace and so skips the namespace move (about 16 ms of RCU waiting on this kernel) \
          that a macvtap made at Allocate time cannot skip; compare ours with the floor. `ours+check` is our plugin as the manifests install it: ADD \
