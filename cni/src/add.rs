@@ -57,8 +57,7 @@ pub fn add(
                 .unwrap_or_else(|| "physical NIC".to_string()),
         });
     }
-    let lower = lower_of(host.as_ref(), &link)?;
-    check_mtu(&link, lower.as_ref(), conf.mtu)?;
+    check_mtu(host.as_ref(), &link, conf.mtu)?;
     let pod_ns = env.open_netns(kernel)?;
     let pod = kernel.links(Some(&pod_ns))?;
 
@@ -111,7 +110,7 @@ pub fn add(
         pod_ns: &pod_ns,
         pod: pod.as_ref(),
         link: &link,
-        lower: lower.as_ref(),
+        host: host.as_ref(),
     };
     match configure(
         env,
@@ -163,8 +162,9 @@ struct Target<'a> {
     pod: &'a dyn Links,
     /// The link as it was on the host before the move.
     link: &'a Link,
-    /// Its lower NIC, when it is in the host namespace.
-    lower: Option<&'a Link>,
+    /// The host's links, where the lower NIC is (looked up only to explain
+    /// an error).
+    host: &'a dyn Links,
 }
 
 fn configure(
@@ -181,7 +181,7 @@ fn configure(
         pod_ns,
         pod,
         link,
-        lower,
+        host,
     } = *target;
     let Some(moved) = pod.get_link(&env.ifname)? else {
         progress.in_pod = None;
@@ -216,7 +216,7 @@ fn configure(
         silence(kernel, pod_ns, &env.ifname)?;
     }
     pod.set_link(moved.index, &env.ifname, &change)
-        .map_err(|e| explain_set_error(e, &change, &env.ifname, lower))?;
+        .map_err(|e| explain_set_error(e, &change, &env.ifname, host, link))?;
     let node = tap::hand_over(
         kernel,
         pod_ns,
@@ -282,12 +282,16 @@ fn lower_of(host: &dyn Links, link: &Link) -> Result<Option<Link>> {
     }
 }
 
-fn check_mtu(link: &Link, lower: Option<&Link>, mtu: u32) -> Result<()> {
-    match lower {
+/// Refuses an MTU above the lower NIC's (no look-up when no MTU is asked).
+fn check_mtu(host: &dyn Links, link: &Link, mtu: u32) -> Result<()> {
+    if mtu == 0 {
+        return Ok(());
+    }
+    match lower_of(host, link)? {
         Some(lower) if mtu > lower.mtu => Err(Error::MtuTooLarge {
             mtu,
             lower_mtu: lower.mtu,
-            lower: lower.name.clone(),
+            lower: lower.name,
             link: link.name.clone(),
         }),
         _ => Ok(()),
@@ -309,18 +313,23 @@ fn explain_move_error(e: macvtap_link::Error, link: &Link, env: &CniEnv) -> Erro
     }
 }
 
-/// A taken MAC names the NIC whose other macvtap holds it.
+/// A taken MAC names the NIC (of `link`, looked up in `host`) whose other
+/// macvtap holds it.
 fn explain_set_error(
     e: macvtap_link::Error,
     change: &LinkChange,
     ifname: &str,
-    lower: Option<&Link>,
+    host: &dyn Links,
+    link: &Link,
 ) -> Error {
     match (e.errno(), change.mac) {
         (Some(Errno::EADDRINUSE), Some(mac)) => Error::MacInUse {
             mac: format_mac(&mac),
             ifname: ifname.to_string(),
-            lower: lower.map_or_else(|| "the same lower NIC".to_string(), |l| l.name.clone()),
+            lower: match lower_of(host, link) {
+                Ok(Some(lower)) => lower.name,
+                _ => "the same lower NIC".to_string(),
+            },
         },
         _ => Error::Link(e),
     }
