@@ -453,35 +453,14 @@ impl Undo<'_> {
             problems.push(e.to_string());
             return problems;
         }
-        // Kernels before 5.13 ignore the ifindex asked for: re-read.
-        let back = match self.host.get_link(&orig.name) {
+        let back = match del::back_with_index(self.host, &orig.name, orig.index, &self.env.netns) {
             Ok(Some(back)) => back,
-            Ok(None) => {
-                problems.push(format!(
-                    "link {} vanished while moving back to the host",
-                    orig.name
-                ));
-                return problems;
-            }
+            Ok(None) => return problems,
             Err(e) => {
                 problems.push(e.to_string());
                 return problems;
             }
         };
-        if back.index != orig.index {
-            warn!(
-                link = %orig.name,
-                was = orig.index,
-                now = back.index,
-                "the link came back with another ifindex, so /dev/tap{} no longer names it: \
-                 deleting it (the device plugin re-creates it while its pod holds the device)",
-                orig.index
-            );
-            if let Err(e) = self.host.del_link(back.index, &back.name) {
-                problems.push(e.to_string());
-            }
-            return problems;
-        }
         let restore = LinkChange {
             mtu: Some(orig.mtu),
             mac: orig.mac,

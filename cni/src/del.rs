@@ -207,23 +207,9 @@ fn give_back(
         warn!(error = %e, ifname = %env.ifname, "cannot give the link back; deleting it");
         return delete(pod, link, env);
     }
-    // Kernels before 5.13 ignore the requested ifindex when moving a link.
-    let back = host.get_link(host_name)?.ok_or_else(|| {
-        Error::IfindexChanged(format!(
-            "link {} vanished while moving back from {} as {host_name}",
-            env.ifname, env.netns
-        ))
-    })?;
-    if back.index != link.index {
-        warn!(
-            host_name,
-            was = link.index,
-            now = back.index,
-            "the link came back with another ifindex, so /dev/tap{} no longer names it: deleting it",
-            link.index
-        );
-        return delete(host, &back, env);
-    }
+    let Some(back) = back_with_index(host, host_name, link.index, &env.netns)? else {
+        return Ok(());
+    };
     info!(
         ifname = %env.ifname,
         netns = %env.netns,
@@ -232,6 +218,39 @@ fn give_back(
         "gave the macvtap back to the host namespace (down, same ifindex)"
     );
     Ok(())
+}
+
+/// The link just moved back to the host as `host_name` from `from`, asking
+/// for ifindex `index`. Kernels before 5.13 ignore the index asked for: a
+/// link that came back with another one is deleted, since `/dev/tap<index>`
+/// no longer names it (the device plugin re-creates it while its pod holds
+/// the device), and `None` is returned. ADD's rollback and DEL share this.
+pub(crate) fn back_with_index(
+    host: &dyn Links,
+    host_name: &str,
+    index: u32,
+    from: &str,
+) -> Result<Option<Link>> {
+    let back = host.get_link(host_name)?.ok_or_else(|| {
+        Error::IfindexChanged(format!(
+            "link {host_name} vanished while moving back to the host from {from}"
+        ))
+    })?;
+    if back.index == index {
+        return Ok(Some(back));
+    }
+    warn!(
+        host_name,
+        was = index,
+        now = back.index,
+        "the link came back with another ifindex, so /dev/tap{index} no longer names it: \
+         deleting it (the device plugin re-creates it while its pod holds the device)"
+    );
+    match host.del_link(back.index, &back.name) {
+        Ok(()) => Ok(None),
+        Err(e) if e.errno() == Some(Errno::ENODEV) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Deletes `link` through `handle`; a link already gone is success.
