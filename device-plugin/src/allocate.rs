@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use kubelet_proto::v1beta1::{
     AllocateRequest, AllocateResponse, ContainerAllocateResponse, DeviceSpec,
 };
-use macvtap_link::tapdev::{parse_major_minor, tap_dev_in_netns, tap_node_path};
+use macvtap_link::tapdev::{parse_major_minor, tap_node_path};
 use macvtap_link::{Handle, Kernel, Link, Links, Linux, MacvtapMode, Netns, link_name_for_device};
 use nix::errno::Errno;
 use std::path::{Path, PathBuf};
@@ -156,12 +156,28 @@ pub fn recreate_device(
             Some(index),
         )
         .map_err(wrap)?;
-    let node = tap_node_path(dev_dir, link.index);
-    if let Err(e) = check_node(&Linux, netns, &name, link.index, &node, dev_dir) {
-        delete_quietly(handle, &link);
-        return Err(e.for_device(id, &name));
-    }
+    checked_or_deleted(&Linux, handle, netns, id, &link, dev_dir)?;
     Ok(link)
+}
+
+/// Checks the tap node of `link`, just made for device `id`, and returns its
+/// path; deletes the link when the check fails.
+fn checked_or_deleted(
+    kernel: &dyn Kernel,
+    handle: &dyn Links,
+    netns: &Netns,
+    id: &str,
+    link: &Link,
+    dev_dir: &Path,
+) -> Result<PathBuf> {
+    let node = tap_node_path(dev_dir, link.index);
+    match check_node(kernel, netns, &link.name, link.index, &node, dev_dir) {
+        Ok(()) => Ok(node),
+        Err(e) => {
+            delete_quietly(handle, link);
+            Err(e.for_device(id, &link.name))
+        }
+    }
 }
 
 /// The macvtap of one device, ready to hand out.
@@ -259,11 +275,7 @@ fn create_device_on(
             }
             Err(e) => return Err(wrap(e)),
         };
-    let node = tap_node_path(dev_dir, link.index);
-    if let Err(e) = check_node(kernel, netns, &name, link.index, &node, dev_dir) {
-        delete_quietly(handle, &link);
-        return Err(e.for_device(id, &name));
-    }
+    let node = checked_or_deleted(kernel, handle, netns, id, &link, dev_dir)?;
     let path = node.to_string_lossy().into_owned();
     info!(
         device_id = id,
@@ -330,11 +342,7 @@ enum NodeError {
 impl NodeError {
     fn for_device(self, id: &str, name: &str) -> Error {
         match self {
-            NodeError::Link(source) => Error::Device {
-                device_id: id.to_string(),
-                link: name.to_string(),
-                source,
-            },
+            NodeError::Link(source) => device_error(id, name)(source),
             NodeError::Missing { node, cause } => Error::TapNodeMissing {
                 device_id: id.to_string(),
                 link: name.to_string(),
@@ -444,23 +452,11 @@ fn unescape_mountinfo(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// `major:minor` of macvtap `name`'s char device. Read from `sysfs` when it
-/// shows this link (same name and ifindex there), which is the common case
-/// and needs no helper thread; otherwise from a fresh sysfs inside `netns`.
-/// (The fresh mount cannot be used when `sysfs` already shows `netns`: the
-/// kernel refuses to mount the same sysfs on `/sys` twice, with `EBUSY`.)
-pub fn tap_dev(
-    netns: &Netns,
-    name: &str,
-    ifindex: u32,
-    sysfs: &Path,
-) -> macvtap_link::Result<(u64, u64)> {
-    match tap_dev_from_sysfs(sysfs, name, ifindex) {
-        Some(dev) => Ok(dev),
-        None => tap_dev_in_netns(netns, name),
-    }
-}
-
+/// `major:minor` of macvtap `name`'s char device from `sysfs`, when it shows
+/// this link (same name and ifindex there): the common case, which needs no
+/// helper thread. (A fresh sysfs mount cannot be used when `sysfs` already
+/// shows the namespace: the kernel refuses to mount the same sysfs on `/sys`
+/// twice, with `EBUSY`.)
 fn tap_dev_from_sysfs(sysfs: &Path, name: &str, ifindex: u32) -> Option<(u64, u64)> {
     let dir = sysfs.join("class/net").join(name);
     let index: u32 = std::fs::read_to_string(dir.join("ifindex"))
