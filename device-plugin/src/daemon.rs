@@ -620,6 +620,9 @@ impl Daemon {
         info!(%resource, "resource removed");
         p.abandon_registration();
         if let Some(s) = p.server.take() {
+            // Forget stops already done: a long-lived daemon whose config
+            // keeps changing must not collect their handles for ever.
+            self.background.retain(|h| !h.is_finished());
             self.background
                 .push(tokio::spawn(s.stop(true, RESTART_WAIT)));
         }
@@ -860,8 +863,9 @@ impl Daemon {
             debug!(%resource, streams = p.streams, "ListAndWatch stream opened");
             if p.streams > 1 && p.suspect_duplicates {
                 warn!(%resource, streams = p.streams, "a second ListAndWatch stream: a registration that timed out was completed late by the kubelet; serving anew and registering once more");
-                p.suspect_duplicates = false;
                 restart_server(p, &dir, &self.ctx);
+                // Wanting a registration abandons the pending one, which
+                // marks duplicates as suspect again: clear it after.
                 p.want_registration(now);
                 p.suspect_duplicates = false;
             }

@@ -26,7 +26,9 @@
 
 use crate::guest::{self, Guest, SERVING};
 use crate::icmp::{Figures, Pinger};
-use crate::node::{Allocation, FAST_RECLAIM, GUEST_IP, Node, PEER_IP, binary, tap_nodes};
+use crate::node::{
+    Allocation, CniCall, FAST_RECLAIM, GUEST_IP, Node, PEER_IP, binary, run_cni, tap_nodes,
+};
 use crate::qmp::Qmp;
 use crate::sandbox::TestNs;
 use crate::switch::Segment;
@@ -34,10 +36,8 @@ use crate::vm::{GuestNet, Netdev, Qemu, QemuExtras, give_to_qemu};
 use anyhow::{Context, Result, bail, ensure};
 use macvtap_deviceplugin::testkubelet::PluginClient;
 use serde_json::{Value, json};
-use std::io::Write;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The VM's MAC, set in its spec (`macAddress`), as a migratable macvtap VM
@@ -293,16 +293,16 @@ impl Cluster {
         );
         let ns_path = ns.path();
         let add_result = tokio::task::block_in_place(|| {
-            run_cni(
-                &cni,
-                &node_ns,
-                &settings,
-                "ADD",
-                &ns_path,
-                &ifname,
-                &args,
-                &conf.to_string(),
-            )
+            run_cni(&CniCall {
+                cni: &cni,
+                node_ns: &node_ns,
+                command: "ADD",
+                netns: &ns_path,
+                ifname: &ifname,
+                args: &args,
+                conf: &conf.to_string(),
+                settings: Some(&settings),
+            })
         })
         .with_context(|| format!("CNI ADD of {device} for pod {name}"))?;
         if variant == Variant::Chatty {
@@ -495,16 +495,16 @@ impl Cluster {
             pod.name, pod.ns.name
         );
         tokio::task::block_in_place(|| {
-            run_cni(
-                &self.bins.cni,
-                &h.node.ns.name,
-                &h.settings,
-                "DEL",
-                &pod.ns.path(),
-                &pod.ifname,
-                &args,
-                &conf.to_string(),
-            )
+            run_cni(&CniCall {
+                cni: &self.bins.cni,
+                node_ns: &h.node.ns.name,
+                command: "DEL",
+                netns: &pod.ns.path(),
+                ifname: &pod.ifname,
+                args: &args,
+                conf: &conf.to_string(),
+                settings: Some(&h.settings),
+            })
         })
         .with_context(|| format!("CNI DEL of pod {}", pod.name))?;
         drop(pod.ns);
@@ -550,53 +550,4 @@ impl Cluster {
         ensure!(left.is_empty(), "namespaces left behind: {left:?}");
         Ok(())
     }
-}
-
-/// Runs our CNI plugin in the node namespace as the runtime runs Multus's
-/// delegate, and returns its stdout (the result).
-#[allow(clippy::too_many_arguments)]
-fn run_cni(
-    cni: &Path,
-    node_ns: &str,
-    settings: &Path,
-    command: &str,
-    netns: &str,
-    ifname: &str,
-    args: &str,
-    conf: &str,
-) -> Result<String> {
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", node_ns])
-        .arg(cni)
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .env("CNI_COMMAND", command)
-        .env(
-            "CNI_CONTAINERID",
-            format!("sandbox-{}", netns.rsplit('/').next().unwrap_or("x")),
-        )
-        .env("CNI_NETNS", netns)
-        .env("CNI_IFNAME", ifname)
-        .env("CNI_PATH", "/usr/lib/cni")
-        .env("CNI_ARGS", args)
-        .env("MACVTAP_CNI_SETTINGS", settings)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("starting {}", cni.display()))?;
-    child
-        .stdin
-        .take()
-        .context("the plugin's stdin")?
-        .write_all(conf.as_bytes())?;
-    let out = child.wait_with_output()?;
-    ensure!(
-        out.status.success(),
-        "{} {command} failed: {} {}",
-        cni.display(),
-        String::from_utf8_lossy(&out.stdout).trim(),
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }

@@ -11,7 +11,7 @@ use macvtap_deviceplugin::testkubelet::{
     PluginClient, TestKubelet, TestPodResources, tap_node_lock,
 };
 use serde_json::Value;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -104,16 +104,12 @@ impl Node {
         let peer = TestNs::new("peer")?;
         ns.add_nic_to("lower0", &peer, "peer0")?;
         peer.ip(&["addr", "add", &format!("{PEER_IP}/24"), "dev", "peer0"])?;
-        Self::assemble(ns, Arc::new(peer), lock)
+        Self::with_nic(ns, Arc::new(peer), lock)
     }
 
     /// A node whose NIC `lower0` is already wired in `ns` (e.g. to a switch
     /// port), reaching `peer`; `lock` is the test's one tap-node lock.
     pub fn with_nic(ns: TestNs, peer: Arc<TestNs>, lock: TapLock) -> Result<Self> {
-        Self::assemble(ns, peer, lock)
-    }
-
-    fn assemble(ns: TestNs, peer: Arc<TestNs>, lock: TapLock) -> Result<Self> {
         let kubelet_dir = tempfile::tempdir()?;
         std::fs::create_dir_all(kubelet_dir.path().join("device-plugins"))?;
         Ok(Node {
@@ -400,4 +396,69 @@ pub fn alive(pid: u32) -> bool {
                 .starts_with('Z')
         })
         .unwrap_or(false)
+}
+
+/// One call of our CNI plugin as the runtime runs Multus's delegate: inside
+/// the node's namespace, with nothing but the CNI variables.
+pub struct CniCall<'a> {
+    /// The plugin binary.
+    pub cni: &'a Path,
+    /// The node namespace's name.
+    pub node_ns: &'a str,
+    /// `CNI_COMMAND`.
+    pub command: &'a str,
+    /// `CNI_NETNS`; the container ID is derived from its last component.
+    pub netns: &'a str,
+    /// `CNI_IFNAME`.
+    pub ifname: &'a str,
+    /// `CNI_ARGS`.
+    pub args: &'a str,
+    /// The NetConf on stdin.
+    pub conf: &'a str,
+    /// The node settings file (`MACVTAP_CNI_SETTINGS`), if any.
+    pub settings: Option<&'a Path>,
+}
+
+/// Runs `call` and returns the plugin's stdout (the result); a failure
+/// carries its stdout and stderr.
+pub fn run_cni(call: &CniCall) -> Result<String> {
+    use std::io::Write;
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", call.node_ns])
+        .arg(call.cni)
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("CNI_COMMAND", call.command)
+        .env(
+            "CNI_CONTAINERID",
+            format!("sandbox-{}", call.netns.rsplit('/').next().unwrap_or("x")),
+        )
+        .env("CNI_NETNS", call.netns)
+        .env("CNI_IFNAME", call.ifname)
+        .env("CNI_PATH", "/usr/lib/cni")
+        .env("CNI_ARGS", call.args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(settings) = call.settings {
+        cmd.env("MACVTAP_CNI_SETTINGS", settings);
+    }
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("starting {}", call.cni.display()))?;
+    child
+        .stdin
+        .take()
+        .context("the plugin's stdin")?
+        .write_all(call.conf.as_bytes())?;
+    let out = child.wait_with_output()?;
+    ensure!(
+        out.status.success(),
+        "{} {} failed: {} {}",
+        call.cni.display(),
+        call.command,
+        String::from_utf8_lossy(&out.stdout).trim(),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }

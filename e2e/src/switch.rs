@@ -28,22 +28,9 @@ impl Segment {
         switch.ip(&["link", "add", "br0", "type", "bridge"])?;
         switch.ip(&["link", "set", "br0", "up"])?;
         let peer = TestNs::new("peer")?;
-        switch.ip(&[
-            "link",
-            "add",
-            "peer-port",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "peer0",
-            "netns",
-            &peer.name,
-        ])?;
+        switch.add_nic_to("peer-port", &peer, "peer0")?;
         switch.ip(&["link", "set", "peer-port", "master", "br0"])?;
-        switch.ip(&["link", "set", "peer-port", "up"])?;
         peer.ip(&["addr", "add", &format!("{PEER_IP}/24"), "dev", "peer0"])?;
-        peer.ip(&["link", "set", "peer0", "up"])?;
         Ok(Segment {
             switch,
             peer: Arc::new(peer),
@@ -69,21 +56,8 @@ impl Segment {
             ns.ip(&["link", "add", &a, "type", "veth", "peer", "name", &b])?;
             ns.ip(&["link", "del", &a])?;
         }
-        ns.ip(&[
-            "link",
-            "add",
-            "lower0",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            port,
-            "netns",
-            &self.switch.name,
-        ])?;
+        ns.add_nic_to("lower0", &self.switch, port)?;
         self.switch.ip(&["link", "set", port, "master", "br0"])?;
-        self.switch.ip(&["link", "set", port, "up"])?;
-        ns.ip(&["link", "set", "lower0", "up"])?;
         Node::with_nic(ns, self.peer.clone(), self.lock.clone())
     }
 

@@ -522,18 +522,8 @@ impl Libvirtd {
                 "libvirtd is missing: apt-get install libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients"
             );
         }
-        let out = Command::new("chown")
-            .arg("-R")
-            .arg(format!("{QEMU_UID}:{QEMU_UID}"))
-            .arg(dir)
-            .output()?;
-        if !out.status.success() {
-            bail!(
-                "chown {}: {}",
-                dir.display(),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
+        let dir_str = dir.to_str().context("libvirtd's directory is not UTF-8")?;
+        crate::sandbox::sh(&["chown", "-R", &format!("{QEMU_UID}:{QEMU_UID}"), dir_str])?;
         // `ip netns exec` gives the shell its own mount namespace.
         let script = format!(
             "set -e\nmount --bind {dir}/passwd /etc/passwd\nmount --bind {dir}/group /etc/group\n\

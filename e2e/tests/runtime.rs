@@ -128,11 +128,7 @@ impl Drop for TestNode {
     fn drop(&mut self) {
         // Delete our macvtaps while the tap-node lock is held, so the next
         // test cannot meet a stale /dev/tapN.
-        for link in self.ns.links().unwrap_or_default() {
-            if link.starts_with("mvt") {
-                let _ = self.ns.ip(&["link", "del", &link]);
-            }
-        }
+        let _ = self.ns.delete_macvtaps();
     }
 }
 

@@ -8,7 +8,7 @@
 
 use super::report::Report;
 use crate::guest::{self, Guest};
-use crate::node::{Node, binary};
+use crate::node::{CniCall, Node, binary, run_cni};
 use crate::sandbox::TestNs;
 use crate::vm::{GuestNet, Netdev, Qemu, Reaped};
 use anyhow::{Context, Result, anyhow, ensure};
@@ -375,34 +375,17 @@ pub async fn compare(dp_bin: &Path, runs: usize, report: &mut Report) -> Result<
 fn cni_add(node: &Node, nad: &str, pod: &TestNs, device_id: &str) -> Result<()> {
     let mut conf: serde_json::Value = serde_json::from_str(nad)?;
     conf["deviceID"] = serde_json::Value::from(device_id);
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", &node.ns.name])
-        .arg(binary("macvtap-cni", "macvtap")?)
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .env("CNI_COMMAND", "ADD")
-        .env("CNI_CONTAINERID", format!("sandbox-{}", pod.name))
-        .env("CNI_NETNS", pod.path())
-        .env("CNI_IFNAME", "net1")
-        .env("CNI_PATH", "/usr/lib/cni")
-        .env(
-            "CNI_ARGS",
-            format!("IgnoreUnknown=true;K8S_POD_NAMESPACE=default;K8S_POD_NAME=bench-m;MAC={MACVTAP_MAC}"),
-        )
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    std::io::Write::write_all(
-        &mut child.stdin.take().context("stdin")?,
-        conf.to_string().as_bytes(),
-    )?;
-    let out = child.wait_with_output()?;
-    ensure!(
-        out.status.success(),
-        "CNI ADD: {} {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_cni(&CniCall {
+        cni: &binary("macvtap-cni", "macvtap")?,
+        node_ns: &node.ns.name,
+        command: "ADD",
+        netns: &pod.path(),
+        ifname: "net1",
+        args: &format!(
+            "IgnoreUnknown=true;K8S_POD_NAMESPACE=default;K8S_POD_NAME=bench-m;MAC={MACVTAP_MAC}"
+        ),
+        conf: &conf.to_string(),
+        settings: None,
+    })?;
     Ok(())
 }
