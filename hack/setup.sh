@@ -26,17 +26,21 @@ packages=(
   podman                        # builds the image from the static binaries (hack/build-image.sh --prebuilt)
 )
 # Go 1.23 builds the real Multus (v4.2.2) that the node e2e runs; Debian
-# bookworm has it only in bookworm-backports.
+# bookworm has it only in bookworm-backports. The suite is added on the
+# mirror this machine's own apt sources already use (never a host name
+# written here).
 backports=/etc/apt/sources.list.d/bookworm-backports.sources
-if [ ! -x /usr/lib/go-1.23/bin/go ] && [ ! -f "$backports" ]; then
-  echo "==> adding bookworm-backports (for golang-1.23-go)"
-  cat >"$backports" <<'SRC'
-Types: deb
-URIs: http://deb.debian.org/debian
-Suites: bookworm-backports
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SRC
+if [ ! -x /usr/lib/go-1.23/bin/go ] && [ ! -f "$backports" ] \
+  && ! grep -rqsE '^[^#]*bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+  mirror=$(apt-get indextargets --format '$(REPO_URI) $(RELEASE)' 'Created-By: Packages' 2>/dev/null \
+    | awk '$2 == "bookworm" { print $1; exit }')
+  if [ -z "$mirror" ]; then
+    echo "hack/setup.sh: no bookworm suite in this machine's apt sources; add bookworm-backports (for golang-1.23-go) by hand" >&2
+    exit 1
+  fi
+  echo "==> adding bookworm-backports from $mirror (for golang-1.23-go)"
+  printf 'Types: deb\nURIs: %s\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+    "$mirror" >"$backports"
   apt-get update -qq
 fi
 packages+=(golang-1.23-go)      # builds Multus v4.2.2 for the node e2e (bookworm-backports)
@@ -44,6 +48,18 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# QEMU's packages must come from one release: a machine that already has
+# qemu-utils from bookworm-backports (it Breaks bookworm's qemu-system-common)
+# gets qemu-system-x86 from bookworm-backports too, in an install of its own
+# so that nothing else is taken from there.
+if dpkg-query -W -f='${Status} ${Version}\n' qemu-utils 2>/dev/null | grep -q 'install ok installed.*bpo12' \
+  && [[ " ${missing[*]} " == *" qemu-system-x86 "* ]]; then
+  echo "==> installing qemu-system-x86 from bookworm-backports (qemu-utils is from there)"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends -t bookworm-backports qemu-system-x86 >/dev/null
+  missing=("${missing[@]/qemu-system-x86}")
+  read -r -a missing <<<"${missing[*]}"
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "==> installing ${missing[*]}"
   apt-get update -qq
