@@ -25,7 +25,7 @@
 //! newest client of a resource when an older stream ends, so the old stream
 //! must be over before the new registration exists.
 
-use crate::config::{self, Resolved, ResourceConfig, Resources, Source, Sources};
+use crate::config::{self, Resolved, ResourceConfig, Resources, Source};
 use crate::devices::device_list;
 use crate::discovery::Discovery;
 use crate::error::{Error, Result};
@@ -34,6 +34,7 @@ use crate::fswatch::{DirWatcher, FsEvent};
 use crate::health::{HealthLog, NicHealth, nic_health};
 use crate::links::{Links, spawn_link_watcher};
 use crate::metrics::Metrics;
+use crate::options::{Options, load_config};
 use crate::reclaim::{AllocationClock, Assignments, Reclaimer, reclaim_loop};
 use crate::registration::register;
 use crate::server::{PluginServer, ResourceState, ServerContext, StreamEvent};
@@ -42,7 +43,6 @@ use kubelet_proto::v1beta1::KUBELET_SOCKET;
 use nix::sys::inotify::WatchDescriptor;
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
-use std::net::SocketAddr;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -74,77 +74,6 @@ const STABLE_STREAM: Duration = Duration::from_secs(1);
 const RESTART_WAIT: Duration = Duration::from_secs(2);
 /// How long the servers' connections get to finish at shutdown.
 const SHUTDOWN_WAIT: Duration = Duration::from_millis(300);
-
-/// Everything the daemon needs, from flags and environment.
-#[derive(Debug, Clone)]
-pub struct Options {
-    /// The kubelet's root directory (`/var/lib/kubelet`).
-    pub kubelet_dir: PathBuf,
-    /// `--config FILE`.
-    pub config_file: Option<PathBuf>,
-    /// `--resource` flags.
-    pub resource_flags: Vec<String>,
-    /// The value of `DP_MACVTAP_CONF`.
-    pub env_config: Option<String>,
-    /// Link kinds that auto-discovery treats as NICs besides physical NICs and bonds.
-    pub discover_kinds: Vec<String>,
-    /// Where to serve `/metrics` and `/healthz`, if anywhere.
-    pub metrics_addr: Option<SocketAddr>,
-    /// How often to look for leaked links.
-    pub reclaim_interval: Duration,
-    /// How long a link must look leaked before it is deleted.
-    pub reclaim_grace: Duration,
-    /// Where sysfs is mounted (`/sys`).
-    pub sysfs: PathBuf,
-    /// How long one Register call (connect and call) may take.
-    pub register_timeout: Duration,
-    /// The node's name, for Events on its Node; `None` turns Events off.
-    pub node_name: Option<String>,
-}
-
-impl Options {
-    /// `<kubelet dir>/device-plugins`.
-    pub fn plugin_dir(&self) -> PathBuf {
-        self.kubelet_dir.join("device-plugins")
-    }
-
-    /// `<kubelet dir>/pod-resources/kubelet.sock`.
-    pub fn pod_resources_socket(&self) -> PathBuf {
-        self.kubelet_dir.join("pod-resources").join(KUBELET_SOCKET)
-    }
-}
-
-impl Options {
-    /// The configuration sources: the flags, the config file's `text` (when
-    /// a file is configured) and the environment.
-    fn sources(&self, file_text: Option<String>) -> Sources {
-        Sources {
-            flags: self.resource_flags.clone(),
-            file: self.config_file.clone().zip(file_text),
-            env: self.env_config.clone().filter(|s| !s.trim().is_empty()),
-        }
-    }
-
-    /// The directory holding the config file, which is watched for edits.
-    fn config_dir(&self) -> Option<PathBuf> {
-        self.config_file.as_ref().map(|f| match f.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        })
-    }
-}
-
-/// Reads the configuration sources named by `opts` and resolves them.
-pub fn load_config(opts: &Options) -> Result<(Resolved, Option<String>)> {
-    let file_text = match &opts.config_file {
-        Some(p) => {
-            Some(std::fs::read_to_string(p).map_err(Error::io("reading the config file", p))?)
-        }
-        None => None,
-    };
-    let resolved = config::resolve(&opts.sources(file_text.clone()))?;
-    Ok((resolved, file_text))
-}
 
 /// One resource's plugin: what the kubelet sees of it, its server, and
 /// where its registration stands.
