@@ -8,10 +8,11 @@
 //! It reacts to:
 //! - link snapshots from [`crate::links`] (health, NUMA, auto-discovery:
 //!   `reconcile.rs`);
-//! - inotify events in the device-plugins directory (a new `kubelet.sock`
-//!   means a restarted kubelet: re-serve where our socket was deleted, and
-//!   register again: `kubelet.rs`) and in the config file's directory
-//!   (live reload: `reload.rs`);
+//! - inotify events on one [`DirWatcher`]: in the device-plugins directory
+//!   (a new `kubelet.sock` means a restarted kubelet: re-serve where our
+//!   socket was deleted, and register again: `kubelet.rs`), in the config
+//!   file's directory (live reload: `reload.rs`) and in `/dev` (a deleted
+//!   tap node starts a reclaim round at once);
 //! - ListAndWatch streams opening and ending ([`StreamEvent`]s from the
 //!   servers): a registered resource whose stream ended, or that got none
 //!   within [`STREAM_WAIT`] of registering, registers again (the kubelet
@@ -48,21 +49,23 @@ use crate::health::HealthLog;
 use crate::links::{Links, spawn_link_watcher};
 use crate::metrics::Metrics;
 use crate::options::{Options, load_config};
-use crate::reclaim::{AllocationClock, Assignments, Reclaimer, reclaim_loop};
+use crate::reclaim::{
+    AllocationClock, Assignments, Reclaimer, reclaim_loop, tap_node_deleted, watch_tap_nodes,
+};
 use crate::server::{ServerContext, StreamEvent};
 use kubelet::{RegistrationDone, rewatch};
 use nix::sys::inotify::WatchDescriptor;
 use plugin::Plugin;
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// How often the plugin checks that its sockets still exist, in case an
 /// inotify event was missed.
@@ -141,12 +144,16 @@ struct Daemon {
     discovery: Discovery,
     /// Each resource's last NIC health, to log and count its changes.
     health: HealthLog,
-    /// The inotify instance of the device-plugins and config directories.
+    /// The inotify instance of the device-plugins, config and `/dev`
+    /// directories.
     fs: DirWatcher,
     /// The device-plugins directory's watch; `None` while it is gone.
     plugin_wd: Option<WatchDescriptor>,
     /// The config file directory's watch, if there is a config file.
     config_wd: Option<WatchDescriptor>,
+    /// The watch of `/dev` for deleted tap nodes, and where the reclaim
+    /// loop hears of them; `None` when `/dev` cannot be watched.
+    tap_nodes: Option<(WatchDescriptor, mpsc::UnboundedSender<()>)>,
     /// When the sockets are next checked.
     next_socket_check: Instant,
     /// The reclaim loop and the metrics server, aborted at shutdown.
@@ -208,7 +215,12 @@ impl Daemon {
             clock: AllocationClock::default(),
             assignments: Assignments::default(),
         };
-        tasks.push(spawn_reclaim(&opts, &ctx, configs_rx));
+        let dev_dir = PathBuf::from(crate::allocate::DEV_DIR);
+        let (tap_gone_tx, tap_gone) = mpsc::unbounded_channel();
+        // Without the watch the sender goes: the reclaim loop then runs on
+        // its interval only.
+        let tap_nodes = watch_tap_nodes(&fs, &dev_dir).map(|wd| (wd, tap_gone_tx));
+        tasks.push(spawn_reclaim(&opts, &ctx, configs_rx, dev_dir, tap_gone));
         let (reg_tx, reg_rx) = mpsc::unbounded_channel();
         let links = links_rx.borrow_and_update().clone();
         let discovery = Discovery::new(opts.discover_kinds.clone());
@@ -228,6 +240,7 @@ impl Daemon {
             fs,
             plugin_wd,
             config_wd: loaded.config_wd,
+            tap_nodes,
             next_socket_check: Instant::now() + SOCKET_CHECK,
             tasks,
         };
@@ -276,9 +289,11 @@ impl Daemon {
 
     /// Inotify events: the device-plugins directory's go to
     /// [`Daemon::plugin_dir_event`]; any in the config file's directory
-    /// reloads the configuration (once per batch).
+    /// reloads the configuration (once per batch); a tap node deleted in
+    /// `/dev` starts a reclaim round (once per batch).
     fn on_fs_events(&mut self, batch: &[FsEvent]) {
         let mut config_touched = false;
+        let mut tap_gone = false;
         for ev in batch {
             if self.plugin_wd.is_some_and(|wd| wd == ev.wd) {
                 self.plugin_dir_event(ev);
@@ -293,10 +308,25 @@ impl Daemon {
                 } else {
                     config_touched = true;
                 }
+            } else if self.tap_nodes.as_ref().is_some_and(|(wd, _)| *wd == ev.wd) {
+                if ev.watch_ended() {
+                    debug!(
+                        "the watch of tap nodes ended; lost links are healed at each reclaim interval only"
+                    );
+                    self.tap_nodes = None;
+                } else {
+                    tap_gone |= tap_node_deleted(ev);
+                }
             }
         }
         if config_touched {
             self.reload_config();
+        }
+        if tap_gone
+            && let Some((_, reclaim)) = &self.tap_nodes
+            && reclaim.send(()).is_err()
+        {
+            self.tap_nodes = None;
         }
     }
 
@@ -348,14 +378,15 @@ impl Daemon {
 }
 
 /// Starts the reclaim loop (leaked links, lost links healed, on a tap
-/// node's deletion at once) over the resources published on `configs`.
+/// node's deletion in `dev_dir` at once, as `tap_gone` reports) over the
+/// resources published on `configs`.
 fn spawn_reclaim(
     opts: &Options,
     ctx: &ServerContext,
     configs: watch::Receiver<Vec<ResourceConfig>>,
+    dev_dir: PathBuf,
+    tap_gone: mpsc::UnboundedReceiver<()>,
 ) -> JoinHandle<()> {
-    let dev_dir = PathBuf::from(crate::allocate::DEV_DIR);
-    let tap_gone = watch_tap_nodes(&dev_dir);
     let reclaimer = Reclaimer::new(
         opts.pod_resources_socket(),
         opts.reclaim_grace,
@@ -370,41 +401,4 @@ fn spawn_reclaim(
         ctx.metrics.clone(),
         tap_gone,
     ))
-}
-
-/// Reports each deletion of a `tap*` node in `dev_dir` (a macvtap destroyed
-/// in any namespace), so that a lost link is healed at once rather than at
-/// the next reclaim interval. Without the watch, healing still runs every
-/// interval; that is logged once.
-fn watch_tap_nodes(dev_dir: &Path) -> mpsc::UnboundedReceiver<()> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let watcher = DirWatcher::new().and_then(|(w, events)| {
-        let wd = w.watch_dir(dev_dir)?;
-        Ok((w, wd, events))
-    });
-    match watcher {
-        Ok((w, _wd, mut events)) => {
-            tokio::spawn(async move {
-                // The watcher lives as long as this task.
-                let _w = w;
-                while let Some(batch) = events.recv().await {
-                    let gone = batch.iter().any(|e| {
-                        e.mask.contains(nix::sys::inotify::AddWatchFlags::IN_DELETE)
-                            && e.name
-                                .as_ref()
-                                .and_then(|n| n.to_str())
-                                .is_some_and(|n| n.starts_with("tap"))
-                    });
-                    if gone && tx.send(()).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-        Err(e) => {
-            warn!(dir = %dev_dir.display(), error = %e,
-                "cannot watch tap nodes; lost links are healed at each reclaim interval only");
-        }
-    }
-    rx
 }
