@@ -147,3 +147,160 @@ fn names(list: &[&String]) -> String {
             .join(", ")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Resources;
+    use crate::fswatch::FsEvent;
+    use crate::options::load_config;
+    use std::path::{Path, PathBuf};
+    use std::time::Duration;
+
+    const ONE: &str = r#"[{"name":"dp","lowerDevice":"eth1","capacity":2}]"#;
+    const TWO: &str =
+        r#"[{"name":"dp","lowerDevice":"eth1","capacity":2},{"name":"dp2","lowerDevice":"eth1"}]"#;
+
+    /// Options with config file `file` and the given `--resource` flags.
+    fn options(file: &Path, flags: &[&str]) -> Options {
+        Options {
+            kubelet_dir: PathBuf::from("kubelet"),
+            config_file: Some(file.to_path_buf()),
+            resource_flags: flags.iter().map(|f| f.to_string()).collect(),
+            env_config: None,
+            discover_kinds: Vec::new(),
+            metrics_addr: None,
+            reclaim_interval: Duration::from_secs(60),
+            reclaim_grace: Duration::from_secs(120),
+            sysfs: PathBuf::from("/sys"),
+            register_timeout: Duration::from_secs(5),
+            node_name: None,
+        }
+    }
+
+    /// The names of the resources in `r`.
+    fn names_of(r: &Resolved) -> Vec<String> {
+        match &r.resources {
+            Resources::Static(list) => list.iter().map(|c| c.name.clone()).collect(),
+            Resources::AutoDiscover => vec!["(auto-discovery)".into()],
+        }
+    }
+
+    /// An edit saved right after the first read (by a reader that renames
+    /// the edit over the file once it has read it) is an event of the
+    /// config watch, and applying it adds the new resource. Were the file
+    /// read before its directory is watched, the edit would be no event.
+    #[tokio::test]
+    async fn an_edit_right_after_the_first_read_is_an_event() {
+        let tmp = tempfile::tempdir().unwrap();
+        let conf_dir = tmp.path().join("conf");
+        std::fs::create_dir(&conf_dir).unwrap();
+        let file = conf_dir.join("conf.json");
+        std::fs::write(&file, ONE).unwrap();
+        let edit = tmp.path().join("conf.edit");
+        std::fs::write(&edit, TWO).unwrap();
+        let opts = options(&file, &[]);
+        let (fs, mut events) = DirWatcher::new().unwrap();
+
+        let loaded = watch_then_read(&fs, &opts, |o| {
+            let read = load_config(o);
+            std::fs::rename(&edit, &file).unwrap();
+            read
+        })
+        .unwrap();
+        assert_eq!(names_of(&loaded.resolved), ["dp"], "the first read");
+        let config_wd = loaded.config_wd.unwrap();
+
+        // inotify keeps an instance's events in order: once this marker's
+        // event is in, so is every event of the edit.
+        std::fs::write(conf_dir.join("marker"), "").unwrap();
+        let mut seen: Vec<FsEvent> = Vec::new();
+        while !seen
+            .iter()
+            .any(|e| e.name.as_deref() == Some("marker".as_ref()))
+        {
+            let batch = tokio::time::timeout(Duration::from_secs(10), events.recv())
+                .await
+                .expect("the marker's event arrives")
+                .unwrap();
+            seen.extend(batch);
+        }
+        assert!(
+            seen.iter().any(|e| e.wd == config_wd
+                && e.name.as_deref() == Some("conf.json".as_ref())
+                && e.is_create()),
+            "the edit saved right after the first read is no event: {seen:?}"
+        );
+
+        // The event's reload applies the edit.
+        let text = std::fs::read_to_string(&file).unwrap();
+        match change(&opts, loaded.file_text.as_deref(), &text) {
+            Change::Apply(r) => assert_eq!(names_of(&r), ["dp", "dp2"]),
+            other => panic!("the edit is not applied: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn without_a_config_file_nothing_is_watched() {
+        let (fs, _events) = DirWatcher::new().unwrap();
+        let mut opts = options(Path::new("unused"), &["eth0"]);
+        opts.config_file = None;
+        let loaded = watch_then_read(&fs, &opts, load_config).unwrap();
+        assert!(loaded.config_wd.is_none());
+        assert_eq!(loaded.file_text, None);
+        assert_eq!(names_of(&loaded.resolved), ["eth0"]);
+    }
+
+    #[test]
+    fn a_config_dir_that_cannot_be_watched_stops_the_start() {
+        let (fs, _events) = DirWatcher::new().unwrap();
+        let opts = options(Path::new("/nonexistent/conf.json"), &[]);
+        let mut read = false;
+        let r = watch_then_read(&fs, &opts, |o| {
+            read = true;
+            load_config(o)
+        });
+        assert!(r.is_err());
+        assert!(!read, "nothing is read before the watch is in place");
+    }
+
+    #[test]
+    fn the_same_text_again_is_no_change() {
+        let opts = options(Path::new("conf.json"), &[]);
+        assert!(matches!(change(&opts, Some(ONE), ONE), Change::Unchanged));
+    }
+
+    #[test]
+    fn a_new_valid_text_is_applied() {
+        let opts = options(Path::new("conf.json"), &[]);
+        match change(&opts, Some(ONE), TWO) {
+            Change::Apply(r) => assert_eq!(names_of(&r), ["dp", "dp2"]),
+            other => panic!("{other:?}"),
+        }
+        match change(&opts, None, "[]") {
+            Change::Apply(r) => assert_eq!(r.resources, Resources::AutoDiscover),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn resource_flags_win_over_any_new_text() {
+        let opts = options(Path::new("conf.json"), &["eth0"]);
+        assert!(matches!(change(&opts, Some(ONE), TWO), Change::FlagsWin));
+    }
+
+    #[test]
+    fn an_invalid_text_is_refused_naming_the_entry() {
+        let opts = options(Path::new("conf.json"), &[]);
+        match change(&opts, Some(ONE), r#"[{"name":"dp","mode":"nope"}]"#) {
+            Change::Invalid(e) => {
+                let msg = e.to_string();
+                assert!(
+                    msg.contains("entry 0 (\"dp\")") && msg.contains("\"nope\""),
+                    "{msg}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
