@@ -78,3 +78,52 @@ pub fn load_config(opts: &Options) -> Result<(Resolved, Option<String>)> {
     let resolved = config::resolve(&opts.sources(file_text.clone()))?;
     Ok((resolved, file_text))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn options(config_file: Option<&str>) -> Options {
+        Options {
+            kubelet_dir: PathBuf::from("/var/lib/kubelet"),
+            config_file: config_file.map(PathBuf::from),
+            resource_flags: vec!["eth0".into()],
+            env_config: Some("  ".into()),
+            discover_kinds: Vec::new(),
+            metrics_addr: None,
+            reclaim_interval: Duration::from_secs(60),
+            reclaim_grace: Duration::from_secs(120),
+            sysfs: PathBuf::from("/sys"),
+            register_timeout: Duration::from_secs(5),
+            node_name: None,
+        }
+    }
+
+    #[test]
+    fn paths_follow_the_kubelet_dir_and_the_config_file() {
+        let o = options(Some("/etc/macvtap/conf.json"));
+        assert_eq!(o.plugin_dir(), Path::new("/var/lib/kubelet/device-plugins"));
+        assert_eq!(
+            o.pod_resources_socket(),
+            Path::new("/var/lib/kubelet/pod-resources/kubelet.sock")
+        );
+        assert_eq!(o.config_dir().unwrap(), Path::new("/etc/macvtap"));
+        assert_eq!(
+            options(Some("conf.json")).config_dir().unwrap(),
+            Path::new("."),
+            "a bare file name is in the working directory"
+        );
+        assert_eq!(options(None).config_dir(), None);
+    }
+
+    #[test]
+    fn sources_leave_out_a_blank_env_and_a_file_without_text() {
+        let o = options(Some("conf.json"));
+        let s = o.sources(Some("[]".into()));
+        assert_eq!(s.flags, ["eth0"]);
+        assert_eq!(s.file, Some((PathBuf::from("conf.json"), "[]".into())));
+        assert_eq!(s.env, None, "a blank DP_MACVTAP_CONF is no source");
+        assert_eq!(options(None).sources(Some("[]".into())).file, None);
+    }
+}
