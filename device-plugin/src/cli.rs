@@ -1,8 +1,8 @@
 //! Command-line flags.
 
 use crate::config::ENV_VAR;
-use crate::daemon::Options;
 use crate::install::PodResourcesCheck;
+use crate::options::Options;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
 use std::path::PathBuf;

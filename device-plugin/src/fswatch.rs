@@ -2,8 +2,9 @@
 //!
 //! Used for the kubelet's device-plugins directory (a new `kubelet.sock`
 //! means a restarted kubelet; a deleted plugin socket means we must serve
-//! again) and for the config file's directory (live reload; a ConfigMap
-//! volume swaps a symlink there instead of writing the file).
+//! again), for the config file's directory (live reload; a ConfigMap
+//! volume swaps a symlink there instead of writing the file) and for `/dev`
+//! (a deleted tap node is a lost link to heal), all on one instance.
 //!
 //! A small thread blocks reading the inotify descriptor and forwards event
 //! batches to an async channel, so no unsafe fd registration is needed.
@@ -110,18 +111,28 @@ impl DirWatcher {
     /// Watches the entries of directory `dir` being created, deleted, moved
     /// or written.
     pub fn watch_dir(&self, dir: &Path) -> Result<WatchDescriptor> {
+        self.add_watch(
+            dir,
+            AddWatchFlags::IN_CREATE
+                | AddWatchFlags::IN_DELETE
+                | AddWatchFlags::IN_MOVED_TO
+                | AddWatchFlags::IN_MOVED_FROM
+                | AddWatchFlags::IN_CLOSE_WRITE
+                | AddWatchFlags::IN_DELETE_SELF
+                | AddWatchFlags::IN_MOVE_SELF,
+        )
+    }
+
+    /// Watches only the entries of directory `dir` being deleted: for a
+    /// busy directory such as `/dev`, where every close of `/dev/null`
+    /// after a write would otherwise be an event.
+    pub fn watch_deletions(&self, dir: &Path) -> Result<WatchDescriptor> {
+        self.add_watch(dir, AddWatchFlags::IN_DELETE)
+    }
+
+    fn add_watch(&self, dir: &Path, mask: AddWatchFlags) -> Result<WatchDescriptor> {
         self.inotify
-            .add_watch(
-                dir,
-                AddWatchFlags::IN_CREATE
-                    | AddWatchFlags::IN_DELETE
-                    | AddWatchFlags::IN_MOVED_TO
-                    | AddWatchFlags::IN_MOVED_FROM
-                    | AddWatchFlags::IN_CLOSE_WRITE
-                    | AddWatchFlags::IN_DELETE_SELF
-                    | AddWatchFlags::IN_MOVE_SELF
-                    | AddWatchFlags::IN_ONLYDIR,
-            )
+            .add_watch(dir, mask | AddWatchFlags::IN_ONLYDIR)
             .map_err(|errno| Error::Watch {
                 dir: dir.to_path_buf(),
                 errno,

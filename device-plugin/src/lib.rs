@@ -14,8 +14,9 @@
 //! [`topology`] (device health and NUMA), [`devices`] (the device list),
 //! [`server`] and [`allocate`] (the gRPC service), [`registration`] and
 //! [`fswatch`] (the kubelet's lifecycle), [`reclaim`] (leaked links), [`events`] (Kubernetes Events on the Node),
-//! [`metrics`], [`procstat`] and [`http`] (observability), [`daemon`] (the loop tying
-//! them together).
+//! [`metrics`], [`procstat`] and [`http`] (observability), [`options`] (what
+//! the daemon is told, from [`cli`]), [`daemon`] (the loop tying them
+//! together).
 
 pub mod allocate;
 pub mod cli;
@@ -33,6 +34,7 @@ pub mod install;
 pub mod links;
 pub mod logging;
 pub mod metrics;
+pub mod options;
 pub mod procstat;
 pub mod reclaim;
 pub mod registration;

@@ -1,0 +1,404 @@
+//! The daemon: keeps one served and registered plugin per resource, in step
+//! with the configuration, the node's NICs and the kubelet.
+//!
+//! One loop ([`run`]) owns all plugin state (the `Daemon` struct) and never
+//! waits on the kubelet. It takes one input at a time (`Inputs::next`) and
+//! hands it to that kind's handler (`on_signal`, `on_links`,
+//! `on_fs_events`, `on_stream_event`, `on_registration_done`, `on_timer`).
+//! It reacts to:
+//! - link snapshots from [`crate::links`] (health, NUMA, auto-discovery:
+//!   `reconcile.rs`);
+//! - inotify events on one [`DirWatcher`]: in the device-plugins directory
+//!   (a new `kubelet.sock` means a restarted kubelet: re-serve where our
+//!   socket was deleted, and register again: `kubelet.rs`), in the config
+//!   file's directory (live reload: `reload.rs`) and in `/dev` (a deleted
+//!   tap node starts a reclaim round at once);
+//! - ListAndWatch streams opening and ending ([`StreamEvent`]s from the
+//!   servers): a registered resource whose stream ended, or that got none
+//!   within [`STREAM_WAIT`] of registering, registers again (the kubelet
+//!   never reopens a stream itself);
+//! - results of Register calls, each running in its own task (at most one
+//!   per resource), so a hung kubelet delays nothing else;
+//! - timers (registration retries with backoff, stream deadlines, a socket
+//!   existence check);
+//! - SIGTERM/SIGINT (abort registrations, stop serving, remove our sockets,
+//!   return).
+//!
+//! Each resource's registration is a state machine of plain transitions
+//! (`registration.rs`); `kubelet.rs` carries out what it decides.
+//!
+//! A replaced server is stopped in the background, and the next Register
+//! of its resource waits for that stop: kubelets up to 1.36 disconnect the
+//! newest client of a resource when an older stream ends, so the old stream
+//! must be over before the new registration exists.
+
+mod kubelet;
+mod plugin;
+mod reconcile;
+mod registration;
+mod reload;
+
+pub use registration::STREAM_WAIT;
+
+use crate::config::{Resolved, ResourceConfig};
+use crate::discovery::Discovery;
+use crate::error::{Error, Result};
+use crate::events::EventSink;
+use crate::fswatch::{DirWatcher, FsEvent};
+use crate::health::HealthLog;
+use crate::links::{Links, spawn_link_watcher};
+use crate::metrics::Metrics;
+use crate::options::{Options, load_config};
+use crate::reclaim::{
+    AllocationClock, Assignments, Reclaimer, reclaim_loop, tap_node_deleted, watch_tap_nodes,
+};
+use crate::server::{ServerContext, StreamEvent};
+use kubelet::{RegistrationDone, rewatch};
+use nix::sys::inotify::WatchDescriptor;
+use plugin::Plugin;
+use std::collections::BTreeMap;
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+/// How often the plugin checks that its sockets still exist, in case an
+/// inotify event was missed.
+const SOCKET_CHECK: Duration = Duration::from_secs(5);
+/// How long a replaced server's connections get to finish.
+const RESTART_WAIT: Duration = Duration::from_secs(2);
+/// How long the servers' connections get to finish at shutdown.
+const SHUTDOWN_WAIT: Duration = Duration::from_millis(300);
+
+/// Where the daemon's inputs arrive; [`Inputs::next`] waits for one.
+struct Inputs {
+    sigterm: Signal,
+    sigint: Signal,
+    links: watch::Receiver<Links>,
+    fs: mpsc::UnboundedReceiver<Vec<FsEvent>>,
+    streams: mpsc::UnboundedReceiver<StreamEvent>,
+    registrations: mpsc::UnboundedReceiver<RegistrationDone>,
+}
+
+/// One input of the daemon loop; each kind has its handler on [`Daemon`].
+enum Input {
+    /// SIGTERM or SIGINT, by name.
+    Signal(&'static str),
+    /// A new snapshot of the node's links.
+    Links(Links),
+    /// A batch of inotify events.
+    Fs(Vec<FsEvent>),
+    /// A ListAndWatch stream opened or ended.
+    Stream(StreamEvent),
+    /// A Register task finished.
+    Registered(RegistrationDone),
+    /// The earliest timer is due.
+    Timer,
+}
+
+impl Inputs {
+    /// Waits for the next input, or for `wake`. Fails when a helper thread
+    /// that feeds the loop has stopped.
+    async fn next(&mut self, wake: Instant) -> Result<Input> {
+        tokio::select! {
+            _ = self.sigterm.recv() => Ok(Input::Signal("SIGTERM")),
+            _ = self.sigint.recv() => Ok(Input::Signal("SIGINT")),
+            changed = self.links.changed() => match changed {
+                Ok(()) => Ok(Input::Links(self.links.borrow_and_update().clone())),
+                Err(_) => Err(Error::Task(
+                    "the thread reading link events stopped, so NIC health would go stale".into(),
+                )),
+            },
+            batch = self.fs.recv() => batch
+                .map(Input::Fs)
+                .ok_or_else(|| {
+                    Error::Task("the inotify thread stopped, so kubelet restarts would go unseen".into())
+                }),
+            Some(ev) = self.streams.recv() => Ok(Input::Stream(ev)),
+            Some(done) = self.registrations.recv() => Ok(Input::Registered(done)),
+            _ = tokio::time::sleep_until(wake) => Ok(Input::Timer),
+        }
+    }
+}
+
+/// All plugin state, owned by the loop of [`run`].
+struct Daemon {
+    opts: Options,
+    ctx: ServerContext,
+    plugins: BTreeMap<String, Plugin>,
+    resolved: Resolved,
+    file_text: Option<String>,
+    /// The latest snapshot of the node's links.
+    links: Links,
+    configs_tx: watch::Sender<Vec<ResourceConfig>>,
+    registrations: mpsc::UnboundedSender<RegistrationDone>,
+    next_attempt: u64,
+    /// Stops of removed resources' servers, awaited (briefly) at shutdown.
+    background: Vec<JoinHandle<()>>,
+    /// Auto-discovery, which logs each link it leaves out once.
+    discovery: Discovery,
+    /// Each resource's last NIC health, to log and count its changes.
+    health: HealthLog,
+    /// The inotify instance of the device-plugins, config and `/dev`
+    /// directories.
+    fs: DirWatcher,
+    /// The device-plugins directory's watch; `None` while it is gone.
+    plugin_wd: Option<WatchDescriptor>,
+    /// The config file directory's watch, if there is a config file.
+    config_wd: Option<WatchDescriptor>,
+    /// The watch of `/dev` for deleted tap nodes, and where the reclaim
+    /// loop hears of them; `None` when `/dev` cannot be watched.
+    tap_nodes: Option<(WatchDescriptor, mpsc::UnboundedSender<()>)>,
+    /// When the sockets are next checked.
+    next_socket_check: Instant,
+    /// The reclaim loop and the metrics server, aborted at shutdown.
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// Runs the daemon until SIGTERM or SIGINT. Errors are startup errors
+/// (invalid configuration, unusable directories or sockets), or a helper
+/// thread that stopped.
+pub async fn run(opts: Options) -> Result<()> {
+    let (mut d, mut inputs) = Daemon::start(opts).await?;
+    loop {
+        let input = inputs.next(d.next_wake()).await?;
+        if d.handle(input).is_break() {
+            break;
+        }
+    }
+    d.shutdown().await;
+    Ok(())
+}
+
+impl Daemon {
+    /// Sets everything up: the config watch (before the config is read, so
+    /// no edit is lost), the configuration, the device-plugins directory,
+    /// metrics, Events, signals, link events, the reclaim loop; then
+    /// reconciles the plugins with the links and starts registering.
+    async fn start(opts: Options) -> Result<(Self, Inputs)> {
+        let (fs, fs_events) = DirWatcher::new()?;
+        let loaded = reload::watch_then_read(&fs, &opts, load_config)?;
+        #[cfg(feature = "testkubelet")]
+        if let Some(f) = &opts.config_file {
+            crate::testhooks::after_config_read(f);
+        }
+        info!(source = %loaded.resolved.source, resources = %loaded.resolved.resources, "configuration loaded");
+        let plugin_dir = opts.plugin_dir();
+        std::fs::create_dir_all(&plugin_dir).map_err(Error::io(
+            "creating the device-plugins directory",
+            &plugin_dir,
+        ))?;
+        let metrics = Arc::new(Metrics::default());
+        let events = EventSink::from_environment(opts.node_name.as_deref()).await;
+        let mut tasks = Vec::new();
+        if let Some(addr) = opts.metrics_addr {
+            tasks.push(crate::http::serve(addr, metrics.clone()).await?);
+        }
+        let sigterm = signal(SignalKind::terminate())
+            .map_err(|e| Error::Task(format!("cannot handle SIGTERM: {e}")))?;
+        let sigint = signal(SignalKind::interrupt())
+            .map_err(|e| Error::Task(format!("cannot handle SIGINT: {e}")))?;
+        let mut links_rx = spawn_link_watcher()?;
+        let plugin_wd = Some(fs.watch_dir(&plugin_dir)?);
+
+        let (configs_tx, configs_rx) = watch::channel(Vec::new());
+        let (streams_tx, streams_rx) = mpsc::unbounded_channel();
+        let ctx = ServerContext {
+            metrics,
+            events,
+            streams: streams_tx,
+            clock: AllocationClock::default(),
+            assignments: Assignments::default(),
+        };
+        let dev_dir = PathBuf::from(crate::allocate::DEV_DIR);
+        let (tap_gone_tx, tap_gone) = mpsc::unbounded_channel();
+        // Without the watch the sender goes: the reclaim loop then runs on
+        // its interval only.
+        let tap_nodes = watch_tap_nodes(&fs, &dev_dir).map(|wd| (wd, tap_gone_tx));
+        tasks.push(spawn_reclaim(&opts, &ctx, configs_rx, dev_dir, tap_gone));
+        let (reg_tx, reg_rx) = mpsc::unbounded_channel();
+        let links = links_rx.borrow_and_update().clone();
+        let discovery = Discovery::new(opts.discover_kinds.clone());
+        let mut d = Daemon {
+            opts,
+            ctx,
+            plugins: BTreeMap::new(),
+            resolved: loaded.resolved,
+            file_text: loaded.file_text,
+            links,
+            configs_tx,
+            registrations: reg_tx,
+            next_attempt: 0,
+            background: Vec::new(),
+            discovery,
+            health: HealthLog::default(),
+            fs,
+            plugin_wd,
+            config_wd: loaded.config_wd,
+            tap_nodes,
+            next_socket_check: Instant::now() + SOCKET_CHECK,
+            tasks,
+        };
+        d.reconcile();
+        d.start_due_registrations();
+        let inputs = Inputs {
+            sigterm,
+            sigint,
+            links: links_rx,
+            fs: fs_events,
+            streams: streams_rx,
+            registrations: reg_rx,
+        };
+        Ok((d, inputs))
+    }
+
+    /// When the loop must wake at the latest: the earliest registration
+    /// retry, stream deadline or socket check.
+    fn next_wake(&self) -> Instant {
+        self.plugins
+            .values()
+            .filter_map(|p| p.registration.wake_at())
+            .fold(self.next_socket_check, Instant::min)
+    }
+
+    /// Hands `input` to its handler, then runs the timers (an input can
+    /// make a registration due at once). Breaks on a signal.
+    fn handle(&mut self, input: Input) -> ControlFlow<()> {
+        match input {
+            Input::Signal(name) => return self.on_signal(name),
+            Input::Links(links) => self.on_links(links),
+            Input::Fs(batch) => self.on_fs_events(&batch),
+            Input::Stream(ev) => self.on_stream_event(ev),
+            Input::Registered(done) => self.on_registration_done(done),
+            Input::Timer => {}
+        }
+        self.on_timer(Instant::now());
+        ControlFlow::Continue(())
+    }
+
+    /// SIGTERM or SIGINT: the loop ends and [`Daemon::shutdown`] follows.
+    fn on_signal(&mut self, name: &str) -> ControlFlow<()> {
+        info!(signal = name, "shutting down");
+        ControlFlow::Break(())
+    }
+
+    /// Inotify events: the device-plugins directory's go to
+    /// [`Daemon::plugin_dir_event`]; any in the config file's directory
+    /// reloads the configuration (once per batch); a tap node deleted in
+    /// `/dev` starts a reclaim round (once per batch).
+    fn on_fs_events(&mut self, batch: &[FsEvent]) {
+        let mut config_touched = false;
+        let mut tap_gone = false;
+        for ev in batch {
+            if self.plugin_wd.is_some_and(|wd| wd == ev.wd) {
+                self.plugin_dir_event(ev);
+                if ev.watch_ended() {
+                    warn!(dir = %self.opts.plugin_dir().display(), "the device-plugins directory went away; waiting for it to come back");
+                    self.plugin_wd = None;
+                }
+            } else if self.config_wd.is_some_and(|wd| wd == ev.wd) {
+                if ev.watch_ended() {
+                    warn!("the config file's directory went away; live reload stops");
+                    self.config_wd = None;
+                } else {
+                    config_touched = true;
+                }
+            } else if self.tap_nodes.as_ref().is_some_and(|(wd, _)| *wd == ev.wd) {
+                if ev.watch_ended() {
+                    debug!(
+                        "the watch of tap nodes ended; lost links are healed at each reclaim interval only"
+                    );
+                    self.tap_nodes = None;
+                } else {
+                    tap_gone |= tap_node_deleted(ev);
+                }
+            }
+        }
+        if config_touched {
+            self.reload_config();
+        }
+        if tap_gone
+            && let Some((_, reclaim)) = &self.tap_nodes
+            && reclaim.send(()).is_err()
+        {
+            self.tap_nodes = None;
+        }
+    }
+
+    /// Whatever is due at `now`: the socket check (and a new watch of a
+    /// device-plugins directory that came back), stream deadlines, and
+    /// registrations.
+    fn on_timer(&mut self, now: Instant) {
+        if now >= self.next_socket_check {
+            self.next_socket_check = now + SOCKET_CHECK;
+            if self.plugin_wd.is_none() {
+                self.plugin_wd = rewatch(&self.fs, &self.opts.plugin_dir());
+                if self.plugin_wd.is_some() {
+                    self.kubelet_restarted();
+                }
+            }
+            self.check_sockets();
+        }
+        self.check_stream_deadlines(now);
+        self.start_due_registrations();
+    }
+
+    /// Abandons registrations and stops every server at once, removing
+    /// our sockets; bounded by [`SHUTDOWN_WAIT`] (plus the socket removals).
+    async fn shutdown(self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        if let Some(wd) = self.plugin_wd {
+            self.fs.unwatch(wd);
+        }
+        let mut stops = Vec::new();
+        for (_, p) in self.plugins {
+            p.registration.abandon();
+            for old in p.stopping {
+                old.abort();
+            }
+            if let Some(s) = p.server {
+                stops.push(tokio::spawn(s.stop(true, SHUTDOWN_WAIT)));
+            }
+        }
+        for b in self.background {
+            b.abort();
+        }
+        for s in stops {
+            let _ = s.await;
+        }
+        info!("stopped");
+    }
+}
+
+/// Starts the reclaim loop (leaked links, lost links healed, on a tap
+/// node's deletion in `dev_dir` at once, as `tap_gone` reports) over the
+/// resources published on `configs`.
+fn spawn_reclaim(
+    opts: &Options,
+    ctx: &ServerContext,
+    configs: watch::Receiver<Vec<ResourceConfig>>,
+    dev_dir: PathBuf,
+    tap_gone: mpsc::UnboundedReceiver<()>,
+) -> JoinHandle<()> {
+    let reclaimer = Reclaimer::new(
+        opts.pod_resources_socket(),
+        opts.reclaim_grace,
+        ctx.clock.clone(),
+    )
+    .with_healing(ctx.assignments.clone(), dev_dir)
+    .with_events(ctx.events.clone());
+    tokio::spawn(reclaim_loop(
+        reclaimer,
+        opts.reclaim_interval,
+        configs,
+        ctx.metrics.clone(),
+        tap_gone,
+    ))
+}

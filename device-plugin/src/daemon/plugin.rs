@@ -1,0 +1,63 @@
+//! One resource's plugin: what the kubelet sees of it, the server of its
+//! socket, and its registration.
+
+use super::RESTART_WAIT;
+use super::registration::Registration;
+use crate::config::ResourceConfig;
+use crate::server::{PluginServer, ResourceState, ServerContext};
+use std::path::Path;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::error;
+
+/// One resource's plugin, owned by the daemon loop.
+pub(super) struct Plugin {
+    /// Devices and config as ListAndWatch streams them.
+    pub(super) state: watch::Sender<ResourceState>,
+    /// The server of the plugin's socket; `None` while it cannot serve.
+    pub(super) server: Option<PluginServer>,
+    /// Stops of replaced servers; the next Register waits for them.
+    pub(super) stopping: Vec<JoinHandle<()>>,
+    /// Made by auto-discovery (kept, unhealthy, when its NIC vanishes).
+    pub(super) discovered: bool,
+    /// Where its registration with the kubelet stands.
+    pub(super) registration: Registration,
+}
+
+impl Plugin {
+    /// A new resource's plugin, not served yet, to register at `now`.
+    pub(super) fn new(state: ResourceState, discovered: bool, now: Instant) -> Self {
+        let (tx, _) = watch::channel(state);
+        Self {
+            state: tx,
+            server: None,
+            stopping: Vec::new(),
+            discovered,
+            registration: Registration::new(now),
+        }
+    }
+
+    /// The resource's configuration.
+    pub(super) fn config(&self) -> ResourceConfig {
+        self.state.borrow().config.clone()
+    }
+
+    /// Serves the plugin anew on its socket in `dir`. The old server (if
+    /// any) stops in the background; the next Register waits for it.
+    pub(super) fn serve_anew(&mut self, dir: &Path, ctx: &ServerContext) {
+        let cfg = self.config();
+        let path = dir.join(cfg.socket_name());
+        if let Some(old) = self.server.take() {
+            self.stopping
+                .push(tokio::spawn(old.stop(false, RESTART_WAIT)));
+        }
+        self.registration.server_replaced();
+        match PluginServer::start(&path, self.state.subscribe(), ctx.clone()) {
+            Ok(s) => self.server = Some(s),
+            Err(e) => {
+                error!(resource = %cfg.resource_name(), error = %e, "cannot serve the plugin socket; trying again later")
+            }
+        }
+    }
+}

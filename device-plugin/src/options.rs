@@ -1,0 +1,129 @@
+//! What the daemon is told at start: [`Options`], made by the CLI from
+//! flags and the environment, and the reading of the configuration sources
+//! they name.
+
+use crate::config::{self, Resolved, Sources};
+use crate::error::{Error, Result};
+use kubelet_proto::v1beta1::KUBELET_SOCKET;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Everything the daemon needs, from flags and environment.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The kubelet's root directory (`/var/lib/kubelet`).
+    pub kubelet_dir: PathBuf,
+    /// `--config FILE`.
+    pub config_file: Option<PathBuf>,
+    /// `--resource` flags.
+    pub resource_flags: Vec<String>,
+    /// The value of `DP_MACVTAP_CONF`.
+    pub env_config: Option<String>,
+    /// Link kinds that auto-discovery treats as NICs besides physical NICs and bonds.
+    pub discover_kinds: Vec<String>,
+    /// Where to serve `/metrics` and `/healthz`, if anywhere.
+    pub metrics_addr: Option<SocketAddr>,
+    /// How often to look for leaked links.
+    pub reclaim_interval: Duration,
+    /// How long a link must look leaked before it is deleted.
+    pub reclaim_grace: Duration,
+    /// Where sysfs is mounted (`/sys`).
+    pub sysfs: PathBuf,
+    /// How long one Register call (connect and call) may take.
+    pub register_timeout: Duration,
+    /// The node's name, for Events on its Node; `None` turns Events off.
+    pub node_name: Option<String>,
+}
+
+impl Options {
+    /// `<kubelet dir>/device-plugins`.
+    pub fn plugin_dir(&self) -> PathBuf {
+        self.kubelet_dir.join("device-plugins")
+    }
+
+    /// `<kubelet dir>/pod-resources/kubelet.sock`.
+    pub fn pod_resources_socket(&self) -> PathBuf {
+        self.kubelet_dir.join("pod-resources").join(KUBELET_SOCKET)
+    }
+
+    /// The configuration sources: the flags, the config file's `text` (when
+    /// a file is configured) and the environment.
+    pub fn sources(&self, file_text: Option<String>) -> Sources {
+        Sources {
+            flags: self.resource_flags.clone(),
+            file: self.config_file.clone().zip(file_text),
+            env: self.env_config.clone().filter(|s| !s.trim().is_empty()),
+        }
+    }
+
+    /// The directory holding the config file, which is watched for edits.
+    pub fn config_dir(&self) -> Option<PathBuf> {
+        self.config_file.as_ref().map(|f| match f.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        })
+    }
+}
+
+/// Reads the configuration sources named by `opts` and resolves them;
+/// also returns the config file's text, if a file is configured.
+pub fn load_config(opts: &Options) -> Result<(Resolved, Option<String>)> {
+    let file_text = match &opts.config_file {
+        Some(p) => {
+            Some(std::fs::read_to_string(p).map_err(Error::io("reading the config file", p))?)
+        }
+        None => None,
+    };
+    let resolved = config::resolve(&opts.sources(file_text.clone()))?;
+    Ok((resolved, file_text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn options(config_file: Option<&str>) -> Options {
+        Options {
+            kubelet_dir: PathBuf::from("/var/lib/kubelet"),
+            config_file: config_file.map(PathBuf::from),
+            resource_flags: vec!["eth0".into()],
+            env_config: Some("  ".into()),
+            discover_kinds: Vec::new(),
+            metrics_addr: None,
+            reclaim_interval: Duration::from_secs(60),
+            reclaim_grace: Duration::from_secs(120),
+            sysfs: PathBuf::from("/sys"),
+            register_timeout: Duration::from_secs(5),
+            node_name: None,
+        }
+    }
+
+    #[test]
+    fn paths_follow_the_kubelet_dir_and_the_config_file() {
+        let o = options(Some("/etc/macvtap/conf.json"));
+        assert_eq!(o.plugin_dir(), Path::new("/var/lib/kubelet/device-plugins"));
+        assert_eq!(
+            o.pod_resources_socket(),
+            Path::new("/var/lib/kubelet/pod-resources/kubelet.sock")
+        );
+        assert_eq!(o.config_dir().unwrap(), Path::new("/etc/macvtap"));
+        assert_eq!(
+            options(Some("conf.json")).config_dir().unwrap(),
+            Path::new("."),
+            "a bare file name is in the working directory"
+        );
+        assert_eq!(options(None).config_dir(), None);
+    }
+
+    #[test]
+    fn sources_leave_out_a_blank_env_and_a_file_without_text() {
+        let o = options(Some("conf.json"));
+        let s = o.sources(Some("[]".into()));
+        assert_eq!(s.flags, ["eth0"]);
+        assert_eq!(s.file, Some((PathBuf::from("conf.json"), "[]".into())));
+        assert_eq!(s.env, None, "a blank DP_MACVTAP_CONF is no source");
+        assert_eq!(options(None).sources(Some("[]".into())).file, None);
+    }
+}
