@@ -90,6 +90,15 @@ pub enum Error {
         /// What went wrong.
         msg: String,
     },
+    /// A name the kernel would refuse, or that names a namespace-wide
+    /// setting, was given as an interface name.
+    #[error("{name:?} is not a valid interface name ({reason})")]
+    InvalidIfname {
+        /// The name as given.
+        name: String,
+        /// The rule it breaks, e.g. `1 to 15 bytes`.
+        reason: &'static str,
+    },
     /// `/dev/tapN` does not exist or belongs to another link.
     #[error("{path}: {msg}")]
     TapNode {

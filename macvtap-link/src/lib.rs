@@ -15,6 +15,7 @@ pub mod device;
 pub mod error;
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
+pub mod ifname;
 pub mod kernel;
 pub mod link;
 pub mod monitor;
@@ -25,6 +26,7 @@ pub mod tapdev;
 
 pub use device::{CNI_SETTINGS_FILE, RESOURCE_PREFIX, device_id, link_name_for_device};
 pub use error::{Error, Result};
+pub use ifname::check_ifname;
 pub use kernel::{Kernel, Links, Linux, Op};
 pub use link::{Link, LinkChange, MacvtapMode};
 pub use netlink::Handle;
