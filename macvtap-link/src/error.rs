@@ -99,6 +99,13 @@ pub enum Error {
         /// The rule it breaks, e.g. `1 to 15 bytes`.
         reason: &'static str,
     },
+    /// The CNI's node settings file does not parse, or holds a value that
+    /// cannot work.
+    #[error("{problem}")]
+    NodeSettings {
+        /// What is wrong, as a phrase (the parser's message, or the key).
+        problem: String,
+    },
     /// `/dev/tapN` does not exist or belongs to another link.
     #[error("{path}: {msg}")]
     TapNode {

@@ -22,12 +22,14 @@ pub mod monitor;
 pub mod netlink;
 pub mod netns;
 pub mod route;
+pub mod settings;
 pub mod tapdev;
 
-pub use device::{CNI_SETTINGS_FILE, RESOURCE_PREFIX, device_id, link_name_for_device};
+pub use device::{RESOURCE_PREFIX, device_id, link_name_for_device};
 pub use error::{Error, Result};
 pub use ifname::check_ifname;
 pub use kernel::{Kernel, Links, Linux, Op};
 pub use link::{Link, LinkChange, MacvtapMode};
 pub use netlink::Handle;
 pub use netns::Netns;
+pub use settings::{CNI_SETTINGS_FILE, NodeSettingsFile, PodResourcesCheck};
