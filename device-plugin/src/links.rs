@@ -8,7 +8,7 @@
 
 use crate::error::Result;
 use macvtap_link::monitor::{LinkEvent, LinkMonitor};
-use macvtap_link::{Handle, Link};
+use macvtap_link::{Handle, Link, Links as _};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;

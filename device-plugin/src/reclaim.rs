@@ -32,7 +32,7 @@ use kubelet_proto::podresources::v1::pod_resources_lister_client::PodResourcesLi
 use kubelet_proto::podresources::v1::{ListPodResourcesRequest, ListPodResourcesResponse};
 use macvtap_link::device::is_device_link_name;
 use macvtap_link::tapdev::tap_node_path;
-use macvtap_link::{Handle, Link, Netns, RESOURCE_PREFIX, link_name_for_device};
+use macvtap_link::{Handle, Link, Links, Netns, RESOURCE_PREFIX, link_name_for_device};
 use nix::errno::Errno;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};

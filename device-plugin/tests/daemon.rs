@@ -12,7 +12,7 @@ use common::{
 use kubelet_proto::v1beta1::Device;
 use macvtap_deviceplugin::testkubelet::{ResourceView, TestPodResources, summary};
 use macvtap_link::tapdev::{check_tap_node, tap_dev_in_netns};
-use macvtap_link::{MacvtapMode, Netns, link_name_for_device};
+use macvtap_link::{Links, MacvtapMode, Netns, link_name_for_device};
 use nix::sys::signal::Signal;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

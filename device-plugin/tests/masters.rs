@@ -17,7 +17,7 @@ use kubelet_proto::v1beta1::Device;
 use macvtap_deviceplugin::allocate::create_device;
 use macvtap_deviceplugin::config::ResourceConfig;
 use macvtap_deviceplugin::testkubelet::ResourceView;
-use macvtap_link::{Handle, Netns, link_name_for_device};
+use macvtap_link::{Handle, Links, Netns, link_name_for_device};
 use std::collections::BTreeSet;
 use std::path::Path;
 

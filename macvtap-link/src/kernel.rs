@@ -124,7 +124,7 @@ pub fn explain(op: Op, errno: Errno) -> String {
 }
 
 /// The link operations of one network namespace, named after iproute2's
-/// verbs; [`Handle`] is the real one.
+/// verbs; [`Handle`] is the real one (in [`crate::link`]).
 pub trait Links {
     /// The namespace path these links live in, for messages.
     fn netns(&self) -> &Path;
@@ -134,7 +134,11 @@ pub trait Links {
     fn get_link_by_index(&self, index: u32) -> Result<Option<Link>>;
     /// Lists every link of the namespace.
     fn list_links(&self) -> Result<Vec<Link>>;
-    /// Creates macvtap `name` on `lower_index`, at ifindex `index` when given.
+    /// Creates macvtap `name` on `lower_index` with `mode` and transmit queue
+    /// length `txqueuelen` (the kernel's default for `None`), and returns it
+    /// as the kernel sees it. With `index` it asks for that ifindex (`ip link
+    /// add ... index N`), so a lost link comes back under the `/dev/tap<N>`
+    /// the kubelet handed out; `EEXIST`/`EBUSY` when that index is taken.
     fn add_macvtap_at(
         &self,
         name: &str,
@@ -145,8 +149,11 @@ pub trait Links {
     ) -> Result<Link>;
     /// Deletes link `index` (`name` is for messages).
     fn del_link(&self, index: u32, name: &str) -> Result<()>;
-    /// Moves link `index` into `target` as `new_name`, asking for ifindex
-    /// `new_index` there (`IFLA_NEW_IFINDEX`, ignored by kernels before 5.13).
+    /// Moves link `index` into `target`, renamed to `new_name` in the same
+    /// message, asking for ifindex `new_index` there (`IFLA_NEW_IFINDEX`; a
+    /// rollback asks for the index the link had before it moved). Kernels
+    /// before 5.13 ignore the request and keep the link's index when it is
+    /// free in `target`, else give it a new one: callers re-read the link.
     fn set_link_ns_at(
         &self,
         index: u32,
@@ -155,17 +162,20 @@ pub trait Links {
         new_name: &str,
         new_index: u32,
     ) -> Result<()>;
-    /// Moves link `index` into `target` as `new_name`, keeping its ifindex.
+    /// Moves link `index` into `target` as `new_name`, keeping its ifindex:
+    /// if that index is taken in `target` the kernel refuses and nothing moves.
     fn set_link_ns(&self, index: u32, name: &str, target: &Netns, new_name: &str) -> Result<()> {
         self.set_link_ns_at(index, name, target, new_name, index)
     }
     /// Applies `change` to link `index` in one request.
     fn set_link(&self, index: u32, name: &str, change: &LinkChange) -> Result<()>;
-    /// Adds `addr/prefix_len` to link `index`.
+    /// Adds `addr/prefix_len` to link `index` (IPv6 without duplicate address
+    /// detection, so it is usable at once).
     fn add_addr(&self, index: u32, addr: IpAddr, prefix_len: u8) -> Result<()>;
     /// Lists the addresses (with prefix length) on link `index`.
     fn list_addrs(&self, index: u32) -> Result<Vec<(IpAddr, u8)>>;
-    /// Adds a route to `dst/prefix_len` through link `index`.
+    /// Adds a route to `dst/prefix_len` through link `index`, via `gw` when
+    /// given (otherwise a link-scope route).
     fn add_route(&self, index: u32, dst: IpAddr, prefix_len: u8, gw: Option<IpAddr>) -> Result<()>;
 }
 
@@ -231,56 +241,6 @@ impl Kernel for Linux {
 
     fn chown_tap_node(&self, node: &TapNode, owner: u32, group: u32) -> Result<()> {
         node.chown(owner, group)
-    }
-}
-
-impl Links for Handle {
-    fn netns(&self) -> &Path {
-        Handle::netns(self)
-    }
-    fn get_link(&self, name: &str) -> Result<Option<Link>> {
-        Handle::get_link(self, name)
-    }
-    fn get_link_by_index(&self, index: u32) -> Result<Option<Link>> {
-        Handle::get_link_by_index(self, index)
-    }
-    fn list_links(&self) -> Result<Vec<Link>> {
-        Handle::list_links(self)
-    }
-    fn add_macvtap_at(
-        &self,
-        name: &str,
-        lower_index: u32,
-        mode: MacvtapMode,
-        txqueuelen: Option<u32>,
-        index: Option<u32>,
-    ) -> Result<Link> {
-        Handle::add_macvtap_at(self, name, lower_index, mode, txqueuelen, index)
-    }
-    fn del_link(&self, index: u32, name: &str) -> Result<()> {
-        Handle::del_link(self, index, name)
-    }
-    fn set_link_ns_at(
-        &self,
-        index: u32,
-        name: &str,
-        target: &Netns,
-        new_name: &str,
-        new_index: u32,
-    ) -> Result<()> {
-        Handle::set_link_ns_at(self, index, name, target, new_name, new_index)
-    }
-    fn set_link(&self, index: u32, name: &str, change: &LinkChange) -> Result<()> {
-        Handle::set_link(self, index, name, change)
-    }
-    fn add_addr(&self, index: u32, addr: IpAddr, prefix_len: u8) -> Result<()> {
-        Handle::add_addr(self, index, addr, prefix_len)
-    }
-    fn list_addrs(&self, index: u32) -> Result<Vec<(IpAddr, u8)>> {
-        Handle::list_addrs(self, index)
-    }
-    fn add_route(&self, index: u32, dst: IpAddr, prefix_len: u8, gw: Option<IpAddr>) -> Result<()> {
-        Handle::add_route(self, index, dst, prefix_len, gw)
     }
 }
 

@@ -1,19 +1,25 @@
-//! Link operations, named after iproute2's verbs, and what the kernel says
-//! about a link.
+//! What the kernel says about a link, and the real [`Links`]: the link,
+//! address and route operations of a [`Handle`], named after iproute2's
+//! verbs (address and route messages are built in [`crate::addr`] and
+//! [`crate::route`]).
 
 use crate::error::{Error, Result};
-use crate::kernel::Op;
+use crate::kernel::{Links, Op};
 use crate::netlink::Handle;
 use crate::netns::Netns;
+use crate::{addr, route};
 use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL};
 use netlink_packet_route::RouteNetlinkMessage;
+use netlink_packet_route::address::AddressMessage;
 use netlink_packet_route::link::{
     InfoData, InfoKind, InfoMacVtap, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, MacVtapMode,
     State,
 };
 use nix::errno::Errno;
 use std::fmt;
+use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd};
+use std::path::Path;
 use std::str::FromStr;
 
 /// The macvtap modes the kernel offers, spelled as in the device plugin config.
@@ -275,22 +281,8 @@ impl fmt::Display for LinkChange {
 
 impl Handle {
     /// `"<what> <target> in <namespace>"`, the phrase errors start with.
-    pub(crate) fn link_op(&self, what: &str, target: impl fmt::Display) -> String {
+    fn link_op(&self, what: &str, target: impl fmt::Display) -> String {
         format!("{what} {target} in {}", self.netns().display())
-    }
-
-    /// Looks a link up by name; `Ok(None)` when there is no such link.
-    pub fn get_link(&self, name: &str) -> Result<Option<Link>> {
-        let mut msg = LinkMessage::default();
-        msg.attributes.push(LinkAttribute::IfName(name.to_string()));
-        self.get_link_msg(msg, || self.link_op("looking up link", name))
-    }
-
-    /// Looks a link up by index; `Ok(None)` when there is no such link.
-    pub fn get_link_by_index(&self, index: u32) -> Result<Option<Link>> {
-        let mut msg = LinkMessage::default();
-        msg.header.index = index;
-        self.get_link_msg(msg, || self.link_op("looking up link index", index))
     }
 
     fn get_link_msg(&self, msg: LinkMessage, op: impl Fn() -> String) -> Result<Option<Link>> {
@@ -303,9 +295,28 @@ impl Handle {
             Err(e) => Err(e),
         }
     }
+}
 
-    /// Lists every link of the namespace.
-    pub fn list_links(&self) -> Result<Vec<Link>> {
+/// The real kernel's link, address and route operations: each one request
+/// on the handle's socket, answered and checked before it returns.
+impl Links for Handle {
+    fn netns(&self) -> &Path {
+        Handle::netns(self)
+    }
+
+    fn get_link(&self, name: &str) -> Result<Option<Link>> {
+        let mut msg = LinkMessage::default();
+        msg.attributes.push(LinkAttribute::IfName(name.to_string()));
+        self.get_link_msg(msg, || self.link_op("looking up link", name))
+    }
+
+    fn get_link_by_index(&self, index: u32) -> Result<Option<Link>> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        self.get_link_msg(msg, || self.link_op("looking up link index", index))
+    }
+
+    fn list_links(&self) -> Result<Vec<Link>> {
         let replies = self.dump(
             RouteNetlinkMessage::GetLink(LinkMessage::default()),
             Op::ListLinks,
@@ -320,22 +331,7 @@ impl Handle {
             .collect())
     }
 
-    /// Creates a macvtap link `name` on the lower link `lower_index` with the
-    /// given mode and transmit queue length, and returns it as the kernel sees it.
-    pub fn add_macvtap(
-        &self,
-        name: &str,
-        lower_index: u32,
-        mode: MacvtapMode,
-        txqueuelen: Option<u32>,
-    ) -> Result<Link> {
-        self.add_macvtap_at(name, lower_index, mode, txqueuelen, None)
-    }
-
-    /// [`Handle::add_macvtap`] with a chosen ifindex (`ip link add ... index
-    /// N`), so that a lost link comes back under the `/dev/tap<N>` the kubelet
-    /// already handed out; `EEXIST`/`EBUSY` when that index is taken.
-    pub fn add_macvtap_at(
+    fn add_macvtap_at(
         &self,
         name: &str,
         lower_index: u32,
@@ -387,8 +383,7 @@ impl Handle {
         }
     }
 
-    /// Deletes a link by index.
-    pub fn del_link(&self, index: u32, name: &str) -> Result<()> {
+    fn del_link(&self, index: u32, name: &str) -> Result<()> {
         let mut msg = LinkMessage::default();
         msg.header.index = index;
         self.request(RouteNetlinkMessage::DelLink(msg), 0, Op::DelLink, || {
@@ -397,24 +392,7 @@ impl Handle {
         Ok(())
     }
 
-    /// Moves link `index` into `target`, renaming it to `new_name` in the same
-    /// message and asking the kernel to keep its ifindex (`IFLA_NEW_IFINDEX`):
-    /// if that index is taken in the target the kernel refuses and nothing moves.
-    pub fn set_link_ns(
-        &self,
-        index: u32,
-        name: &str,
-        target: &Netns,
-        new_name: &str,
-    ) -> Result<()> {
-        self.set_link_ns_at(index, name, target, new_name, index)
-    }
-
-    /// [`Handle::set_link_ns`] asking for ifindex `new_index` in `target`
-    /// (a rollback asks for the index the link had before it moved). Kernels
-    /// before 5.13 ignore the request and keep the link's index when it is
-    /// free in `target`, else give it a new one: callers re-read the link.
-    pub fn set_link_ns_at(
+    fn set_link_ns_at(
         &self,
         index: u32,
         name: &str,
@@ -441,8 +419,7 @@ impl Handle {
         Ok(())
     }
 
-    /// Applies `change` to link `index` in one request.
-    pub fn set_link(&self, index: u32, name: &str, change: &LinkChange) -> Result<()> {
+    fn set_link(&self, index: u32, name: &str, change: &LinkChange) -> Result<()> {
         let mut msg = LinkMessage::default();
         msg.header.index = index;
         for (want, flag) in [
@@ -471,6 +448,52 @@ impl Handle {
         self.request(RouteNetlinkMessage::SetLink(msg), 0, Op::SetLink, || {
             format!("{change} on {name} in {}", self.netns().display())
         })?;
+        Ok(())
+    }
+
+    fn add_addr(&self, index: u32, addr: IpAddr, prefix_len: u8) -> Result<()> {
+        self.request(
+            RouteNetlinkMessage::NewAddress(addr::new_address(index, addr, prefix_len)),
+            NLM_F_CREATE | NLM_F_EXCL,
+            Op::AddAddr,
+            || {
+                self.link_op(
+                    &format!("adding address {addr}/{prefix_len} to link index"),
+                    index,
+                )
+            },
+        )?;
+        Ok(())
+    }
+
+    fn list_addrs(&self, index: u32) -> Result<Vec<(IpAddr, u8)>> {
+        let replies = self.dump(
+            RouteNetlinkMessage::GetAddress(AddressMessage::default()),
+            Op::ListAddrs,
+            || self.link_op("listing addresses of link index", index),
+        )?;
+        Ok(addr::addresses_of(&replies, index))
+    }
+
+    fn add_route(
+        &self,
+        index: u32,
+        dst: IpAddr,
+        prefix_len: u8,
+        gateway: Option<IpAddr>,
+    ) -> Result<()> {
+        self.request(
+            RouteNetlinkMessage::NewRoute(route::new_route(index, dst, prefix_len, gateway)),
+            NLM_F_CREATE | NLM_F_EXCL,
+            Op::AddRoute,
+            || {
+                let via = gateway.map(|g| format!(" via {g}")).unwrap_or_default();
+                self.link_op(
+                    &format!("adding route {dst}/{prefix_len}{via} on link index"),
+                    index,
+                )
+            },
+        )?;
         Ok(())
     }
 }

@@ -201,6 +201,7 @@ fn parse(buf: &[u8]) -> std::result::Result<Vec<NetlinkMessage<RouteNetlinkMessa
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernel::Links;
     use netlink_packet_route::link::{LinkAttribute, LinkMessage};
 
     #[test]

@@ -10,7 +10,7 @@ use crate::node::{Node, WAIT};
 use anyhow::{Context, Result, anyhow};
 use macvtap_deviceplugin::allocate::create_device;
 use macvtap_deviceplugin::config::ResourceConfig;
-use macvtap_link::{Handle, LinkChange, MacvtapMode, Netns};
+use macvtap_link::{Handle, LinkChange, Links, MacvtapMode, Netns};
 use prost::Message;
 use std::path::Path;
 use std::time::{Duration, Instant};
