@@ -536,8 +536,8 @@ mod tests {
         );
     }
 
-    use macvtap_link::fake::{FakeKernel, HOST};
     use macvtap_link::{Kernel, Op};
+    use test_support::fake::{FakeKernel, HOST};
 
     /// Runs Allocate for `ids` (one container) on the fake kernel.
     fn allocate_fake(kernel: &FakeKernel, ids: &[&str]) -> Result<AllocateResponse> {

@@ -13,8 +13,6 @@
 pub mod addr;
 pub mod device;
 pub mod error;
-#[cfg(any(test, feature = "fake"))]
-pub mod fake;
 pub mod ifname;
 pub mod kernel;
 pub mod link;

@@ -124,25 +124,16 @@ const TAP_NODE_POLL: Duration = Duration::from_millis(10);
 #[derive(Debug)]
 pub struct TapNode {
     path: PathBuf,
-    /// `None` only for the fake kernel's nodes.
-    file: Option<File>,
+    file: File,
 }
 
 impl TapNode {
-    /// A node opened by [`open_tap_node`].
+    /// A node opened by [`open_tap_node`] (or, by a [`crate::Kernel`] that
+    /// is not the real one, any descriptor standing for it).
     pub fn opened(path: &Path, file: File) -> Self {
         Self {
             path: path.to_path_buf(),
-            file: Some(file),
-        }
-    }
-
-    /// A node that exists only in the fake kernel.
-    #[cfg(any(test, feature = "fake"))]
-    pub(crate) fn fake(path: &Path) -> Self {
-        Self {
-            path: path.to_path_buf(),
-            file: None,
+            file,
         }
     }
 
@@ -153,13 +144,7 @@ impl TapNode {
 
     /// Gives the node to `owner:group` through its descriptor.
     pub fn chown(&self, owner: u32, group: u32) -> Result<()> {
-        match &self.file {
-            Some(file) => chown_tap_node(file, &self.path, owner, group),
-            None => Err(Error::TapNode {
-                path: self.path.clone(),
-                msg: "is not open, so it cannot be given to anyone".into(),
-            }),
-        }
+        chown_tap_node(&self.file, &self.path, owner, group)
     }
 }
 
