@@ -31,10 +31,11 @@ use crate::discovery::Discovery;
 use crate::error::{Error, Result};
 use crate::events::{EventSink, NodeEvent};
 use crate::fswatch::{DirWatcher, FsEvent};
+use crate::heal::Assignments;
 use crate::health::{HealthLog, NicHealth, nic_health};
 use crate::links::{Links, spawn_link_watcher};
 use crate::metrics::Metrics;
-use crate::reclaim::{AllocationClock, Assignments, Reclaimer, reclaim_loop};
+use crate::reclaim::{AllocationClock, Reclaimer, reclaim_loop};
 use crate::registration::register;
 use crate::server::{PluginServer, ResourceState, ServerContext, StreamEvent};
 use crate::topology::numa_node;
@@ -994,6 +995,7 @@ fn spawn_reclaim(
     let dev_dir = PathBuf::from(crate::allocate::DEV_DIR);
     let tap_gone = watch_tap_nodes(&dev_dir);
     let reclaimer = Reclaimer::new(
+        Arc::new(macvtap_link::Linux),
         opts.pod_resources_socket(),
         opts.reclaim_grace,
         clock.clone(),

@@ -13,7 +13,9 @@
 //! [`links`] (which NICs exist, from netlink events), [`health`] and
 //! [`topology`] (device health and NUMA), [`devices`] (the device list),
 //! [`server`] and [`allocate`] (the gRPC service), [`registration`] and
-//! [`fswatch`] (the kubelet's lifecycle), [`reclaim`] (leaked links), [`events`] (Kubernetes Events on the Node),
+//! [`fswatch`] (the kubelet's lifecycle), [`reclaim`] and [`heal`] (leaked and
+//! lost links), [`host`] (the kernel handle Allocate, reclaim and heal share),
+//! [`events`] (Kubernetes Events on the Node),
 //! [`metrics`], [`procstat`] and [`http`] (observability), [`daemon`] (the loop tying
 //! them together).
 
@@ -27,7 +29,9 @@ pub mod error;
 pub mod events;
 pub mod fswatch;
 pub mod grpc;
+pub mod heal;
 pub mod health;
+pub mod host;
 pub mod http;
 pub mod install;
 pub mod links;

@@ -182,6 +182,8 @@ async fn the_same_id_allocated_twice_keeps_its_link_and_tap_node() {
 async fn a_tap_node_that_never_appears_names_a_dev_that_is_not_devtmpfs() {
     use macvtap_deviceplugin::allocate::create_device;
     use macvtap_deviceplugin::config::ResourceConfig;
+    use macvtap_deviceplugin::host::Host;
+    use macvtap_link::Linux;
     let node = Node::new("tmpfsdev");
     // A private "/dev" that is a plain tmpfs, as a kind node's /dev is.
     let dev = tempfile::tempdir().unwrap();
@@ -200,11 +202,10 @@ async fn a_tap_node_that_never_appears_names_a_dev_that_is_not_devtmpfs() {
         }
     }
     let _unmount = Unmount(dev.path());
-    let netns = Netns::open(node.ns.path()).unwrap();
-    let handle = node.ns.handle().unwrap();
+    let host = Host::in_netns(&Linux, Netns::open(node.ns.path()).unwrap()).unwrap();
     let lower = node.ns.link("eth1").unwrap().unwrap();
     let cfg = ResourceConfig::for_nic("eth1");
-    let e = create_device(&handle, &netns, &cfg, &lower, "eth1Mvp0", dev.path()).unwrap_err();
+    let e = create_device(&host, &cfg, &lower, "eth1Mvp0", dev.path()).unwrap_err();
     let msg = e.to_string();
     assert_eq!(e.grpc_code(), tonic::Code::FailedPrecondition, "{msg}");
     for want in [
