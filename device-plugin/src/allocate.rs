@@ -8,9 +8,9 @@
 
 use crate::config::ResourceConfig;
 use crate::devices::device_index;
-use crate::discovery::{Owner, receive_path_owner};
 use crate::error::{Error, Result};
 use crate::host::Host;
+use crate::master::{Owner, receive_path_owner};
 use kubelet_proto::v1beta1::{
     AllocateRequest, AllocateResponse, ContainerAllocateResponse, DeviceSpec,
 };

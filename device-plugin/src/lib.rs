@@ -36,6 +36,7 @@ pub mod http;
 pub mod install;
 pub mod links;
 pub mod logging;
+pub mod master;
 pub mod metrics;
 pub mod procstat;
 pub mod reclaim;
