@@ -33,7 +33,7 @@ use crate::events::{EventSink, NodeEvent};
 use crate::fswatch::{DirWatcher, FsEvent};
 use crate::heal::Assignments;
 use crate::health::{HealthLog, NicHealth, nic_health};
-use crate::links::{Links, spawn_link_watcher};
+use crate::links::{LinkSnapshot, spawn_link_watcher};
 use crate::metrics::Metrics;
 use crate::reclaim::{AllocationClock, Reclaimer, reclaim_loop};
 use crate::registration::register;
@@ -291,7 +291,7 @@ struct RegistrationDone {
 struct Inputs {
     sigterm: Signal,
     sigint: Signal,
-    links: watch::Receiver<Links>,
+    links: watch::Receiver<LinkSnapshot>,
     fs: mpsc::UnboundedReceiver<Vec<FsEvent>>,
     streams: mpsc::UnboundedReceiver<StreamEvent>,
     registrations: mpsc::UnboundedReceiver<RegistrationDone>,
@@ -302,7 +302,7 @@ enum Input {
     /// SIGTERM or SIGINT, by name.
     Signal(&'static str),
     /// A new snapshot of the node's links.
-    Links(Links),
+    Links(LinkSnapshot),
     /// A batch of inotify events.
     Fs(Vec<FsEvent>),
     /// A ListAndWatch stream opened or ended.
@@ -346,7 +346,7 @@ struct Daemon {
     resolved: Resolved,
     file_text: Option<String>,
     /// The latest snapshot of the node's links.
-    links: Links,
+    links: LinkSnapshot,
     configs_tx: watch::Sender<Vec<ResourceConfig>>,
     registrations: mpsc::UnboundedSender<RegistrationDone>,
     next_attempt: u64,
@@ -503,7 +503,7 @@ impl Daemon {
     }
 
     /// A new link snapshot: health, NUMA and auto-discovered resources follow it.
-    fn on_links(&mut self, links: Links) {
+    fn on_links(&mut self, links: LinkSnapshot) {
         self.links = links;
         self.reconcile();
     }
