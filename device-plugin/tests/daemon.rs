@@ -11,7 +11,7 @@ use common::{
 };
 use kubelet_proto::v1beta1::Device;
 use macvtap_deviceplugin::testkubelet::{ResourceView, TestPodResources, summary};
-use macvtap_link::tapdev::{check_tap_node, tap_dev_in_netns};
+use macvtap_link::tapdev::{open_tap_node, tap_dev_in_netns};
 use macvtap_link::{Links, MacvtapMode, Netns, link_name_for_device};
 use nix::sys::signal::Signal;
 use std::path::{Path, PathBuf};
@@ -115,7 +115,7 @@ async fn allocate_creates_a_macvtap_on_the_lower_nic_with_a_matching_tap_node() 
     assert_eq!(spec.container_path, tap);
     assert_eq!(spec.permissions, "rw");
     let dev = tap_dev_in_netns(&Netns::open(node.ns.path()).unwrap(), &name).unwrap();
-    check_tap_node(Path::new(&tap), dev).unwrap();
+    open_tap_node(Path::new(&tap), dev, Duration::ZERO).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -147,7 +147,7 @@ async fn the_same_id_allocated_twice_keeps_its_link_and_tap_node() {
     let link = node.ns.link(&name).unwrap().expect("macvtap exists");
     assert_eq!(first.host_path, format!("/dev/tap{}", link.index));
     let dev = tap_dev_in_netns(&Netns::open(node.ns.path()).unwrap(), &name).unwrap();
-    check_tap_node(Path::new(&first.host_path), dev).unwrap();
+    open_tap_node(Path::new(&first.host_path), dev, Duration::ZERO).unwrap();
     let macvtaps = node
         .ns
         .handle()
@@ -1091,7 +1091,7 @@ async fn a_lost_link_of_a_held_device_comes_back_with_its_ifindex() {
     );
     assert!(healed.is_macvtap());
     let dev = tap_dev_in_netns(&Netns::open(node.ns.path()).unwrap(), &held_name).unwrap();
-    check_tap_node(Path::new(&held_tap), dev).unwrap();
+    open_tap_node(Path::new(&held_tap), dev, Duration::ZERO).unwrap();
     assert!(
         node.ns.link(&free_name).unwrap().is_none() && !Path::new(&free_tap).exists(),
         "a device no pod holds is not re-created"
