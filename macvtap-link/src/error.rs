@@ -1,6 +1,6 @@
 //! The error type of the shared link library.
 
-use crate::kernel::{Op, explain};
+use crate::op::{Op, errno_name, explain};
 use nix::errno::Errno;
 use std::path::PathBuf;
 
@@ -25,7 +25,7 @@ pub enum Error {
         "entering network namespace {}: {} ({})",
         path.display(),
         source.desc(),
-        crate::kernel::errno_name(*source)
+        errno_name(*source)
     )]
     EnterNetns {
         /// Path of the namespace file.
@@ -122,7 +122,7 @@ pub fn io_cause(e: &std::io::Error) -> String {
     match e.raw_os_error() {
         Some(raw) => {
             let errno = Errno::from_raw(raw);
-            format!("{} ({})", errno.desc(), crate::kernel::errno_name(errno))
+            format!("{} ({})", errno.desc(), errno_name(errno))
         }
         None => e.to_string(),
     }
