@@ -3,12 +3,14 @@
 //! The device plugin creates a macvtap link for a device ID in the host
 //! network namespace; the CNI finds that same link by the same name and moves
 //! it into a pod. Everything both sides must agree on lives here exactly once:
-//! how a device ID maps to a link name ([`device`]), how network namespaces
-//! are held and entered ([`netns`]), the netlink link, address and route
-//! operations ([`netlink`], [`link`], [`addr`], [`route`]) and how `/dev/tapN` is matched to its
-//! link ([`tapdev`]). The operations both binaries use sit behind
-//! [`kernel::Kernel`] and [`kernel::Links`], with a fake (feature `fake`) for
-//! unit tests of every failure path.
+//! how a device ID maps to a link name ([`device`]), which interface names
+//! are valid ([`ifname`]), the CNI's node settings file ([`settings`]), how
+//! network namespaces are held and entered ([`netns`]), the netlink link,
+//! address and route operations ([`netlink`], [`link`], [`addr`],
+//! [`route`]) and how `/dev/tapN` is matched to its link ([`tapdev`]). The
+//! operations both binaries use sit behind [`kernel::Kernel`] and
+//! [`kernel::Links`] (real in [`Linux`] and [`Handle`]), so that unit tests
+//! drive every failure path on a fake (`test_support::fake`).
 
 pub mod addr;
 pub mod device;
