@@ -53,7 +53,7 @@ pub fn check_request(req: &AllocateRequest, cfg: &ResourceConfig) -> Result<()> 
 /// tap node. On any failure every link made for this request is deleted.
 pub fn allocate(req: &AllocateRequest, cfg: &ResourceConfig) -> Result<AllocateResponse> {
     check_request(req, cfg)?;
-    HOST.with(|cell| {
+    CACHED_HOST.with(|cell| {
         let host = match cell.borrow_mut().take() {
             Some(cached) => cached,
             None => Host::current(&Linux)?,
@@ -71,7 +71,7 @@ thread_local! {
     /// The blocking pool's threads keep their host handle (its netlink
     /// socket) between Allocates (the daemon never leaves the host
     /// namespace), saving a socket set-up per request.
-    static HOST: std::cell::RefCell<Option<Host<'static>>> = const { std::cell::RefCell::new(None) };
+    static CACHED_HOST: std::cell::RefCell<Option<Host<'static>>> = const { std::cell::RefCell::new(None) };
 }
 
 /// [`allocate`] on `host` (the real kernel's in the daemon, the fake's in
