@@ -56,7 +56,8 @@ pub struct NetConf {
     /// The result of the previous plugin in a chain (or of ADD, for CHECK).
     #[serde(rename = "prevResult")]
     pub prev_result: Option<Value>,
-    /// Attachments still valid, for GC (spec 1.1).
+    /// Attachments still valid, for GC (spec 1.1): read so that a malformed
+    /// list is refused; GC hands IPAM the raw list ([`crate::status::gc`]).
     #[serde(rename = "cni.dev/valid-attachments")]
     pub valid_attachments: Option<Vec<Attachment>>,
     /// The older spelling of the same list.
@@ -162,13 +163,6 @@ impl NetConf {
     /// gid that `/dev/tapN` is given.
     pub fn group(&self) -> u32 {
         self.group.unwrap_or(DEFAULT_OWNER)
-    }
-
-    /// The GC list of valid attachments, accepting either spelling.
-    pub fn gc_attachments(&self) -> Option<&[Attachment]> {
-        self.valid_attachments
-            .as_deref()
-            .or(self.attachments.as_deref())
     }
 }
 
@@ -282,7 +276,8 @@ mod tests {
             r#"{"cniVersion":"1.1.0","name":"n","type":"macvtap",
                "cni.dev/attachments":[{"containerID":"a","ifname":"net1"}]}"#,
         );
-        assert_eq!(new.gc_attachments(), old.gc_attachments());
-        assert_eq!(new.gc_attachments().unwrap().len(), 1);
+        assert_eq!(new.valid_attachments, old.attachments);
+        assert_eq!(new.valid_attachments.unwrap().len(), 1);
+        assert_eq!((new.attachments, old.valid_attachments), (None, None));
     }
 }

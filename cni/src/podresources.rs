@@ -16,7 +16,8 @@ use crate::config::NetConf;
 use crate::env::CniEnv;
 use crate::error::{Error, Result};
 use crate::grpc;
-use crate::settings::{Check, NodeSettings};
+use crate::settings::NodeSettings;
+use macvtap_link::PodResourcesCheck;
 use macvtap_link::RESOURCE_PREFIX;
 use std::path::Path;
 use std::time::Duration;
@@ -62,11 +63,11 @@ pub fn check_ownership(env: &CniEnv, conf: &NetConf, settings: &NodeSettings) ->
              cannot be checked against the kubelet's allocation"
         );
         return match settings.pod_resources_check {
-            Check::Enforce => Err(Error::InvalidEnv {
+            PodResourcesCheck::Enforce => Err(Error::InvalidEnv {
                 var: "CNI_ARGS",
                 msg: format!("{msg}; podResourcesCheck is enforce"),
             }),
-            Check::Warn => {
+            PodResourcesCheck::Warn => {
                 warn!("{msg}; going on (podResourcesCheck is warn)");
                 Ok(())
             }
@@ -78,13 +79,13 @@ pub fn check_ownership(env: &CniEnv, conf: &NetConf, settings: &NodeSettings) ->
         Ok(p) => p,
         Err(msg) => {
             return match settings.pod_resources_check {
-                Check::Enforce => Err(Error::PodResourcesUnavailable {
+                PodResourcesCheck::Enforce => Err(Error::PodResourcesUnavailable {
                     device_id: device_id.clone(),
                     pod,
                     socket: socket.display().to_string(),
                     msg,
                 }),
-                Check::Warn => {
+                PodResourcesCheck::Warn => {
                     warn!(
                         socket = %socket.display(),
                         "cannot check that device {device_id} is allocated to pod {pod}: the \

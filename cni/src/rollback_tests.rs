@@ -1,5 +1,5 @@
 //! ADD's and DEL's failure paths, driven without root against the fake
-//! kernel (`macvtap_link::fake`): every kernel call of a successful ADD or
+//! kernel (`test_support::fake`): every kernel call of a successful ADD or
 //! DEL is failed in turn, and each test asserts what is left and the code.
 //!
 //! IPAM is the real `static` plugin of the reference plugins
@@ -11,13 +11,13 @@
 
 use crate::run_on;
 use crate::settings::NodeSettings;
-use macvtap_link::fake::{FakeKernel, HOST};
 use macvtap_link::link::parse_mac;
 use macvtap_link::{Kernel, Link, LinkChange, MacvtapMode, Op, link_name_for_device};
 use nix::errno::Errno;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::Path;
+use test_support::fake::{FakeKernel, HOST};
 
 const POD: &str = "/run/netns/pod-a";
 const DEVICE: &str = "lower0Mvp0";

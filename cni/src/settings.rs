@@ -11,18 +11,16 @@
 //! {"kubeletDir": "/var/lib/kubelet", "podResourcesCheck": "enforce", "logDir": "/var/log/macvtap-cni"}
 //! ```
 //!
-//! Every key is optional. A missing file means the defaults. A file that is
+//! The file's format is [`NodeSettingsFile`], the type the device plugin's
+//! installer writes. Every key is optional. A missing file means the defaults. A file that is
 //! not the plugin user's, is writable by others, or does not parse is an
 //! error for ADD (a security setting must not silently fall back) and a
 //! warning for every other command.
 
 use crate::logfile::{DEFAULT_LOG_DIR, LOG_DIR_ENV, admin_only};
-use serde::Deserialize;
+use macvtap_link::{CNI_SETTINGS_FILE, NodeSettingsFile, PodResourcesCheck};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-
-/// The settings file's name beside the binary.
-pub const SETTINGS_FILE: &str = macvtap_link::CNI_SETTINGS_FILE;
 
 /// The environment variable that names another settings file.
 pub const SETTINGS_ENV: &str = "MACVTAP_CNI_SETTINGS";
@@ -30,45 +28,13 @@ pub const SETTINGS_ENV: &str = "MACVTAP_CNI_SETTINGS";
 /// The kubelet's root directory unless the settings say otherwise.
 pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet";
 
-/// What ADD does when it cannot ask the kubelet whether the device is the
-/// pod's own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum Check {
-    /// Logs a warning and goes on (the default: the Go project did no check,
-    /// and nodes whose PodResources socket is elsewhere keep working).
-    #[default]
-    Warn,
-    /// Refuses the ADD.
-    Enforce,
-}
-
-impl Check {
-    /// The value as written in the settings file.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Check::Warn => "warn",
-            Check::Enforce => "enforce",
-        }
-    }
-}
-
-/// The settings as the file writes them.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct File {
-    kubelet_dir: Option<PathBuf>,
-    pod_resources_check: Option<Check>,
-    log_dir: Option<PathBuf>,
-}
-
 /// The node's settings, with defaults filled in.
 #[derive(Debug, Clone)]
 pub struct NodeSettings {
     /// The kubelet's root directory.
     pub kubelet_dir: PathBuf,
     /// What ADD does when the PodResources API cannot be asked.
-    pub pod_resources_check: Check,
+    pub pod_resources_check: PodResourcesCheck,
     /// The directory a `logFile` must be in.
     pub log_dir: PathBuf,
     /// Where the settings came from (a path, or "defaults").
@@ -85,10 +51,10 @@ impl NodeSettings {
 
     /// The defaults (and `MACVTAP_CNI_LOG_DIR`), with no file.
     pub fn defaults(vars: &HashMap<String, String>) -> Self {
-        Self::from_file(File::default(), vars, "defaults".into())
+        Self::from_file(NodeSettingsFile::default(), vars, "defaults".into())
     }
 
-    fn from_file(f: File, vars: &HashMap<String, String>, source: String) -> Self {
+    fn from_file(f: NodeSettingsFile, vars: &HashMap<String, String>, source: String) -> Self {
         let env_log_dir = vars
             .get(LOG_DIR_ENV)
             .filter(|d| !d.is_empty())
@@ -114,7 +80,7 @@ pub fn settings_path(vars: &HashMap<String, String>) -> Option<PathBuf> {
         return Some(PathBuf::from(p));
     }
     let exe = std::env::current_exe().ok()?;
-    Some(exe.parent()?.join(SETTINGS_FILE))
+    Some(exe.parent()?.join(CNI_SETTINGS_FILE))
 }
 
 /// Loads the node's settings; see the module docs for what a bad file means.
@@ -135,7 +101,7 @@ pub fn load(vars: &HashMap<String, String>) -> NodeSettings {
     }
 }
 
-fn read(path: &Path) -> Result<Option<File>, String> {
+fn read(path: &Path) -> Result<Option<NodeSettingsFile>, String> {
     // One open: the file checked is the file read.
     let mut file = match std::fs::File::open(path) {
         Ok(f) => f,
@@ -148,12 +114,7 @@ fn read(path: &Path) -> Result<Option<File>, String> {
     admin_only(&meta).map_err(|why| format!("it {why}"))?;
     let mut text = Vec::new();
     std::io::Read::read_to_end(&mut file, &mut text).map_err(|e| format!("cannot read it: {e}"))?;
-    let f: File = serde_json::from_slice(&text).map_err(|e| format!("it is not valid: {e}"))?;
-    for (key, dir) in [("kubeletDir", &f.kubelet_dir), ("logDir", &f.log_dir)] {
-        if dir.as_ref().is_some_and(|d| !d.is_absolute()) {
-            return Err(format!("{key} must be an absolute path"));
-        }
-    }
+    let f = NodeSettingsFile::from_json(&text).map_err(|e| format!("it is not valid: {e}"))?;
     Ok(Some(f))
 }
 
@@ -164,7 +125,7 @@ mod tests {
 
     fn with_file(text: &str, mode: u32) -> (tempfile::TempDir, HashMap<String, String>) {
         let t = tempfile::tempdir().unwrap();
-        let p = t.path().join(SETTINGS_FILE);
+        let p = t.path().join(CNI_SETTINGS_FILE);
         std::fs::write(&p, text).unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
         let vars = HashMap::from([(SETTINGS_ENV.to_string(), p.display().to_string())]);
@@ -176,7 +137,7 @@ mod tests {
         let vars = HashMap::from([(SETTINGS_ENV.to_string(), "/nonexistent/x.json".to_string())]);
         let s = load(&vars);
         assert_eq!(s.kubelet_dir, PathBuf::from("/var/lib/kubelet"));
-        assert_eq!(s.pod_resources_check, Check::Warn);
+        assert_eq!(s.pod_resources_check, PodResourcesCheck::Warn);
         assert_eq!(s.log_dir, PathBuf::from(DEFAULT_LOG_DIR));
         assert!(s.problem.is_none());
         assert_eq!(
@@ -194,7 +155,7 @@ mod tests {
         let s = load(&vars);
         assert!(s.problem.is_none(), "{:?}", s.problem);
         assert_eq!(s.kubelet_dir, PathBuf::from("/var/lib/k0s/kubelet"));
-        assert_eq!(s.pod_resources_check, Check::Enforce);
+        assert_eq!(s.pod_resources_check, PodResourcesCheck::Enforce);
         assert_eq!(s.log_dir, PathBuf::from("/run/mvt"));
     }
 
@@ -218,7 +179,7 @@ mod tests {
             let s = load(&vars);
             let problem = s.problem.unwrap_or_default();
             assert!(problem.contains(why), "{text}: {problem}");
-            assert_eq!(s.pod_resources_check, Check::Warn);
+            assert_eq!(s.pod_resources_check, PodResourcesCheck::Warn);
         }
     }
 }

@@ -2,17 +2,20 @@
 //! its `/dev/tapN`.
 //!
 //! These are plain blocking functions (netlink requests and a sysfs read in
-//! a helper thread); the gRPC service runs them with `spawn_blocking`.
+//! a helper thread) on one [`Host`], the daemon's namespace on the real
+//! kernel or the fake one of the unit tests; the gRPC service runs them
+//! with `spawn_blocking`.
 
 use crate::config::ResourceConfig;
 use crate::devices::device_index;
-use crate::discovery::{Owner, receive_path_owner};
 use crate::error::{Error, Result};
+use crate::host::Host;
+use crate::master::{Owner, receive_path_owner};
 use kubelet_proto::v1beta1::{
     AllocateRequest, AllocateResponse, ContainerAllocateResponse, DeviceSpec,
 };
 use macvtap_link::tapdev::{parse_major_minor, tap_node_path};
-use macvtap_link::{Handle, Kernel, Link, Links, Linux, MacvtapMode, Netns, link_name_for_device};
+use macvtap_link::{Link, Links, Linux, MacvtapMode, link_name_for_device};
 use nix::errno::Errno;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -50,36 +53,35 @@ pub fn check_request(req: &AllocateRequest, cfg: &ResourceConfig) -> Result<()> 
 /// tap node. On any failure every link made for this request is deleted.
 pub fn allocate(req: &AllocateRequest, cfg: &ResourceConfig) -> Result<AllocateResponse> {
     check_request(req, cfg)?;
-    NETLINK.with(|cell| {
-        let (handle, netns) = match cell.borrow_mut().take() {
+    CACHED_HOST.with(|cell| {
+        let host = match cell.borrow_mut().take() {
             Some(cached) => cached,
-            None => (Handle::current()?, Netns::current()?),
+            None => Host::current(&Linux)?,
         };
-        let result = allocate_with(&Linux, req, cfg, &handle, &netns);
+        let result = allocate_on(&host, req, cfg);
         // A socket that saw an error is not reused.
         if result.is_ok() {
-            *cell.borrow_mut() = Some((handle, netns));
+            *cell.borrow_mut() = Some(host);
         }
         result
     })
 }
 
 thread_local! {
-    /// The blocking pool's threads keep their netlink socket between
-    /// Allocates (the daemon never leaves the host namespace), saving a
-    /// socket set-up per request.
-    static NETLINK: std::cell::RefCell<Option<(Handle, Netns)>> = const { std::cell::RefCell::new(None) };
+    /// The blocking pool's threads keep their host handle (its netlink
+    /// socket) between Allocates (the daemon never leaves the host
+    /// namespace), saving a socket set-up per request.
+    static CACHED_HOST: std::cell::RefCell<Option<Host<'static>>> = const { std::cell::RefCell::new(None) };
 }
 
-/// [`allocate`] against `kernel`, whose links `handle` reaches in `netns`
-/// (the real kernel in the daemon, the fake in unit tests).
-fn allocate_with(
-    kernel: &dyn Kernel,
+/// [`allocate`] on `host` (the real kernel's in the daemon, the fake's in
+/// unit tests), after [`check_request`].
+fn allocate_on(
+    host: &Host,
     req: &AllocateRequest,
     cfg: &ResourceConfig,
-    handle: &dyn Links,
-    netns: &Netns,
 ) -> Result<AllocateResponse> {
+    let handle = host.links();
     let lower = handle
         .get_link(&cfg.lower_device)?
         .ok_or_else(|| Error::LowerDeviceMissing {
@@ -99,7 +101,7 @@ fn allocate_with(
     for c in &req.container_requests {
         let mut resp = ContainerAllocateResponse::default();
         for id in &c.devices_ids {
-            match create_device_on(kernel, handle, netns, cfg, &lower, id, Path::new(DEV_DIR)) {
+            match create_device(host, cfg, &lower, id, Path::new(DEV_DIR)) {
                 Ok(made) => {
                     if made.created {
                         created.push(made.link);
@@ -137,8 +139,7 @@ fn device_error<'a>(
 /// `index`, the one whose `/dev/tap<index>` the kubelet keeps handing to the
 /// device's pod, and checks that node. Deletes what it made on failure.
 pub fn recreate_device(
-    handle: &Handle,
-    netns: &Netns,
+    host: &Host,
     cfg: &ResourceConfig,
     lower: &Link,
     id: &str,
@@ -147,7 +148,8 @@ pub fn recreate_device(
 ) -> Result<Link> {
     let name = link_name_for_device(id);
     let wrap = device_error(id, &name);
-    let link = handle
+    let link = host
+        .links()
         .add_macvtap_at(
             &name,
             lower.index,
@@ -156,25 +158,18 @@ pub fn recreate_device(
             Some(index),
         )
         .map_err(wrap)?;
-    checked_or_deleted(&Linux, handle, netns, id, &link, dev_dir)?;
+    checked_or_deleted(host, id, &link, dev_dir)?;
     Ok(link)
 }
 
 /// Checks the tap node of `link`, just made for device `id`, and returns its
 /// path; deletes the link when the check fails.
-fn checked_or_deleted(
-    kernel: &dyn Kernel,
-    handle: &dyn Links,
-    netns: &Netns,
-    id: &str,
-    link: &Link,
-    dev_dir: &Path,
-) -> Result<PathBuf> {
+fn checked_or_deleted(host: &Host, id: &str, link: &Link, dev_dir: &Path) -> Result<PathBuf> {
     let node = tap_node_path(dev_dir, link.index);
-    match check_node(kernel, netns, &link.name, link.index, &node, dev_dir) {
+    match check_node(host, &link.name, link.index, &node, dev_dir) {
         Ok(()) => Ok(node),
         Err(e) => {
-            delete_quietly(handle, link);
+            delete_quietly(host.links(), link);
             Err(e.for_device(id, &link.name))
         }
     }
@@ -222,33 +217,20 @@ pub fn unusable_reason(link: &Link, lower: &Link, mode: MacvtapMode) -> Option<S
 /// only a missing or wrong link is (re)created. If the node check fails
 /// after creating a link, that link is deleted again.
 pub fn create_device(
-    handle: &Handle,
-    netns: &Netns,
+    host: &Host,
     cfg: &ResourceConfig,
     lower: &Link,
     id: &str,
     dev_dir: &Path,
 ) -> Result<PreparedDevice> {
-    create_device_on(&Linux, handle, netns, cfg, lower, id, dev_dir)
-}
-
-/// [`create_device`] against `kernel`, whose links `handle` reaches.
-fn create_device_on(
-    kernel: &dyn Kernel,
-    handle: &dyn Links,
-    netns: &Netns,
-    cfg: &ResourceConfig,
-    lower: &Link,
-    id: &str,
-    dev_dir: &Path,
-) -> Result<PreparedDevice> {
+    let handle = host.links();
     let name = link_name_for_device(id);
     let wrap = device_error(id, &name);
     if let Some(old) = handle.get_link(&name).map_err(wrap)? {
         match unusable_reason(&old, lower, cfg.mode) {
             None => {
                 let node = tap_node_path(dev_dir, old.index);
-                check_node(kernel, netns, &name, old.index, &node, dev_dir)
+                check_node(host, &name, old.index, &node, dev_dir)
                     .map_err(|e| e.for_device(id, &name))?;
                 let path = node.to_string_lossy().into_owned();
                 info!(device_id = id, ifname = %name, tap = %path, "reusing the device's existing macvtap");
@@ -275,7 +257,7 @@ fn create_device_on(
             }
             Err(e) => return Err(wrap(e)),
         };
-    let node = checked_or_deleted(kernel, handle, netns, id, &link, dev_dir)?;
+    let node = checked_or_deleted(host, id, &link, dev_dir)?;
     let path = node.to_string_lossy().into_owned();
     info!(
         device_id = id,
@@ -356,8 +338,7 @@ impl NodeError {
 /// Waits for the link's tap node to be its char device. When it never
 /// appears and `dev_dir` is not devtmpfs, the error says so.
 fn check_node(
-    kernel: &dyn Kernel,
-    netns: &Netns,
+    host: &Host,
     name: &str,
     ifindex: u32,
     node: &Path,
@@ -365,9 +346,12 @@ fn check_node(
 ) -> std::result::Result<(), NodeError> {
     let dev = match tap_dev_from_sysfs(Path::new(SYSFS), name, ifindex) {
         Some(dev) => dev,
-        None => kernel.tap_device(netns, name).map_err(NodeError::Link)?,
+        None => host
+            .kernel()
+            .tap_device(host.netns(), name)
+            .map_err(NodeError::Link)?,
     };
-    match kernel.open_tap_node(node, dev, TAP_NODE_WAIT) {
+    match host.kernel().open_tap_node(node, dev, TAP_NODE_WAIT) {
         Ok(_) => Ok(()),
         Err(e) if node.symlink_metadata().is_err() => {
             let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
@@ -536,8 +520,8 @@ mod tests {
         );
     }
 
-    use macvtap_link::fake::{FakeKernel, HOST};
-    use macvtap_link::{Kernel, Op};
+    use macvtap_link::Op;
+    use test_support::fake::{FakeKernel, HOST};
 
     /// Runs Allocate for `ids` (one container) on the fake kernel.
     fn allocate_fake(kernel: &FakeKernel, ids: &[&str]) -> Result<AllocateResponse> {
@@ -548,9 +532,7 @@ mod tests {
         };
         let cfg = ResourceConfig::for_nic("lower0");
         check_request(&req, &cfg)?;
-        let netns = kernel.current_netns().unwrap();
-        let links = kernel.links(None).unwrap();
-        allocate_with(kernel, &req, &cfg, links.as_ref(), &netns)
+        allocate_on(&Host::current(kernel).unwrap(), &req, &cfg)
     }
 
     fn fake_node() -> FakeKernel {

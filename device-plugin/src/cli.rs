@@ -1,9 +1,10 @@
 //! Command-line flags.
 
 use crate::config::ENV_VAR;
-use crate::install::PodResourcesCheck;
 use crate::options::Options;
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Parser, Subcommand, ValueEnum};
+use macvtap_link::PodResourcesCheck;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -100,7 +101,15 @@ pub struct InstallArgs {
     pub kubelet_dir: PathBuf,
     /// What the CNI's ADD does when that socket cannot be asked: `warn` and
     /// go on, or `enforce` (refuse; the runtime retries).
-    #[arg(long, value_enum, default_value = "warn")]
+    #[arg(
+        long,
+        default_value = "warn",
+        value_parser = PossibleValuesParser::new([
+            PossibleValue::new("warn").help("Log a warning and go on"),
+            PossibleValue::new("enforce").help("Refuse the ADD (code 11, the runtime retries)"),
+        ])
+        .try_map(|s| s.parse::<PodResourcesCheck>()),
+    )]
     pub pod_resources_check: PodResourcesCheck,
 }
 

@@ -16,14 +16,15 @@
 //! questionable, the same is done with a warning that names the entry: a
 //! repeated resource name (Go kept the last entry of that name) and a
 //! capacity above [`MAX_CAPACITY`]. An entry that cannot work (a name the
-//! kubelet refuses, an unknown mode, a NIC name no link can have, a device
+//! kubelet refuses, an unknown mode, a NIC name the shared interface-name
+//! rule refuses ([`macvtap_link::check_ifname`], as the CNI does), a device
 //! list too large for the kubelet to receive) is refused: from
 //! `DP_MACVTAP_CONF` it is logged as an error naming the entry and left out,
 //! so the others still start, as they did with Go; from `--resource` flags
 //! or a config file (sources Go never had) it makes the whole source invalid.
 
 use crate::error::{Error, Result};
-use macvtap_link::{MacvtapMode, RESOURCE_PREFIX};
+use macvtap_link::{MacvtapMode, RESOURCE_PREFIX, check_ifname};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use std::fmt;
@@ -514,21 +515,6 @@ pub fn check_resource_name(name: &str) -> std::result::Result<(), String> {
     Ok(())
 }
 
-/// Checks that `name` is a valid Linux interface name.
-pub fn check_ifname(name: &str) -> std::result::Result<(), String> {
-    if name.is_empty() || name.len() > 15 || name == "." || name == ".." {
-        return Err(format!(
-            "{name:?} is not a valid interface name (1 to 15 bytes)"
-        ));
-    }
-    if name.contains(|c: char| c == '/' || c == ':' || c.is_whitespace()) {
-        return Err(format!(
-            "{name:?} is not a valid interface name (no '/', ':' or spaces)"
-        ));
-    }
-    Ok(())
-}
-
 fn config_err(source: &Source, msg: String) -> Error {
     Error::Config {
         source_name: source.to_string(),
@@ -761,6 +747,60 @@ mod tests {
             "invalid configuration from config file /etc/dp.json: entry 0 (\"abcdefghijklmnopq\"): \
              lowerDevice is not given, so the NIC is the resource name, and \"abcdefghijklmnopq\" \
              is not a valid interface name (1 to 15 bytes)"
+        );
+    }
+
+    #[test]
+    fn nic_names_the_cni_refuses_are_refused_too() {
+        let long = "x".repeat(16);
+        for bad in [
+            "all",
+            "default",
+            ".",
+            "..",
+            "a/b",
+            "a:b",
+            "a b",
+            "eth\u{1b}0",
+            &long,
+        ] {
+            let text = serde_json::json!([{ "name": "dp", "lowerDevice": bad }, { "name": "b" }])
+                .to_string();
+            // From DP_MACVTAP_CONF the entry is left out, naming it; the rest starts.
+            let c = checked(&text);
+            assert_eq!(
+                c.resources
+                    .iter()
+                    .map(|r| r.name.as_str())
+                    .collect::<Vec<_>>(),
+                ["b"],
+                "{bad:?}"
+            );
+            assert_eq!(c.refused.len(), 1, "{bad:?}");
+            let r = &c.refused[0];
+            assert!(
+                r.starts_with("DP_MACVTAP_CONF: entry 0 (\"dp\"): lowerDevice: ")
+                    && r.contains("is not a valid interface name"),
+                "{bad:?}: {r}"
+            );
+            // From a config file or flags the whole source is invalid.
+            let e = err(&file(&text));
+            assert!(
+                e.starts_with("invalid configuration from config file /etc/dp.json: entry 0 (\"dp\"): lowerDevice: "),
+                "{bad:?}: {e}"
+            );
+        }
+        // A resource named like a reserved name needs a lowerDevice.
+        let e = err(&flags(&["all"]));
+        assert_eq!(
+            e,
+            "invalid configuration from --resource flags: entry 0 (\"all\"): lowerDevice is not \
+             given, so the NIC is the resource name, and \"all\" is not a valid interface name (., \
+             .., all and default are reserved)"
+        );
+        assert_eq!(
+            names(&resolve(&flags(&["name=all,lowerDevice=eth0"])).unwrap()),
+            ["all"]
         );
     }
 

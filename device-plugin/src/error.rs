@@ -69,7 +69,7 @@ pub enum Error {
         /// The resource.
         resource: String,
         /// The NIC's master.
-        owner: crate::discovery::Owner,
+        owner: crate::master::Owner,
     },
     /// The kernel refused a macvtap on the lower NIC as busy, and no master
     /// owns it (an ipvlan or macsec link on it takes its receive path too).

@@ -1,7 +1,7 @@
 //! Whether a resource's lower NIC can carry macvtaps, and the log and
 //! metric of each change.
 
-use crate::discovery::{Owner, receive_path_owner};
+use crate::master::{Owner, receive_path_owner};
 use crate::metrics::Metrics;
 use macvtap_link::Link;
 use std::collections::BTreeMap;

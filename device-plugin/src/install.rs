@@ -9,7 +9,7 @@
 //! one, never a partial file, and never `ETXTBSY`.
 
 use crate::error::{Error, Result};
-use macvtap_link::CNI_SETTINGS_FILE;
+use macvtap_link::{CNI_SETTINGS_FILE, NodeSettingsFile, PodResourcesCheck};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -49,29 +49,24 @@ pub fn install_cni(source: &Path, target_dir: &Path, name: &str) -> Result<Insta
     Ok(done)
 }
 
-/// Writes the CNI's node settings file beside the installed binary
-/// (`target_dir/macvtap.settings.json`, mode 0644), atomically: the
-/// kubelet's root dir as the node sees it, and what ADD does when the
-/// kubelet's PodResources API cannot be asked (`warn` or `enforce`).
+/// Writes the CNI's node settings file ([`NodeSettingsFile`]) beside the
+/// installed binary (`target_dir/macvtap.settings.json`, mode 0644),
+/// atomically: the kubelet's root dir as the node sees it, and what ADD does
+/// when the kubelet's PodResources API cannot be asked (`warn` or `enforce`).
 pub fn install_settings(
     target_dir: &Path,
     kubelet_dir: &Path,
     check: PodResourcesCheck,
 ) -> Result<Installed> {
-    if !kubelet_dir.is_absolute() {
-        return Err(Error::Install {
-            target_dir: target_dir.to_path_buf(),
-            msg: format!(
-                "the kubelet dir {} is not an absolute path",
-                kubelet_dir.display()
-            ),
-        });
-    }
-    let text = serde_json::json!({
-        "kubeletDir": kubelet_dir,
-        "podResourcesCheck": check.as_str(),
-    })
-    .to_string();
+    let settings = NodeSettingsFile {
+        kubelet_dir: Some(kubelet_dir.to_path_buf()),
+        pod_resources_check: Some(check),
+        log_dir: None,
+    };
+    let text = settings.to_json().map_err(|e| Error::Install {
+        target_dir: target_dir.to_path_buf(),
+        msg: format!("the CNI's node settings cannot be written: {e}"),
+    })?;
     let done = install_bytes(target_dir, CNI_SETTINGS_FILE, text.as_bytes(), 0o644)?;
     info!(
         target = %target_dir.join(CNI_SETTINGS_FILE).display(),
@@ -80,26 +75,6 @@ pub fn install_settings(
         "CNI node settings in place"
     );
     Ok(done)
-}
-
-/// What the CNI's ADD does when it cannot ask the kubelet whether a device
-/// is the pod's own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum PodResourcesCheck {
-    /// Log a warning and go on.
-    Warn,
-    /// Refuse the ADD (code 11, the runtime retries).
-    Enforce,
-}
-
-impl PodResourcesCheck {
-    /// The value as the settings file writes it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PodResourcesCheck::Warn => "warn",
-            PodResourcesCheck::Enforce => "enforce",
-        }
-    }
 }
 
 /// Puts `bytes` at `target_dir/name` with `mode`: a temp file in the same
@@ -204,6 +179,11 @@ mod tests {
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o644);
         assert!(install_settings(dst.path(), Path::new("rel"), PodResourcesCheck::Warn).is_err());
+        // Byte for byte what the json! literal wrote before the shared type.
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            r#"{"kubeletDir":"/var/lib/k0s/kubelet","podResourcesCheck":"enforce"}"#
+        );
     }
 
     #[test]

@@ -13,10 +13,11 @@
 //! [`links`] (which NICs exist, from netlink events), [`health`] and
 //! [`topology`] (device health and NUMA), [`devices`] (the device list),
 //! [`server`] and [`allocate`] (the gRPC service), [`registration`] and
-//! [`fswatch`] (the kubelet's lifecycle), [`reclaim`] (leaked links), [`events`] (Kubernetes Events on the Node),
-//! [`metrics`], [`procstat`] and [`http`] (observability), [`options`] (what
-//! the daemon is told, from [`cli`]), [`daemon`] (the loop tying them
-//! together).
+//! [`fswatch`] (the kubelet's lifecycle), [`reclaim`] and [`heal`] (leaked and
+//! lost links), [`host`] (the kernel handle Allocate, reclaim and heal share),
+//! [`events`] (Kubernetes Events on the Node), [`metrics`], [`procstat`] and
+//! [`http`] (observability), [`options`] (what the daemon is told, from
+//! [`cli`]), [`daemon`] (the loop tying them together).
 
 pub mod allocate;
 pub mod cli;
@@ -28,11 +29,14 @@ pub mod error;
 pub mod events;
 pub mod fswatch;
 pub mod grpc;
+pub mod heal;
 pub mod health;
+pub mod host;
 pub mod http;
 pub mod install;
 pub mod links;
 pub mod logging;
+pub mod master;
 pub mod metrics;
 pub mod options;
 pub mod procstat;

@@ -8,7 +8,7 @@
 
 use crate::error::Result;
 use macvtap_link::monitor::{LinkEvent, LinkMonitor};
-use macvtap_link::{Handle, Link};
+use macvtap_link::{Handle, Link, Links};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -18,13 +18,15 @@ use tracing::{debug, error, warn};
 /// error does not spin.
 const ERROR_PAUSE: Duration = Duration::from_millis(200);
 
-/// A snapshot of every link of the namespace.
-pub type Links = Arc<Vec<Link>>;
+/// A snapshot of every link of the namespace, as the link watcher last read
+/// it (not to be confused with [`macvtap_link::Links`], a namespace's link
+/// operations).
+pub type LinkSnapshot = Arc<Vec<Link>>;
 
 /// Subscribes to link events, reads the links once, and starts the thread
 /// that keeps the returned channel current. The thread ends when every
 /// receiver is gone.
-pub fn spawn_link_watcher() -> Result<watch::Receiver<Links>> {
+pub fn spawn_link_watcher() -> Result<watch::Receiver<LinkSnapshot>> {
     // Subscribe before the first read so no change can fall between them.
     let monitor = LinkMonitor::current()?;
     let handle = Handle::current()?;
@@ -40,7 +42,7 @@ pub fn spawn_link_watcher() -> Result<watch::Receiver<Links>> {
     Ok(rx)
 }
 
-fn watch_links(monitor: LinkMonitor, handle: Handle, tx: watch::Sender<Links>) {
+fn watch_links(monitor: LinkMonitor, handle: Handle, tx: watch::Sender<LinkSnapshot>) {
     loop {
         match monitor.recv() {
             Ok(events) => {

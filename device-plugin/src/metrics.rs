@@ -3,7 +3,6 @@
 //! build-info gauge, as the Go client renders them.
 
 use crate::procstat::ProcessStats;
-use crate::reclaim::RoundOutcome;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
@@ -322,7 +321,28 @@ fn process_metrics(out: &mut String, p: &ProcessStats) {
     );
 }
 
-/// A label value with `\`, `"` and newlines escaped, as the format requires.
+/// How a reclaim round ended, counted in `macvtap_dp_reclaim_rounds_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoundOutcome {
+    /// The round asked the kubelet and acted on its answer.
+    Done,
+    /// There was no PodResources socket, so the round did nothing.
+    Skipped,
+    /// The round failed (a netlink or PodResources error, logged).
+    Failed,
+}
+
+impl RoundOutcome {
+    /// The `outcome` label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            RoundOutcome::Done => "done",
+            RoundOutcome::Skipped => "skipped",
+            RoundOutcome::Failed => "failed",
+        }
+    }
+}
+
 /// Where `outcome` is counted in `Inner::reclaim_rounds`.
 fn round_slot(outcome: RoundOutcome) -> usize {
     match outcome {
@@ -335,6 +355,7 @@ fn round_slot(outcome: RoundOutcome) -> usize {
 /// The `reason` label values of `macvtap_dp_unhealthy_total`.
 pub const UNHEALTHY_REASONS: [&str; 3] = ["nic_missing", "nic_down", "nic_enslaved"];
 
+/// A label value with `\`, `"` and newlines escaped, as the format requires.
 fn escape_label(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")

@@ -11,34 +11,33 @@
 //! container starts only after the CNI took the link. The clock is kept per
 //! link identity (name and ifindex), so a recreated link starts over.
 //!
-//! The same round heals the opposite case: a device that PodResources says
-//! a pod holds, but whose macvtap exists nowhere. A pod's network namespace
-//! destroyed without CNI DEL takes the macvtap with it, and the kubelet
-//! keeps handing the pod's containers the `/dev/tap<N>` of the first
-//! Allocate. When no link of the device's name is in the host namespace and
-//! `/dev/tap<N>` is gone (devtmpfs keeps a tap node exactly as long as its
-//! macvtap exists in any namespace), the macvtap is created again on the
-//! resource's NIC with ifindex N, so the sandbox's retried CNI ADD works and
-//! the kubelet's DeviceSpec is right again. A tap node's deletion in `/dev`
-//! starts a round at once.
+//! The same round first heals the opposite case, a device a pod holds whose
+//! macvtap is gone everywhere ([`crate::heal`]). Every kernel operation goes
+//! through the reclaimer's kernel (the real one in the daemon, the fake in
+//! unit tests), on a blocking thread.
 
-use crate::allocate;
 use crate::config::ResourceConfig;
 use crate::error::{Error, Result};
 use crate::events::{EventSink, NodeEvent};
 use crate::grpc::connect_unix;
-use crate::metrics::Metrics;
+use crate::heal::{Assignments, heal, lost_devices};
+use crate::host::Host;
+use crate::metrics::{Metrics, RoundOutcome};
 use kubelet_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
 use kubelet_proto::podresources::v1::{ListPodResourcesRequest, ListPodResourcesResponse};
 use macvtap_link::device::is_device_link_name;
 use macvtap_link::tapdev::tap_node_path;
-use macvtap_link::{Handle, Link, Netns, RESOURCE_PREFIX, link_name_for_device};
+use macvtap_link::{Kernel, Link, Links, RESOURCE_PREFIX, link_name_for_device};
 use nix::errno::Errno;
 use std::collections::{HashMap, HashSet};
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
+
+/// The kernel a reclaimer works on, shared with its blocking tasks.
+pub type SharedKernel = Arc<dyn Kernel + Send + Sync>;
 
 /// How long one PodResources `List` may take.
 const POD_RESOURCES_WAIT: Duration = Duration::from_secs(5);
@@ -71,81 +70,6 @@ impl AllocationClock {
         let mut m = self.last.lock().unwrap_or_else(|e| e.into_inner());
         m.retain(|_, t| now.duration_since(*t) < age);
     }
-}
-
-/// The ifindex each device's macvtap had when Allocate last handed it out
-/// (so its pod's containers get `/dev/tap<ifindex>`), with its resource's
-/// short name. Written by the plugin servers, read by the healer.
-#[derive(Debug, Clone, Default)]
-pub struct Assignments {
-    by_device: Arc<Mutex<HashMap<String, Assigned>>>,
-}
-
-/// Where a device's macvtap was when it was handed out.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Assigned {
-    /// The resource's short name (`dataplane`).
-    pub resource: String,
-    /// The ifindex, i.e. the N of `/dev/tapN` in the DeviceSpec.
-    pub ifindex: u32,
-}
-
-impl Assignments {
-    /// Records that `device_id` of `resource` was handed out as `/dev/tap<ifindex>`.
-    pub fn assigned(&self, device_id: &str, resource: &str, ifindex: u32) {
-        let mut m = self.by_device.lock().unwrap_or_else(|e| e.into_inner());
-        m.insert(
-            device_id.to_string(),
-            Assigned {
-                resource: resource.to_string(),
-                ifindex,
-            },
-        );
-    }
-
-    /// Where `device_id` was handed out, if this daemon handed it out.
-    pub fn get(&self, device_id: &str) -> Option<Assigned> {
-        let m = self.by_device.lock().unwrap_or_else(|e| e.into_inner());
-        m.get(device_id).cloned()
-    }
-}
-
-/// The N of a DeviceSpec's `/dev/tapN`.
-pub fn tap_index(host_path: &str) -> Option<u32> {
-    host_path.strip_prefix("/dev/tap")?.parse().ok()
-}
-
-/// A device to heal: held by a pod, its macvtap gone everywhere.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Lost {
-    /// The device ID.
-    pub device_id: String,
-    /// Where it was handed out.
-    pub at: Assigned,
-}
-
-/// The devices that a pod holds (`allocated`) and that were handed out by
-/// this daemon (`assignments`), whose link is not in the host namespace
-/// (`links`) and whose tap node no longer exists (`node_exists`).
-pub fn lost_devices(
-    allocated: &HashSet<String>,
-    assignments: &Assignments,
-    links: &[Link],
-    node_exists: impl Fn(u32) -> bool,
-) -> Vec<Lost> {
-    let host_names: HashSet<&str> = links.iter().map(|l| l.name.as_str()).collect();
-    let mut lost: Vec<Lost> = allocated
-        .iter()
-        .filter_map(|id| Some((id, assignments.get(id)?)))
-        .filter(|(id, _)| !host_names.contains(link_name_for_device(id).as_str()))
-        .filter(|(_, at)| !node_exists(at.ifindex))
-        .map(|(id, at)| Lost {
-            device_id: id.clone(),
-            at,
-        })
-        .collect();
-    lost.sort_by(|a, b| a.device_id.cmp(&b.device_id));
-    lost
 }
 
 /// A link as the reclaimer tells links apart: a link deleted and created
@@ -216,8 +140,8 @@ pub fn go_era_leaked_links(
 }
 
 /// Remembers since when each link has looked leaked.
-#[derive(Debug)]
 pub struct Reclaimer {
+    kernel: SharedKernel,
     socket: PathBuf,
     grace: Duration,
     first_seen: HashMap<LinkIdentity, Instant>,
@@ -229,11 +153,18 @@ pub struct Reclaimer {
 }
 
 impl Reclaimer {
-    /// A reclaimer asking the PodResources API on `socket`, deleting links
-    /// that have looked leaked for longer than `grace` and whose device was
-    /// not allocated (per `clock`) within `grace` either.
-    pub fn new(socket: PathBuf, grace: Duration, clock: AllocationClock) -> Self {
+    /// A reclaimer of the host namespace on `kernel`, asking the
+    /// PodResources API on `socket`, deleting links that have looked leaked
+    /// for longer than `grace` and whose device was not allocated (per
+    /// `clock`) within `grace` either.
+    pub fn new(
+        kernel: SharedKernel,
+        socket: PathBuf,
+        grace: Duration,
+        clock: AllocationClock,
+    ) -> Self {
         Self {
+            kernel,
             socket,
             grace,
             first_seen: HashMap::new(),
@@ -304,36 +235,72 @@ impl Reclaimer {
         }
         self.said_socket_absent = false;
         // Links first: every link listed existed before PodResources answers.
-        let links = tokio::task::spawn_blocking(|| Handle::current()?.list_links())
+        let kernel = self.kernel.clone();
+        let links = tokio::task::spawn_blocking(move || kernel.links(None)?.list_links())
             .await
             .map_err(|e| Error::Task(format!("the task listing links failed: {e}")))??;
         let allocated = list_allocated(&self.socket, POD_RESOURCES_WAIT).await?;
+        let healed = self.heal_lost(&links, &allocated, resources).await?;
+        metrics.links_healed(healed);
+        let removed = self
+            .remove_leaked(&links, &allocated, resources, Instant::now())
+            .await?;
+        metrics.leaked_links_removed(removed);
+        Ok(RoundOutcome::Done)
+    }
+
+    /// Re-creates the macvtap of each device in `allocated` that this
+    /// daemon handed out and whose link is neither among `links` (the host's)
+    /// nor anywhere else (its tap node is gone); returns how many came back.
+    pub async fn heal_lost(
+        &self,
+        links: &[Link],
+        allocated: &HashSet<String>,
+        resources: &[ResourceConfig],
+    ) -> Result<u64> {
         let dev_dir = self.dev_dir.clone();
-        let lost = lost_devices(&allocated, &self.assignments, &links, |i| {
+        let lost = lost_devices(allocated, &self.assignments, links, |i| {
             tap_node_path(&dev_dir, i).exists()
         });
-        if !lost.is_empty() {
-            let resources = resources.to_vec();
-            let healed = tokio::task::spawn_blocking(move || heal(&lost, &resources, &dev_dir))
-                .await
-                .map_err(|e| {
-                    Error::Task(format!("the task re-creating lost links failed: {e}"))
-                })??;
-            metrics.links_healed(healed);
+        if lost.is_empty() {
+            return Ok(0);
         }
+        let resources = resources.to_vec();
+        let kernel = self.kernel.clone();
+        tokio::task::spawn_blocking(move || {
+            heal(&Host::current(&*kernel)?, &lost, &resources, &dev_dir)
+        })
+        .await
+        .map_err(|e| Error::Task(format!("the task re-creating lost links failed: {e}")))?
+    }
+
+    /// Deletes the links among `links` that look leaked (no device of
+    /// `allocated` is theirs) and are due at `now`, with an Event for each;
+    /// returns how many went.
+    pub async fn remove_leaked(
+        &mut self,
+        links: &[Link],
+        allocated: &HashSet<String>,
+        resources: &[ResourceConfig],
+        now: Instant,
+    ) -> Result<u64> {
         let lowers: HashSet<String> = resources.iter().map(|r| r.lower_device.clone()).collect();
         self.clock
-            .forget_older_than(self.grace.max(MIN_CLOCK_MEMORY), Instant::now());
-        let mut leaked = leaked_links(&links, &lowers, &allocated);
-        leaked.extend(go_era_leaked_links(&links, resources, &allocated));
-        let due = self.due(&leaked, Instant::now());
+            .forget_older_than(self.grace.max(MIN_CLOCK_MEMORY), now);
+        let mut leaked = leaked_links(links, &lowers, allocated);
+        leaked.extend(go_era_leaked_links(links, resources, allocated));
+        let due = self.due(&leaked, now);
         debug!(leaked = leaked.len(), due = due.len(), "reclaim round done");
         if due.is_empty() {
-            return Ok(RoundOutcome::Done);
+            return Ok(0);
         }
-        let deleted = tokio::task::spawn_blocking(move || delete_links(&due))
-            .await
-            .map_err(|e| Error::Task(format!("the task deleting leaked links failed: {e}")))??;
+        let kernel = self.kernel.clone();
+        let deleted =
+            tokio::task::spawn_blocking(move || delete_links(kernel.links(None)?.as_ref(), &due))
+                .await
+                .map_err(|e| {
+                    Error::Task(format!("the task deleting leaked links failed: {e}"))
+                })??;
         for id in &deleted {
             self.first_seen.remove(id);
             self.events.post(NodeEvent::LeakedLinkRemoved {
@@ -341,30 +308,18 @@ impl Reclaimer {
                 ifindex: id.1,
             });
         }
-        metrics.leaked_links_removed(deleted.len() as u64);
-        Ok(RoundOutcome::Done)
+        Ok(deleted.len() as u64)
     }
 }
 
-/// How a reclaim round ended, counted in `macvtap_dp_reclaim_rounds_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RoundOutcome {
-    /// The round asked the kubelet and acted on its answer.
-    Done,
-    /// There was no PodResources socket, so the round did nothing.
-    Skipped,
-    /// The round failed (a netlink or PodResources error, logged).
-    Failed,
-}
-
-impl RoundOutcome {
-    /// The `outcome` label value.
-    pub fn label(self) -> &'static str {
-        match self {
-            RoundOutcome::Done => "done",
-            RoundOutcome::Skipped => "skipped",
-            RoundOutcome::Failed => "failed",
-        }
+impl fmt::Debug for Reclaimer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reclaimer")
+            .field("socket", &self.socket)
+            .field("grace", &self.grace)
+            .field("looking_leaked", &self.first_seen.len())
+            .field("dev_dir", &self.dev_dir)
+            .finish_non_exhaustive()
     }
 }
 
@@ -388,57 +343,13 @@ pub async fn list_allocated(socket: &Path, timeout: Duration) -> Result<HashSet<
     Ok(allocated_ids(resp.get_ref()))
 }
 
-/// Re-creates each lost device's macvtap with its old ifindex; returns how
-/// many came back. A device whose ifindex is taken on the host, or whose
-/// resource or NIC is gone, is logged and left.
-fn heal(lost: &[Lost], resources: &[ResourceConfig], dev_dir: &Path) -> Result<u64> {
-    let handle = Handle::current()?;
-    let netns = Netns::current()?;
-    let mut healed = 0;
-    for l in lost {
-        let Some(cfg) = resources.iter().find(|r| r.name == l.at.resource) else {
-            warn!(device_id = %l.device_id, resource = %l.at.resource,
-                "a pod holds this device but its macvtap is gone, and its resource is no longer configured: not re-created");
-            continue;
-        };
-        let Some(lower) = handle.get_link(&cfg.lower_device)? else {
-            warn!(device_id = %l.device_id, lower = %cfg.lower_device,
-                "a pod holds this device but its macvtap is gone, and so is its NIC: not re-created");
-            continue;
-        };
-        if let Some(other) = handle.get_link_by_index(l.at.ifindex)? {
-            warn!(device_id = %l.device_id, ifindex = l.at.ifindex, other = %other.name,
-                "a pod holds this device but its macvtap is gone, and its ifindex is now taken on the host, so /dev/tap{} cannot come back: the pod needs to be re-created", l.at.ifindex);
-            continue;
-        }
-        match allocate::recreate_device(
-            &handle,
-            &netns,
-            cfg,
-            &lower,
-            &l.device_id,
-            l.at.ifindex,
-            dev_dir,
-        ) {
-            Ok(link) => {
-                healed += 1;
-                info!(device_id = %l.device_id, ifname = %link.name, ifindex = link.index,
-                    "re-created the macvtap of a device a pod still holds (its namespace went without CNI DEL), so the sandbox's retried ADD finds it");
-            }
-            Err(e) => {
-                warn!(device_id = %l.device_id, error = %e, "could not re-create a lost macvtap")
-            }
-        }
-    }
-    Ok(healed)
-}
-
 fn identity(l: &Link) -> LinkIdentity {
     (l.name.clone(), l.index)
 }
 
-fn delete_links(links: &[Link]) -> Result<Vec<LinkIdentity>> {
-    let handle = Handle::current()?;
+/// Deletes each of `links` from `handle`'s namespace; returns those it
+/// deleted (one already gone is neither deleted nor an error).
+fn delete_links(handle: &dyn Links, links: &[Link]) -> Result<Vec<LinkIdentity>> {
     let mut deleted = Vec::new();
     for l in links {
         match handle.del_link(l.index, &l.name) {
@@ -493,6 +404,8 @@ pub async fn reclaim_loop(
 mod tests {
     use super::*;
     use kubelet_proto::podresources::v1::{ContainerDevices, ContainerResources, PodResources};
+    use macvtap_link::{MacvtapMode, Op};
+    use test_support::fake::{FakeKernel, HOST};
 
     fn link(index: u32, name: &str, kind: &str, lower: Option<u32>) -> Link {
         Link {
@@ -502,46 +415,6 @@ mod tests {
             lower_index: lower,
             ..Default::default()
         }
-    }
-
-    #[test]
-    fn lost_devices_are_held_handed_out_and_gone_everywhere() {
-        let a = Assignments::default();
-        a.assigned("dpMvp1", "dp", 40);
-        a.assigned("dpMvp2", "dp", 41);
-        a.assigned("dpMvp3", "dp", 42);
-        a.assigned("dpMvp4", "dp", 43);
-        let allocated: HashSet<String> = ["dpMvp1", "dpMvp2", "dpMvp3", "dpMvp5"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        // dpMvp1: its link is on the host (returned by DEL, or not yet moved).
-        let links = vec![link(
-            40,
-            &link_name_for_device("dpMvp1"),
-            "macvtap",
-            Some(2),
-        )];
-        // dpMvp2: its tap node exists, so the link lives in some pod.
-        let lost = lost_devices(&allocated, &a, &links, |i| i == 41);
-        // dpMvp3 is lost; dpMvp4 is held by no pod; dpMvp5 was never handed out here.
-        assert_eq!(
-            lost,
-            vec![Lost {
-                device_id: "dpMvp3".into(),
-                at: Assigned {
-                    resource: "dp".into(),
-                    ifindex: 42
-                }
-            }]
-        );
-    }
-
-    #[test]
-    fn tap_indexes_come_from_device_specs() {
-        assert_eq!(tap_index("/dev/tap42"), Some(42));
-        assert_eq!(tap_index("/dev/tapx"), None);
-        assert_eq!(tap_index("/dev/net/tun"), None);
     }
 
     #[test]
@@ -624,9 +497,204 @@ mod tests {
         assert!(leaked_links(&links, &lowers, &HashSet::new()).is_empty());
     }
 
-    /// A reclaimer with a 60 s grace period and no PodResources socket.
+    /// A reclaimer of `kernel` with a 60 s grace period and no PodResources
+    /// socket.
+    fn reclaimer_of(kernel: SharedKernel, clock: AllocationClock) -> Reclaimer {
+        Reclaimer::new(
+            kernel,
+            "/nonexistent".into(),
+            Duration::from_secs(60),
+            clock,
+        )
+    }
+
     fn reclaimer(clock: AllocationClock) -> Reclaimer {
-        Reclaimer::new("/nonexistent".into(), Duration::from_secs(60), clock)
+        reclaimer_of(Arc::new(FakeKernel::new()), clock)
+    }
+
+    /// A node on the fake kernel: resource `dp` on `lower0`, another NIC
+    /// `eth9`, and macvtaps for `dpMvp0` and `dpMvp1` (`mvt…`), the Go
+    /// plugin's `dpMvp7` and `dpMvp8`, and `eth9Mvp0` on `eth9`.
+    fn node() -> (Arc<FakeKernel>, Vec<ResourceConfig>) {
+        let kernel = Arc::new(FakeKernel::new());
+        let lower = kernel.add_nic(HOST, "lower0");
+        let eth9 = kernel.add_nic(HOST, "eth9");
+        let host = kernel.links(None).unwrap();
+        for (name, on) in [
+            (link_name_for_device("dpMvp0"), &lower),
+            (link_name_for_device("dpMvp1"), &lower),
+            ("dpMvp7".to_string(), &lower),
+            ("dpMvp8".to_string(), &lower),
+            (link_name_for_device("eth9Mvp0"), &eth9),
+        ] {
+            host.add_macvtap_at(&name, on.index, MacvtapMode::Bridge, None, None)
+                .unwrap();
+        }
+        drop(host);
+        let resources = vec![ResourceConfig {
+            name: "dp".into(),
+            ..ResourceConfig::for_nic("lower0")
+        }];
+        (kernel, resources)
+    }
+
+    /// The names of the host's macvtaps, sorted.
+    fn macvtaps(kernel: &FakeKernel) -> Vec<String> {
+        let mut names: Vec<String> = kernel
+            .links_of(HOST)
+            .into_iter()
+            .filter(Link::is_macvtap)
+            .map(|l| l.name)
+            .collect();
+        names.sort();
+        names
+    }
+
+    fn sorted(mut names: Vec<String>) -> Vec<String> {
+        names.sort();
+        names
+    }
+
+    /// One round's deletions at `at`: the host's links listed, then `allocated`
+    /// as the kubelet's answer.
+    async fn round(
+        r: &mut Reclaimer,
+        kernel: &FakeKernel,
+        allocated: &[&str],
+        resources: &[ResourceConfig],
+        at: Instant,
+    ) -> u64 {
+        let links = kernel.links(None).unwrap().list_links().unwrap();
+        let allocated: HashSet<String> = allocated.iter().map(|s| s.to_string()).collect();
+        r.remove_leaked(&links, &allocated, resources, at)
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn leaked_and_go_era_links_go_after_the_grace_and_held_ones_never() {
+        let (kernel, resources) = node();
+        let mut r = reclaimer_of(kernel.clone(), AllocationClock::default());
+        let held = ["dpMvp0", "dpMvp7"];
+        let t0 = Instant::now();
+        assert_eq!(round(&mut r, &kernel, &held, &resources, t0).await, 0);
+        assert_eq!(kernel.count(Op::DelLink), 0, "nothing within the grace");
+        let after = t0 + Duration::from_secs(61);
+        assert_eq!(round(&mut r, &kernel, &held, &resources, after).await, 2);
+        // Our NIC's unheld mvt… link and the Go plugin's unheld link went;
+        // the held ones and the other NIC's stay.
+        assert_eq!(
+            macvtaps(&kernel),
+            sorted(vec![
+                link_name_for_device("dpMvp0"),
+                "dpMvp7".into(),
+                link_name_for_device("eth9Mvp0"),
+            ])
+        );
+        let much_later = t0 + Duration::from_secs(3600);
+        assert_eq!(
+            round(&mut r, &kernel, &held, &resources, much_later).await,
+            0
+        );
+        assert_eq!(kernel.count(Op::DelLink), 2, "a held link is never deleted");
+    }
+
+    #[tokio::test]
+    async fn the_grace_is_counted_per_link_identity() {
+        let (kernel, resources) = node();
+        let mut r = reclaimer_of(kernel.clone(), AllocationClock::default());
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        assert_eq!(round(&mut r, &kernel, &[], &resources, t0).await, 0);
+        // dpMvp1's link is deleted and made again: same name, new ifindex.
+        let name = link_name_for_device("dpMvp1");
+        let old = kernel.link(HOST, &name).unwrap();
+        let host = kernel.links(None).unwrap();
+        host.del_link(old.index, &name).unwrap();
+        let lower = kernel.link(HOST, "lower0").unwrap();
+        let new = host
+            .add_macvtap_at(&name, lower.index, MacvtapMode::Bridge, None, None)
+            .unwrap();
+        assert_ne!(new.index, old.index);
+        assert_eq!(round(&mut r, &kernel, &[], &resources, t0 + s(30)).await, 0);
+        // The others have looked leaked for 61 s, the new link for 31 s.
+        assert_eq!(round(&mut r, &kernel, &[], &resources, t0 + s(61)).await, 3);
+        assert_eq!(kernel.link(HOST, &name), Some(new));
+        assert_eq!(round(&mut r, &kernel, &[], &resources, t0 + s(91)).await, 1);
+        assert_eq!(macvtaps(&kernel), [link_name_for_device("eth9Mvp0")]);
+    }
+
+    #[tokio::test]
+    async fn a_link_allocated_within_the_grace_is_kept_and_a_failed_delete_retried() {
+        let (kernel, resources) = node();
+        let clock = AllocationClock::default();
+        let mut r = reclaimer_of(kernel.clone(), clock.clone());
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let held = ["dpMvp7", "dpMvp8"];
+        assert_eq!(round(&mut r, &kernel, &held, &resources, t0).await, 0);
+        // dpMvp0 was allocated again 11 s before the grace ends (its pod is
+        // not in PodResources yet); deleting dpMvp1 fails once.
+        clock.allocated(&link_name_for_device("dpMvp0"), t0 + s(50));
+        kernel.fail(Op::DelLink, 1, Errno::EIO);
+        assert_eq!(
+            round(&mut r, &kernel, &held, &resources, t0 + s(61)).await,
+            0
+        );
+        assert_eq!(
+            macvtaps(&kernel).len(),
+            5,
+            "kept: allocated within the grace; failed: still there"
+        );
+        assert_eq!(
+            round(&mut r, &kernel, &held, &resources, t0 + s(62)).await,
+            1
+        );
+        assert!(kernel.link(HOST, &link_name_for_device("dpMvp1")).is_none());
+        assert_eq!(
+            round(&mut r, &kernel, &held, &resources, t0 + s(111)).await,
+            1
+        );
+        assert!(kernel.link(HOST, &link_name_for_device("dpMvp0")).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_round_heals_a_lost_link_and_never_takes_it_for_leaked() {
+        let (kernel, resources) = node();
+        let assignments = Assignments::default();
+        assignments.assigned("dpMvp3", "dp", 40);
+        let dev = tempfile::tempdir().unwrap();
+        let mut r = reclaimer_of(kernel.clone(), AllocationClock::default())
+            .with_healing(assignments, dev.path().to_path_buf());
+        // The links as listed before PodResources answered: dpMvp3's is gone.
+        let links = kernel.links(None).unwrap().list_links().unwrap();
+        let allocated: HashSet<String> = ["dpMvp3".to_string()].into();
+        assert_eq!(
+            r.heal_lost(&links, &allocated, &resources).await.unwrap(),
+            1
+        );
+        let healed = kernel.link(HOST, &link_name_for_device("dpMvp3")).unwrap();
+        assert_eq!(healed.index, 40);
+        // Its tap node is there now (the kernel made it): nothing more to heal.
+        std::fs::write(dev.path().join("tap40"), "").unwrap();
+        let links = kernel.links(None).unwrap().list_links().unwrap();
+        assert_eq!(
+            r.heal_lost(&links, &allocated, &resources).await.unwrap(),
+            0
+        );
+        let t0 = Instant::now();
+        for at in [t0, t0 + Duration::from_secs(61)] {
+            let links = kernel.links(None).unwrap().list_links().unwrap();
+            r.remove_leaked(&links, &allocated, &resources, at)
+                .await
+                .unwrap();
+        }
+        assert_eq!(kernel.link(HOST, &healed.name), Some(healed));
+        assert_eq!(
+            kernel.count(Op::AddMacvtap),
+            6,
+            "five for the node, one healed"
+        );
     }
 
     #[test]

@@ -11,8 +11,8 @@ use common::{
 };
 use kubelet_proto::v1beta1::Device;
 use macvtap_deviceplugin::testkubelet::{ResourceView, TestPodResources, summary};
-use macvtap_link::tapdev::{check_tap_node, tap_dev_in_netns};
-use macvtap_link::{MacvtapMode, Netns, link_name_for_device};
+use macvtap_link::tapdev::{open_tap_node, tap_dev_in_netns};
+use macvtap_link::{Links, MacvtapMode, Netns, link_name_for_device};
 use nix::sys::signal::Signal;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -115,7 +115,7 @@ async fn allocate_creates_a_macvtap_on_the_lower_nic_with_a_matching_tap_node() 
     assert_eq!(spec.container_path, tap);
     assert_eq!(spec.permissions, "rw");
     let dev = tap_dev_in_netns(&Netns::open(node.ns.path()).unwrap(), &name).unwrap();
-    check_tap_node(Path::new(&tap), dev).unwrap();
+    open_tap_node(Path::new(&tap), dev, Duration::ZERO).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -147,7 +147,7 @@ async fn the_same_id_allocated_twice_keeps_its_link_and_tap_node() {
     let link = node.ns.link(&name).unwrap().expect("macvtap exists");
     assert_eq!(first.host_path, format!("/dev/tap{}", link.index));
     let dev = tap_dev_in_netns(&Netns::open(node.ns.path()).unwrap(), &name).unwrap();
-    check_tap_node(Path::new(&first.host_path), dev).unwrap();
+    open_tap_node(Path::new(&first.host_path), dev, Duration::ZERO).unwrap();
     let macvtaps = node
         .ns
         .handle()
@@ -182,6 +182,8 @@ async fn the_same_id_allocated_twice_keeps_its_link_and_tap_node() {
 async fn a_tap_node_that_never_appears_names_a_dev_that_is_not_devtmpfs() {
     use macvtap_deviceplugin::allocate::create_device;
     use macvtap_deviceplugin::config::ResourceConfig;
+    use macvtap_deviceplugin::host::Host;
+    use macvtap_link::Linux;
     let node = Node::new("tmpfsdev");
     // A private "/dev" that is a plain tmpfs, as a kind node's /dev is.
     let dev = tempfile::tempdir().unwrap();
@@ -200,11 +202,10 @@ async fn a_tap_node_that_never_appears_names_a_dev_that_is_not_devtmpfs() {
         }
     }
     let _unmount = Unmount(dev.path());
-    let netns = Netns::open(node.ns.path()).unwrap();
-    let handle = node.ns.handle().unwrap();
+    let host = Host::in_netns(&Linux, Netns::open(node.ns.path()).unwrap()).unwrap();
     let lower = node.ns.link("eth1").unwrap().unwrap();
     let cfg = ResourceConfig::for_nic("eth1");
-    let e = create_device(&handle, &netns, &cfg, &lower, "eth1Mvp0", dev.path()).unwrap_err();
+    let e = create_device(&host, &cfg, &lower, "eth1Mvp0", dev.path()).unwrap_err();
     let msg = e.to_string();
     assert_eq!(e.grpc_code(), tonic::Code::FailedPrecondition, "{msg}");
     for want in [
@@ -1090,7 +1091,7 @@ async fn a_lost_link_of_a_held_device_comes_back_with_its_ifindex() {
     );
     assert!(healed.is_macvtap());
     let dev = tap_dev_in_netns(&Netns::open(node.ns.path()).unwrap(), &held_name).unwrap();
-    check_tap_node(Path::new(&held_tap), dev).unwrap();
+    open_tap_node(Path::new(&held_tap), dev, Duration::ZERO).unwrap();
     assert!(
         node.ns.link(&free_name).unwrap().is_none() && !Path::new(&free_tap).exists(),
         "a device no pod holds is not re-created"

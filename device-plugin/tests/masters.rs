@@ -16,8 +16,9 @@ use common::{DEADLINE, Node, TestNs, http_get, require_root, wait_log};
 use kubelet_proto::v1beta1::Device;
 use macvtap_deviceplugin::allocate::create_device;
 use macvtap_deviceplugin::config::ResourceConfig;
+use macvtap_deviceplugin::host::Host;
 use macvtap_deviceplugin::testkubelet::ResourceView;
-use macvtap_link::{Handle, Netns, link_name_for_device};
+use macvtap_link::{Links, Linux, Netns, link_name_for_device};
 use std::collections::BTreeSet;
 use std::path::Path;
 
@@ -306,10 +307,8 @@ fn a_macvtap_the_kernel_refuses_as_busy_names_the_master() {
     };
     let e = netns
         .run(move || {
-            let handle = Handle::current()?;
             Ok(create_device(
-                &handle,
-                &Netns::current()?,
+                &Host::current(&Linux)?,
                 &cfg,
                 &lower,
                 "dpMvp0",

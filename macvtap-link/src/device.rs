@@ -9,10 +9,6 @@ use xxhash_rust::xxh64::xxh64;
 /// Prefix of every extended resource this project advertises.
 pub const RESOURCE_PREFIX: &str = "macvtap.network.kubevirt.io";
 
-/// The CNI's node settings file, beside the installed CNI binary: the
-/// DaemonSet's `install-cni` step writes it, the CNI reads it.
-pub const CNI_SETTINGS_FILE: &str = "macvtap.settings.json";
-
 /// Prefix of every macvtap link name made for a device ID.
 pub const LINK_PREFIX: &str = "mvt";
 

@@ -1,6 +1,6 @@
 //! The error type of the shared link library.
 
-use crate::kernel::{Op, explain};
+use crate::op::{Op, errno_name, explain};
 use nix::errno::Errno;
 use std::path::PathBuf;
 
@@ -25,7 +25,7 @@ pub enum Error {
         "entering network namespace {}: {} ({})",
         path.display(),
         source.desc(),
-        crate::kernel::errno_name(*source)
+        errno_name(*source)
     )]
     EnterNetns {
         /// Path of the namespace file.
@@ -90,6 +90,22 @@ pub enum Error {
         /// What went wrong.
         msg: String,
     },
+    /// A name the kernel would refuse, or that names a namespace-wide
+    /// setting, was given as an interface name.
+    #[error("{name:?} is not a valid interface name ({reason})")]
+    InvalidIfname {
+        /// The name as given.
+        name: String,
+        /// The rule it breaks, e.g. `1 to 15 bytes`.
+        reason: &'static str,
+    },
+    /// The CNI's node settings file does not parse, or holds a value that
+    /// cannot work.
+    #[error("{problem}")]
+    NodeSettings {
+        /// What is wrong, as a phrase (the parser's message, or the key).
+        problem: String,
+    },
     /// `/dev/tapN` does not exist or belongs to another link.
     #[error("{path}: {msg}")]
     TapNode {
@@ -106,7 +122,7 @@ pub fn io_cause(e: &std::io::Error) -> String {
     match e.raw_os_error() {
         Some(raw) => {
             let errno = Errno::from_raw(raw);
-            format!("{} ({})", errno.desc(), crate::kernel::errno_name(errno))
+            format!("{} ({})", errno.desc(), errno_name(errno))
         }
         None => e.to_string(),
     }

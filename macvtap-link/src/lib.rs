@@ -3,29 +3,37 @@
 //! The device plugin creates a macvtap link for a device ID in the host
 //! network namespace; the CNI finds that same link by the same name and moves
 //! it into a pod. Everything both sides must agree on lives here exactly once:
-//! how a device ID maps to a link name ([`device`]), how network namespaces
-//! are held and entered ([`netns`]), the netlink link, address and route
-//! operations ([`netlink`], [`link`], [`addr`], [`route`]) and how `/dev/tapN` is matched to its
-//! link ([`tapdev`]). The operations both binaries use sit behind
-//! [`kernel::Kernel`] and [`kernel::Links`], with a fake (feature `fake`) for
-//! unit tests of every failure path.
+//! how a device ID maps to a link name ([`device`]), which interface names
+//! are valid ([`ifname`]), the CNI's node settings file ([`settings`]), how
+//! network namespaces are held and entered ([`netns`]), the netlink link,
+//! address and route operations ([`netlink`], [`link`], [`addr`],
+//! [`route`]) and how `/dev/tapN` is matched to its link ([`tapdev`]). The
+//! operations both binaries use sit behind [`kernel::Kernel`] and
+//! [`kernel::Links`] (real in [`Linux`] and [`Handle`]), so that unit tests
+//! drive every failure path on a fake (`test_support::fake`).
 
 pub mod addr;
 pub mod device;
 pub mod error;
-#[cfg(any(test, feature = "fake"))]
-pub mod fake;
+pub mod ifname;
 pub mod kernel;
 pub mod link;
+pub mod linux;
 pub mod monitor;
 pub mod netlink;
 pub mod netns;
+pub mod op;
 pub mod route;
+pub mod settings;
 pub mod tapdev;
 
-pub use device::{CNI_SETTINGS_FILE, RESOURCE_PREFIX, device_id, link_name_for_device};
+pub use device::{RESOURCE_PREFIX, device_id, link_name_for_device};
 pub use error::{Error, Result};
-pub use kernel::{Kernel, Links, Linux, Op};
+pub use ifname::check_ifname;
+pub use kernel::{Kernel, Links};
 pub use link::{Link, LinkChange, MacvtapMode};
+pub use linux::Linux;
 pub use netlink::Handle;
 pub use netns::Netns;
+pub use op::Op;
+pub use settings::{CNI_SETTINGS_FILE, NodeSettingsFile, PodResourcesCheck};

@@ -1,19 +1,10 @@
-//! Link operations, named after iproute2's verbs, and what the kernel says
-//! about a link.
+//! What the kernel says about a link ([`Link`], decoded from its netlink
+//! message), what to change on one ([`LinkChange`]), macvtap modes and MACs.
 
-use crate::error::{Error, Result};
-use crate::kernel::Op;
-use crate::netlink::Handle;
-use crate::netns::Netns;
-use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL};
-use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::link::{
-    InfoData, InfoKind, InfoMacVtap, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, MacVtapMode,
-    State,
+    InfoData, InfoMacVtap, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, MacVtapMode, State,
 };
-use nix::errno::Errno;
 use std::fmt;
-use std::os::fd::{AsFd, AsRawFd};
 use std::str::FromStr;
 
 /// The macvtap modes the kernel offers, spelled as in the device plugin config.
@@ -31,7 +22,7 @@ pub enum MacvtapMode {
 }
 
 impl MacvtapMode {
-    fn to_netlink(self) -> MacVtapMode {
+    pub(crate) fn to_netlink(self) -> MacVtapMode {
         match self {
             MacvtapMode::Bridge => MacVtapMode::Bridge,
             MacvtapMode::Vepa => MacVtapMode::Vepa,
@@ -139,7 +130,7 @@ impl Link {
         self.mac.map(|m| format_mac(&m)).unwrap_or_default()
     }
 
-    fn from_message(msg: &LinkMessage) -> Self {
+    pub(crate) fn from_message(msg: &LinkMessage) -> Self {
         let mut link = Link {
             index: msg.header.index,
             flags: msg.header.flags.bits(),
@@ -270,208 +261,6 @@ impl fmt::Display for LinkChange {
                 parts[n - 1]
             ),
         }
-    }
-}
-
-impl Handle {
-    /// `"<what> <target> in <namespace>"`, the phrase errors start with.
-    pub(crate) fn link_op(&self, what: &str, target: impl fmt::Display) -> String {
-        format!("{what} {target} in {}", self.netns().display())
-    }
-
-    /// Looks a link up by name; `Ok(None)` when there is no such link.
-    pub fn get_link(&self, name: &str) -> Result<Option<Link>> {
-        let mut msg = LinkMessage::default();
-        msg.attributes.push(LinkAttribute::IfName(name.to_string()));
-        self.get_link_msg(msg, || self.link_op("looking up link", name))
-    }
-
-    /// Looks a link up by index; `Ok(None)` when there is no such link.
-    pub fn get_link_by_index(&self, index: u32) -> Result<Option<Link>> {
-        let mut msg = LinkMessage::default();
-        msg.header.index = index;
-        self.get_link_msg(msg, || self.link_op("looking up link index", index))
-    }
-
-    fn get_link_msg(&self, msg: LinkMessage, op: impl Fn() -> String) -> Result<Option<Link>> {
-        match self.request(RouteNetlinkMessage::GetLink(msg), 0, Op::GetLink, op) {
-            Ok(replies) => Ok(replies.iter().find_map(|r| match r {
-                RouteNetlinkMessage::NewLink(l) => Some(Link::from_message(l)),
-                _ => None,
-            })),
-            Err(e) if e.errno() == Some(Errno::ENODEV) => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Lists every link of the namespace.
-    pub fn list_links(&self) -> Result<Vec<Link>> {
-        let replies = self.dump(
-            RouteNetlinkMessage::GetLink(LinkMessage::default()),
-            Op::ListLinks,
-            || format!("listing links in {}", self.netns().display()),
-        )?;
-        Ok(replies
-            .iter()
-            .filter_map(|r| match r {
-                RouteNetlinkMessage::NewLink(l) => Some(Link::from_message(l)),
-                _ => None,
-            })
-            .collect())
-    }
-
-    /// Creates a macvtap link `name` on the lower link `lower_index` with the
-    /// given mode and transmit queue length, and returns it as the kernel sees it.
-    pub fn add_macvtap(
-        &self,
-        name: &str,
-        lower_index: u32,
-        mode: MacvtapMode,
-        txqueuelen: Option<u32>,
-    ) -> Result<Link> {
-        self.add_macvtap_at(name, lower_index, mode, txqueuelen, None)
-    }
-
-    /// [`Handle::add_macvtap`] with a chosen ifindex (`ip link add ... index
-    /// N`), so that a lost link comes back under the `/dev/tap<N>` the kubelet
-    /// already handed out; `EEXIST`/`EBUSY` when that index is taken.
-    pub fn add_macvtap_at(
-        &self,
-        name: &str,
-        lower_index: u32,
-        mode: MacvtapMode,
-        txqueuelen: Option<u32>,
-        index: Option<u32>,
-    ) -> Result<Link> {
-        let mut msg = LinkMessage::default();
-        if let Some(i) = index {
-            msg.header.index = i;
-        }
-        msg.attributes.push(LinkAttribute::IfName(name.to_string()));
-        msg.attributes.push(LinkAttribute::Link(lower_index));
-        if let Some(q) = txqueuelen {
-            msg.attributes.push(LinkAttribute::TxQueueLen(q));
-        }
-        msg.attributes.push(LinkAttribute::LinkInfo(vec![
-            LinkInfo::Kind(InfoKind::MacVtap),
-            LinkInfo::Data(InfoData::MacVtap(vec![InfoMacVtap::Mode(
-                mode.to_netlink(),
-            )])),
-        ]));
-        let what = || {
-            let at = index
-                .map(|i| format!(" at ifindex {i}"))
-                .unwrap_or_default();
-            self.link_op(&format!("creating {mode} macvtap"), format!("{name}{at}"))
-        };
-        self.request(
-            RouteNetlinkMessage::NewLink(msg),
-            NLM_F_CREATE | NLM_F_EXCL,
-            Op::AddMacvtap,
-            what,
-        )?;
-        // Never leave a link behind that the caller does not know about.
-        match self.get_link(name) {
-            Ok(Some(link)) => Ok(link),
-            Ok(None) => Err(Error::Netlink {
-                op: Op::AddMacvtap,
-                what: format!("{}, then reading it back", what()),
-                source: Errno::ENODEV,
-            }),
-            Err(e) => {
-                let mut del = LinkMessage::default();
-                del.attributes.push(LinkAttribute::IfName(name.to_string()));
-                let _ = self.request(RouteNetlinkMessage::DelLink(del), 0, Op::DelLink, what);
-                Err(e)
-            }
-        }
-    }
-
-    /// Deletes a link by index.
-    pub fn del_link(&self, index: u32, name: &str) -> Result<()> {
-        let mut msg = LinkMessage::default();
-        msg.header.index = index;
-        self.request(RouteNetlinkMessage::DelLink(msg), 0, Op::DelLink, || {
-            self.link_op("deleting link", format!("{name} (index {index})"))
-        })?;
-        Ok(())
-    }
-
-    /// Moves link `index` into `target`, renaming it to `new_name` in the same
-    /// message and asking the kernel to keep its ifindex (`IFLA_NEW_IFINDEX`):
-    /// if that index is taken in the target the kernel refuses and nothing moves.
-    pub fn set_link_ns(
-        &self,
-        index: u32,
-        name: &str,
-        target: &Netns,
-        new_name: &str,
-    ) -> Result<()> {
-        self.set_link_ns_at(index, name, target, new_name, index)
-    }
-
-    /// [`Handle::set_link_ns`] asking for ifindex `new_index` in `target`
-    /// (a rollback asks for the index the link had before it moved). Kernels
-    /// before 5.13 ignore the request and keep the link's index when it is
-    /// free in `target`, else give it a new one: callers re-read the link.
-    pub fn set_link_ns_at(
-        &self,
-        index: u32,
-        name: &str,
-        target: &Netns,
-        new_name: &str,
-        new_index: u32,
-    ) -> Result<()> {
-        let mut msg = LinkMessage::default();
-        msg.header.index = index;
-        msg.attributes
-            .push(LinkAttribute::NetNsFd(target.as_fd().as_raw_fd()));
-        msg.attributes
-            .push(LinkAttribute::IfName(new_name.to_string()));
-        msg.attributes
-            .push(LinkAttribute::NewIfIndex(new_index as i32));
-        self.request(RouteNetlinkMessage::SetLink(msg), 0, Op::MoveLink, || {
-            format!(
-                "moving link {name} (index {index}) from {} into {} as {new_name} with ifindex \
-                 {new_index}",
-                self.netns().display(),
-                target.path().display()
-            )
-        })?;
-        Ok(())
-    }
-
-    /// Applies `change` to link `index` in one request.
-    pub fn set_link(&self, index: u32, name: &str, change: &LinkChange) -> Result<()> {
-        let mut msg = LinkMessage::default();
-        msg.header.index = index;
-        for (want, flag) in [
-            (change.up, LinkFlags::Up),
-            (change.promisc, LinkFlags::Promisc),
-        ] {
-            if let Some(on) = want {
-                msg.header.change_mask |= flag;
-                if on {
-                    msg.header.flags |= flag;
-                }
-            }
-        }
-        if let Some(mtu) = change.mtu {
-            msg.attributes.push(LinkAttribute::Mtu(mtu));
-        }
-        if let Some(mac) = change.mac {
-            msg.attributes.push(LinkAttribute::Address(mac.to_vec()));
-        }
-        if let Some(n) = &change.name {
-            msg.attributes.push(LinkAttribute::IfName(n.clone()));
-        }
-        if let Some(a) = &change.alias {
-            msg.attributes.push(LinkAttribute::IfAlias(a.clone()));
-        }
-        self.request(RouteNetlinkMessage::SetLink(msg), 0, Op::SetLink, || {
-            format!("{change} on {name} in {}", self.netns().display())
-        })?;
-        Ok(())
     }
 }
 

@@ -1,19 +1,33 @@
-//! A small synchronous rtnetlink client bound to one network namespace.
+//! A small synchronous rtnetlink client bound to one network namespace, and
+//! the real [`Links`]: the link, address and route operations of a
+//! [`Handle`], named after iproute2's verbs (messages are built and read in
+//! [`crate::link`], [`crate::addr`] and [`crate::route`]).
 //!
 //! Both binaries issue a handful of requests per operation and wait for each
 //! answer, so a blocking socket is all that is needed: no runtime, no
 //! background task, and the socket's namespace is fixed when it is opened.
 
 use crate::error::{Error, Result};
-use crate::kernel::Op;
+use crate::kernel::Links;
+use crate::link::{Link, LinkChange, MacvtapMode};
 use crate::netns::Netns;
+use crate::op::Op;
+use crate::{addr, route};
 use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage,
+    NetlinkPayload,
 };
 use netlink_packet_route::RouteNetlinkMessage;
+use netlink_packet_route::address::AddressMessage;
+use netlink_packet_route::link::{
+    InfoData, InfoKind, InfoMacVtap, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+};
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 use nix::errno::Errno;
 use std::cell::Cell;
+use std::fmt;
+use std::net::IpAddr;
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 
 /// Opens a route netlink socket in the calling thread's namespace (`None`) or
@@ -177,6 +191,225 @@ impl Handle {
     }
 }
 
+impl Handle {
+    /// `"<what> <target> in <namespace>"`, the phrase errors start with.
+    fn link_op(&self, what: &str, target: impl fmt::Display) -> String {
+        format!("{what} {target} in {}", self.netns().display())
+    }
+
+    fn get_link_msg(&self, msg: LinkMessage, op: impl Fn() -> String) -> Result<Option<Link>> {
+        match self.request(RouteNetlinkMessage::GetLink(msg), 0, Op::GetLink, op) {
+            Ok(replies) => Ok(replies.iter().find_map(|r| match r {
+                RouteNetlinkMessage::NewLink(l) => Some(Link::from_message(l)),
+                _ => None,
+            })),
+            Err(e) if e.errno() == Some(Errno::ENODEV) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// The real kernel's link, address and route operations: each one request
+/// on the handle's socket, answered and checked before it returns.
+impl Links for Handle {
+    fn netns(&self) -> &Path {
+        Handle::netns(self)
+    }
+
+    fn get_link(&self, name: &str) -> Result<Option<Link>> {
+        let mut msg = LinkMessage::default();
+        msg.attributes.push(LinkAttribute::IfName(name.to_string()));
+        self.get_link_msg(msg, || self.link_op("looking up link", name))
+    }
+
+    fn get_link_by_index(&self, index: u32) -> Result<Option<Link>> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        self.get_link_msg(msg, || self.link_op("looking up link index", index))
+    }
+
+    fn list_links(&self) -> Result<Vec<Link>> {
+        let replies = self.dump(
+            RouteNetlinkMessage::GetLink(LinkMessage::default()),
+            Op::ListLinks,
+            || format!("listing links in {}", self.netns().display()),
+        )?;
+        Ok(replies
+            .iter()
+            .filter_map(|r| match r {
+                RouteNetlinkMessage::NewLink(l) => Some(Link::from_message(l)),
+                _ => None,
+            })
+            .collect())
+    }
+
+    fn add_macvtap_at(
+        &self,
+        name: &str,
+        lower_index: u32,
+        mode: MacvtapMode,
+        txqueuelen: Option<u32>,
+        index: Option<u32>,
+    ) -> Result<Link> {
+        let mut msg = LinkMessage::default();
+        if let Some(i) = index {
+            msg.header.index = i;
+        }
+        msg.attributes.push(LinkAttribute::IfName(name.to_string()));
+        msg.attributes.push(LinkAttribute::Link(lower_index));
+        if let Some(q) = txqueuelen {
+            msg.attributes.push(LinkAttribute::TxQueueLen(q));
+        }
+        msg.attributes.push(LinkAttribute::LinkInfo(vec![
+            LinkInfo::Kind(InfoKind::MacVtap),
+            LinkInfo::Data(InfoData::MacVtap(vec![InfoMacVtap::Mode(
+                mode.to_netlink(),
+            )])),
+        ]));
+        let what = || {
+            let at = index
+                .map(|i| format!(" at ifindex {i}"))
+                .unwrap_or_default();
+            self.link_op(&format!("creating {mode} macvtap"), format!("{name}{at}"))
+        };
+        self.request(
+            RouteNetlinkMessage::NewLink(msg),
+            NLM_F_CREATE | NLM_F_EXCL,
+            Op::AddMacvtap,
+            what,
+        )?;
+        // Never leave a link behind that the caller does not know about.
+        match self.get_link(name) {
+            Ok(Some(link)) => Ok(link),
+            Ok(None) => Err(Error::Netlink {
+                op: Op::AddMacvtap,
+                what: format!("{}, then reading it back", what()),
+                source: Errno::ENODEV,
+            }),
+            Err(e) => {
+                let mut del = LinkMessage::default();
+                del.attributes.push(LinkAttribute::IfName(name.to_string()));
+                let _ = self.request(RouteNetlinkMessage::DelLink(del), 0, Op::DelLink, what);
+                Err(e)
+            }
+        }
+    }
+
+    fn del_link(&self, index: u32, name: &str) -> Result<()> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        self.request(RouteNetlinkMessage::DelLink(msg), 0, Op::DelLink, || {
+            self.link_op("deleting link", format!("{name} (index {index})"))
+        })?;
+        Ok(())
+    }
+
+    fn set_link_ns_at(
+        &self,
+        index: u32,
+        name: &str,
+        target: &Netns,
+        new_name: &str,
+        new_index: u32,
+    ) -> Result<()> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        msg.attributes
+            .push(LinkAttribute::NetNsFd(target.as_fd().as_raw_fd()));
+        msg.attributes
+            .push(LinkAttribute::IfName(new_name.to_string()));
+        msg.attributes
+            .push(LinkAttribute::NewIfIndex(new_index as i32));
+        self.request(RouteNetlinkMessage::SetLink(msg), 0, Op::MoveLink, || {
+            format!(
+                "moving link {name} (index {index}) from {} into {} as {new_name} with ifindex \
+                 {new_index}",
+                self.netns().display(),
+                target.path().display()
+            )
+        })?;
+        Ok(())
+    }
+
+    fn set_link(&self, index: u32, name: &str, change: &LinkChange) -> Result<()> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        for (want, flag) in [
+            (change.up, LinkFlags::Up),
+            (change.promisc, LinkFlags::Promisc),
+        ] {
+            if let Some(on) = want {
+                msg.header.change_mask |= flag;
+                if on {
+                    msg.header.flags |= flag;
+                }
+            }
+        }
+        if let Some(mtu) = change.mtu {
+            msg.attributes.push(LinkAttribute::Mtu(mtu));
+        }
+        if let Some(mac) = change.mac {
+            msg.attributes.push(LinkAttribute::Address(mac.to_vec()));
+        }
+        if let Some(n) = &change.name {
+            msg.attributes.push(LinkAttribute::IfName(n.clone()));
+        }
+        if let Some(a) = &change.alias {
+            msg.attributes.push(LinkAttribute::IfAlias(a.clone()));
+        }
+        self.request(RouteNetlinkMessage::SetLink(msg), 0, Op::SetLink, || {
+            format!("{change} on {name} in {}", self.netns().display())
+        })?;
+        Ok(())
+    }
+
+    fn add_addr(&self, index: u32, addr: IpAddr, prefix_len: u8) -> Result<()> {
+        self.request(
+            RouteNetlinkMessage::NewAddress(addr::new_address(index, addr, prefix_len)),
+            NLM_F_CREATE | NLM_F_EXCL,
+            Op::AddAddr,
+            || {
+                self.link_op(
+                    &format!("adding address {addr}/{prefix_len} to link index"),
+                    index,
+                )
+            },
+        )?;
+        Ok(())
+    }
+
+    fn list_addrs(&self, index: u32) -> Result<Vec<(IpAddr, u8)>> {
+        let replies = self.dump(
+            RouteNetlinkMessage::GetAddress(AddressMessage::default()),
+            Op::ListAddrs,
+            || self.link_op("listing addresses of link index", index),
+        )?;
+        Ok(addr::addresses_of(&replies, index))
+    }
+
+    fn add_route(
+        &self,
+        index: u32,
+        dst: IpAddr,
+        prefix_len: u8,
+        gateway: Option<IpAddr>,
+    ) -> Result<()> {
+        self.request(
+            RouteNetlinkMessage::NewRoute(route::new_route(index, dst, prefix_len, gateway)),
+            NLM_F_CREATE | NLM_F_EXCL,
+            Op::AddRoute,
+            || {
+                let via = gateway.map(|g| format!(" via {g}")).unwrap_or_default();
+                self.link_op(
+                    &format!("adding route {dst}/{prefix_len}{via} on link index"),
+                    index,
+                )
+            },
+        )?;
+        Ok(())
+    }
+}
+
 /// Room for one datagram: the kernel sends at most 32 KiB per dump datagram
 /// (`NLMSG_GOODSIZE` on large pages), so 64 KiB never truncates in practice.
 const RECV_BUFFER: usize = 64 * 1024;
@@ -201,7 +434,6 @@ fn parse(buf: &[u8]) -> std::result::Result<Vec<NetlinkMessage<RouteNetlinkMessa
 #[cfg(test)]
 mod tests {
     use super::*;
-    use netlink_packet_route::link::{LinkAttribute, LinkMessage};
 
     #[test]
     fn a_zero_length_message_is_refused() {

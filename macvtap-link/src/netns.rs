@@ -45,18 +45,14 @@ impl Netns {
         Ok(netns)
     }
 
-    /// A namespace of the fake kernel: only its path means anything (the
-    /// descriptor is `/dev/null`, so entering it fails).
-    #[cfg(any(test, feature = "fake"))]
-    pub(crate) fn fake(path: &Path) -> Result<Self> {
-        let file = File::open("/dev/null").map_err(|source| Error::OpenNetns {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Ok(Self {
-            fd: file.into(),
-            path: path.to_path_buf(),
-        })
+    /// Holds a namespace descriptor opened elsewhere (e.g. through a pidfd,
+    /// or received over a unix socket), named `path` in messages. That it is
+    /// a network namespace is checked when a thread enters it.
+    pub fn from_fd(fd: OwnedFd, path: impl Into<PathBuf>) -> Self {
+        Self {
+            fd,
+            path: path.into(),
+        }
     }
 
     /// The path this namespace was opened from ([`CURRENT_NETNS`] for

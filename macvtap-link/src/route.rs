@@ -1,50 +1,31 @@
-//! Route operations on a link, named after iproute2's verbs.
+//! Route messages: what [`crate::Links::add_route`] sends.
 
-use crate::error::Result;
-use crate::kernel::Op;
-use crate::netlink::Handle;
-use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL};
+use netlink_packet_route::AddressFamily;
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
 };
-use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use std::net::IpAddr;
 
-impl Handle {
-    /// Adds a route to `dst/prefix_len` through link `index`, via `gateway`
-    /// when given (otherwise a link-scope route).
-    pub fn add_route(
-        &self,
-        index: u32,
-        dst: IpAddr,
-        prefix_len: u8,
-        gateway: Option<IpAddr>,
-    ) -> Result<()> {
-        let mut msg = RouteMessage::default();
-        msg.header = route_header(dst, prefix_len, gateway.is_some());
-        if prefix_len > 0 {
-            msg.attributes
-                .push(RouteAttribute::Destination(RouteAddress::from(dst)));
-        }
-        if let Some(gw) = gateway {
-            msg.attributes
-                .push(RouteAttribute::Gateway(RouteAddress::from(gw)));
-        }
-        msg.attributes.push(RouteAttribute::Oif(index));
-        self.request(
-            RouteNetlinkMessage::NewRoute(msg),
-            NLM_F_CREATE | NLM_F_EXCL,
-            Op::AddRoute,
-            || {
-                let via = gateway.map(|g| format!(" via {g}")).unwrap_or_default();
-                self.link_op(
-                    &format!("adding route {dst}/{prefix_len}{via} on link index"),
-                    index,
-                )
-            },
-        )?;
-        Ok(())
+/// The request that adds a route to `dst/prefix_len` through link `index`,
+/// via `gateway` when given (otherwise a link-scope route).
+pub(crate) fn new_route(
+    index: u32,
+    dst: IpAddr,
+    prefix_len: u8,
+    gateway: Option<IpAddr>,
+) -> RouteMessage {
+    let mut msg = RouteMessage::default();
+    msg.header = route_header(dst, prefix_len, gateway.is_some());
+    if prefix_len > 0 {
+        msg.attributes
+            .push(RouteAttribute::Destination(RouteAddress::from(dst)));
     }
+    if let Some(gw) = gateway {
+        msg.attributes
+            .push(RouteAttribute::Gateway(RouteAddress::from(gw)));
+    }
+    msg.attributes.push(RouteAttribute::Oif(index));
+    msg
 }
 
 #[allow(clippy::field_reassign_with_default)] // RouteHeader is non_exhaustive

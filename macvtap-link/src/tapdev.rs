@@ -53,16 +53,6 @@ pub fn parse_major_minor(s: &str) -> Option<(u64, u64)> {
     Some((a.parse().ok()?, b.parse().ok()?))
 }
 
-/// Checks that `path` is a char device with exactly `dev` as major:minor.
-pub fn check_tap_node(path: &Path, dev: (u64, u64)) -> Result<()> {
-    let err = |msg: String| Error::TapNode {
-        path: path.to_path_buf(),
-        msg,
-    };
-    let meta = std::fs::metadata(path).map_err(|e| err(e.to_string()))?;
-    check_node_meta(path, &meta, dev)
-}
-
 fn check_node_meta(path: &Path, meta: &std::fs::Metadata, dev: (u64, u64)) -> Result<()> {
     let err = |msg: String| Error::TapNode {
         path: path.to_path_buf(),
@@ -124,25 +114,16 @@ const TAP_NODE_POLL: Duration = Duration::from_millis(10);
 #[derive(Debug)]
 pub struct TapNode {
     path: PathBuf,
-    /// `None` only for the fake kernel's nodes.
-    file: Option<File>,
+    file: File,
 }
 
 impl TapNode {
-    /// A node opened by [`open_tap_node`].
+    /// A node opened by [`open_tap_node`] (or, by a [`crate::Kernel`] that
+    /// is not the real one, any descriptor standing for it).
     pub fn opened(path: &Path, file: File) -> Self {
         Self {
             path: path.to_path_buf(),
-            file: Some(file),
-        }
-    }
-
-    /// A node that exists only in the fake kernel.
-    #[cfg(any(test, feature = "fake"))]
-    pub(crate) fn fake(path: &Path) -> Self {
-        Self {
-            path: path.to_path_buf(),
-            file: None,
+            file,
         }
     }
 
@@ -153,13 +134,7 @@ impl TapNode {
 
     /// Gives the node to `owner:group` through its descriptor.
     pub fn chown(&self, owner: u32, group: u32) -> Result<()> {
-        match &self.file {
-            Some(file) => chown_tap_node(file, &self.path, owner, group),
-            None => Err(Error::TapNode {
-                path: self.path.clone(),
-                msg: "is not open, so it cannot be given to anyone".into(),
-            }),
-        }
+        chown_tap_node(&self.file, &self.path, owner, group)
     }
 }
 
@@ -194,7 +169,9 @@ mod tests {
     fn a_regular_file_is_not_a_tap_node() {
         let f = std::env::temp_dir().join(format!("not-a-tap-{}", std::process::id()));
         std::fs::write(&f, b"x").unwrap();
-        let e = check_tap_node(&f, (1, 2)).unwrap_err().to_string();
+        let e = open_tap_node(&f, (1, 2), Duration::ZERO)
+            .unwrap_err()
+            .to_string();
         std::fs::remove_file(&f).unwrap();
         assert!(e.contains("not a character device"), "{e}");
     }
@@ -208,7 +185,11 @@ mod tests {
         std::os::unix::fs::symlink("/dev/null", &link).unwrap();
         let null = std::fs::metadata("/dev/null").unwrap().rdev();
         let dev = (major(null), minor(null));
-        assert!(check_tap_node(&link, dev).is_ok(), "by path it is followed");
+        let followed = std::fs::metadata(&link).unwrap();
+        assert!(
+            followed.file_type().is_char_device() && followed.rdev() == null,
+            "by path it is followed"
+        );
         let e = open_tap_node(&link, dev, Duration::ZERO)
             .unwrap_err()
             .to_string();

@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use macvtap_link::Links;
 use test_support::TestNs;
 
 #[test]

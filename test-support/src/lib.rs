@@ -4,15 +4,20 @@
 //! - [`netns`]: the root check, `ip` runs that fail with their stderr, and
 //!   [`TestNs`], a throwaway network namespace deleted on drop, with veth
 //!   pairs as fake NICs.
+//! - [`fake`]: [`FakeKernel`], an in-memory `macvtap_link::Kernel` for unit
+//!   tests of every failure path without root.
 //! - [`tapnode`]: how tests that run at once avoid two macvtaps claiming one
 //!   `/dev/tapN`: [`tap_node_lock`] for tests whose macvtaps get
 //!   kernel-chosen ifindexes, [`unique_ifindex`] for tests that choose one.
 //!
 //! Errors are `anyhow` errors, as in the e2e harness: every caller either
-//! prints them or fails a test with them, none matches on a variant.
+//! prints them or fails a test with them, none matches on a variant (the
+//! fake kernel answers with `macvtap_link::Error`, as the real one does).
 
+pub mod fake;
 pub mod netns;
 pub mod tapnode;
 
+pub use fake::FakeKernel;
 pub use netns::{TestNs, ip, require_root, sh};
 pub use tapnode::{TAP_NODE_LOCK, tap_node_lock, test_namespace_owner, unique_ifindex};

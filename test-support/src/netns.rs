@@ -5,7 +5,7 @@
 //! type on these machines.
 
 use anyhow::{Context, Result, bail};
-use macvtap_link::{Handle, Link, Netns};
+use macvtap_link::{Handle, Link, Links, Netns};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;

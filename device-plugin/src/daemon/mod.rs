@@ -45,13 +45,12 @@ use crate::discovery::Discovery;
 use crate::error::{Error, Result};
 use crate::events::EventSink;
 use crate::fswatch::{DirWatcher, FsEvent};
+use crate::heal::Assignments;
 use crate::health::HealthLog;
-use crate::links::{Links, spawn_link_watcher};
+use crate::links::{LinkSnapshot, spawn_link_watcher};
 use crate::metrics::Metrics;
 use crate::options::{Options, load_config};
-use crate::reclaim::{
-    AllocationClock, Assignments, Reclaimer, reclaim_loop, tap_node_deleted, watch_tap_nodes,
-};
+use crate::reclaim::{AllocationClock, Reclaimer, reclaim_loop, tap_node_deleted, watch_tap_nodes};
 use crate::server::{ServerContext, StreamEvent};
 use kubelet::{RegistrationDone, rewatch};
 use nix::sys::inotify::WatchDescriptor;
@@ -79,7 +78,7 @@ const SHUTDOWN_WAIT: Duration = Duration::from_millis(300);
 struct Inputs {
     sigterm: Signal,
     sigint: Signal,
-    links: watch::Receiver<Links>,
+    links: watch::Receiver<LinkSnapshot>,
     fs: mpsc::UnboundedReceiver<Vec<FsEvent>>,
     streams: mpsc::UnboundedReceiver<StreamEvent>,
     registrations: mpsc::UnboundedReceiver<RegistrationDone>,
@@ -90,7 +89,7 @@ enum Input {
     /// SIGTERM or SIGINT, by name.
     Signal(&'static str),
     /// A new snapshot of the node's links.
-    Links(Links),
+    Links(LinkSnapshot),
     /// A batch of inotify events.
     Fs(Vec<FsEvent>),
     /// A ListAndWatch stream opened or ended.
@@ -134,7 +133,7 @@ struct Daemon {
     resolved: Resolved,
     file_text: Option<String>,
     /// The latest snapshot of the node's links.
-    links: Links,
+    links: LinkSnapshot,
     configs_tx: watch::Sender<Vec<ResourceConfig>>,
     registrations: mpsc::UnboundedSender<RegistrationDone>,
     next_attempt: u64,
@@ -388,6 +387,7 @@ fn spawn_reclaim(
     tap_gone: mpsc::UnboundedReceiver<()>,
 ) -> JoinHandle<()> {
     let reclaimer = Reclaimer::new(
+        Arc::new(macvtap_link::Linux),
         opts.pod_resources_socket(),
         opts.reclaim_grace,
         ctx.clock.clone(),

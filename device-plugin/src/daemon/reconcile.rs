@@ -9,7 +9,7 @@ use crate::config::{ResourceConfig, Resources};
 use crate::devices::device_list;
 use crate::events::NodeEvent;
 use crate::health::{NicHealth, nic_health};
-use crate::links::Links;
+use crate::links::LinkSnapshot;
 use crate::server::ResourceState;
 use crate::topology::numa_node;
 use tokio::time::Instant;
@@ -17,7 +17,7 @@ use tracing::info;
 
 impl Daemon {
     /// A new link snapshot: health, NUMA and auto-discovered resources follow it.
-    pub(super) fn on_links(&mut self, links: Links) {
+    pub(super) fn on_links(&mut self, links: LinkSnapshot) {
         self.links = links;
         self.reconcile();
     }

@@ -7,7 +7,7 @@ use super::report::{Report, Row};
 use super::stats::Samples;
 use crate::sandbox::TestNs;
 use anyhow::{Context, Result, bail, ensure};
-use macvtap_link::{Handle, LinkChange, MacvtapMode, Netns, link_name_for_device};
+use macvtap_link::{Handle, LinkChange, Links, MacvtapMode, Netns, link_name_for_device};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -227,9 +227,9 @@ pub fn per_command(
         ];
         for round in 0..n {
             // The device plugin's part, not measured.
-            host.add_macvtap(&ours_link, lower.index, MacvtapMode::Bridge, None)?;
-            host.add_macvtap(&floor_link, lower.index, MacvtapMode::Bridge, None)?;
-            host.add_macvtap(&checked_link, lower.index, MacvtapMode::Bridge, None)?;
+            host.add_macvtap_at(&ours_link, lower.index, MacvtapMode::Bridge, None, None)?;
+            host.add_macvtap_at(&floor_link, lower.index, MacvtapMode::Bridge, None, None)?;
+            host.add_macvtap_at(&checked_link, lower.index, MacvtapMode::Bridge, None, None)?;
             // ADD results, for CHECK's prevResult, indexed by WHO.
             let mut added = [String::new(), String::new(), String::new(), String::new()];
             for (c, cmd) in CMDS.iter().enumerate() {
@@ -449,10 +449,11 @@ pub fn concurrent(plugins: &Plugins, count: usize, report: &mut Report) -> Resul
                 .collect();
             if who == "ours" {
                 for i in 0..count {
-                    host.add_macvtap(
+                    host.add_macvtap_at(
                         &link_name_for_device(&format!("cMvp{i}")),
                         lower.index,
                         MacvtapMode::Bridge,
+                        None,
                         None,
                     )?;
                 }

@@ -10,7 +10,8 @@ use crate::node::{Node, WAIT};
 use anyhow::{Context, Result, anyhow};
 use macvtap_deviceplugin::allocate::create_device;
 use macvtap_deviceplugin::config::ResourceConfig;
-use macvtap_link::{Handle, LinkChange, MacvtapMode, Netns};
+use macvtap_deviceplugin::host::Host;
+use macvtap_link::{Handle, LinkChange, Links, Linux, MacvtapMode, Netns};
 use prost::Message;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -124,16 +125,17 @@ async fn allocate(bin: &Path, n: usize, report: &mut Report) -> Result<(String, 
                     let took = tokio::task::block_in_place(|| -> Result<Duration> {
                         let ns = Netns::open(&ns_path)?;
                         let took = ns.run_with_sysfs(|| {
-                            let h = Handle::current()?;
-                            let lower =
-                                h.get_link("lower0")?.ok_or(macvtap_link::Error::Netlink {
+                            let host = Host::current(&Linux)?;
+                            let lower = host.links().get_link("lower0")?.ok_or(
+                                macvtap_link::Error::Netlink {
                                     op: macvtap_link::Op::GetLink,
                                     what: "looking up lower0".into(),
                                     source: nix::errno::Errno::ENODEV,
-                                })?;
+                                },
+                            )?;
                             let t = Instant::now();
                             let made =
-                                create_device(&h, &ns, &cfg, &lower, &floor_id, Path::new("/dev"));
+                                create_device(&host, &cfg, &lower, &floor_id, Path::new("/dev"));
                             let took = t.elapsed();
                             made.map_err(|e| macvtap_link::Error::Decode {
                                 op: "create_device".into(),

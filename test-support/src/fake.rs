@@ -10,20 +10,18 @@
 //! as older kernels did); a MAC another macvtap on the same lower uses is
 //! `EADDRINUSE`; a missing link is `ENODEV`.
 
-use crate::error::{Error, Result};
-use crate::kernel::{Kernel, Links, Op};
-use crate::link::{Link, LinkChange, MacvtapMode};
-use crate::netns::Netns;
-use crate::tapdev::TapNode;
+use macvtap_link::tapdev::TapNode;
+use macvtap_link::{Error, Kernel, Link, LinkChange, Links, MacvtapMode, Netns, Op, Result};
 use nix::errno::Errno;
 use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 /// The name the fake gives the calling thread's namespace, as [`Netns::current`] does.
-pub const HOST: &str = crate::netns::CURRENT_NETNS;
+pub const HOST: &str = macvtap_link::netns::CURRENT_NETNS;
 
 /// The major number the fake gives every tap device.
 pub const TAP_MAJOR: u64 = 240;
@@ -611,7 +609,13 @@ impl Kernel for FakeKernel {
         let errno = self.begin(Op::OpenNetns, path, &path.to_string_lossy());
         let exists = self.state().namespaces.contains_key(path);
         match (errno, exists) {
-            (None, true) => Netns::fake(path),
+            // Only the path means anything: entering /dev/null fails.
+            (None, true) => File::open("/dev/null")
+                .map(|null| Netns::from_fd(null.into(), path))
+                .map_err(|source| Error::OpenNetns {
+                    path: path.to_path_buf(),
+                    source,
+                }),
             (e, _) => Err(Error::OpenNetns {
                 path: path.to_path_buf(),
                 source: std::io::Error::from_raw_os_error(e.unwrap_or(Errno::ENOENT) as i32),
@@ -698,7 +702,13 @@ impl Kernel for FakeKernel {
             .any(|l| Some(l.link.index) == index && (TAP_MAJOR, l.id) == dev);
         drop(st);
         if matches {
-            Ok(TapNode::fake(path))
+            // The fake's chown never touches it: /dev/null stands for the node.
+            File::open("/dev/null")
+                .map(|null| TapNode::opened(path, null))
+                .map_err(|e| Error::TapNode {
+                    path: path.to_path_buf(),
+                    msg: e.to_string(),
+                })
         } else {
             if let Some(last) = self.state().calls.last_mut() {
                 last.failed = Some(Errno::ENOENT);

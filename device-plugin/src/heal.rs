@@ -1,0 +1,303 @@
+//! Lost links: a device that PodResources says a pod holds, but whose
+//! macvtap exists nowhere. A pod's network namespace destroyed without CNI
+//! DEL takes the macvtap with it, and the kubelet keeps handing the pod's
+//! containers the `/dev/tap<N>` of the first Allocate. When no link of the
+//! device's name is in the host namespace and `/dev/tap<N>` is gone
+//! (devtmpfs keeps a tap node exactly as long as its macvtap exists in any
+//! namespace), the macvtap is created again on the resource's NIC with
+//! ifindex N, so the sandbox's retried CNI ADD works and the kubelet's
+//! DeviceSpec is right again. Each reclaim round ([`crate::reclaim`]) heals
+//! first; a tap node's deletion in `/dev` starts a round at once.
+
+use crate::allocate;
+use crate::config::ResourceConfig;
+use crate::error::Result;
+use crate::host::Host;
+use macvtap_link::{Link, link_name_for_device};
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use tracing::{info, warn};
+
+/// The ifindex each device's macvtap had when Allocate last handed it out
+/// (so its pod's containers get `/dev/tap<ifindex>`), with its resource's
+/// short name. Written by the plugin servers, read by the healer.
+#[derive(Debug, Clone, Default)]
+pub struct Assignments {
+    by_device: Arc<Mutex<HashMap<String, Assigned>>>,
+}
+
+/// Where a device's macvtap was when it was handed out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assigned {
+    /// The resource's short name (`dataplane`).
+    pub resource: String,
+    /// The ifindex, i.e. the N of `/dev/tapN` in the DeviceSpec.
+    pub ifindex: u32,
+}
+
+impl Assignments {
+    /// Records that `device_id` of `resource` was handed out as `/dev/tap<ifindex>`.
+    pub fn assigned(&self, device_id: &str, resource: &str, ifindex: u32) {
+        let mut m = self.by_device.lock().unwrap_or_else(|e| e.into_inner());
+        m.insert(
+            device_id.to_string(),
+            Assigned {
+                resource: resource.to_string(),
+                ifindex,
+            },
+        );
+    }
+
+    /// Where `device_id` was handed out, if this daemon handed it out.
+    pub fn get(&self, device_id: &str) -> Option<Assigned> {
+        let m = self.by_device.lock().unwrap_or_else(|e| e.into_inner());
+        m.get(device_id).cloned()
+    }
+}
+
+/// The N of a DeviceSpec's `/dev/tapN`.
+pub fn tap_index(host_path: &str) -> Option<u32> {
+    host_path.strip_prefix("/dev/tap")?.parse().ok()
+}
+
+/// A device to heal: held by a pod, its macvtap gone everywhere.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lost {
+    /// The device ID.
+    pub device_id: String,
+    /// Where it was handed out.
+    pub at: Assigned,
+}
+
+/// The devices that a pod holds (`allocated`) and that were handed out by
+/// this daemon (`assignments`), whose link is not in the host namespace
+/// (`links`) and whose tap node no longer exists (`node_exists`).
+pub fn lost_devices(
+    allocated: &HashSet<String>,
+    assignments: &Assignments,
+    links: &[Link],
+    node_exists: impl Fn(u32) -> bool,
+) -> Vec<Lost> {
+    let host_names: HashSet<&str> = links.iter().map(|l| l.name.as_str()).collect();
+    let mut lost: Vec<Lost> = allocated
+        .iter()
+        .filter_map(|id| Some((id, assignments.get(id)?)))
+        .filter(|(id, _)| !host_names.contains(link_name_for_device(id).as_str()))
+        .filter(|(_, at)| !node_exists(at.ifindex))
+        .map(|(id, at)| Lost {
+            device_id: id.clone(),
+            at,
+        })
+        .collect();
+    lost.sort_by(|a, b| a.device_id.cmp(&b.device_id));
+    lost
+}
+
+/// Re-creates each lost device's macvtap with its old ifindex; returns how
+/// many came back. A device whose ifindex is taken on the host, or whose
+/// resource or NIC is gone, is logged and left.
+pub fn heal(
+    host: &Host,
+    lost: &[Lost],
+    resources: &[ResourceConfig],
+    dev_dir: &Path,
+) -> Result<u64> {
+    let handle = host.links();
+    let mut healed = 0;
+    for l in lost {
+        let Some(cfg) = resources.iter().find(|r| r.name == l.at.resource) else {
+            warn!(device_id = %l.device_id, resource = %l.at.resource,
+                "a pod holds this device but its macvtap is gone, and its resource is no longer configured: not re-created");
+            continue;
+        };
+        let Some(lower) = handle.get_link(&cfg.lower_device)? else {
+            warn!(device_id = %l.device_id, lower = %cfg.lower_device,
+                "a pod holds this device but its macvtap is gone, and so is its NIC: not re-created");
+            continue;
+        };
+        if let Some(other) = handle.get_link_by_index(l.at.ifindex)? {
+            warn!(device_id = %l.device_id, ifindex = l.at.ifindex, other = %other.name,
+                "a pod holds this device but its macvtap is gone, and its ifindex is now taken on the host, so /dev/tap{} cannot come back: the pod needs to be re-created", l.at.ifindex);
+            continue;
+        }
+        match allocate::recreate_device(host, cfg, &lower, &l.device_id, l.at.ifindex, dev_dir) {
+            Ok(link) => {
+                healed += 1;
+                info!(device_id = %l.device_id, ifname = %link.name, ifindex = link.index,
+                    "re-created the macvtap of a device a pod still holds (its namespace went without CNI DEL), so the sandbox's retried ADD finds it");
+            }
+            Err(e) => {
+                warn!(device_id = %l.device_id, error = %e, "could not re-create a lost macvtap")
+            }
+        }
+    }
+    Ok(healed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use macvtap_link::{Kernel, MacvtapMode, Op};
+    use test_support::fake::{FakeKernel, HOST};
+
+    fn link(index: u32, name: &str, kind: &str, lower: Option<u32>) -> Link {
+        Link {
+            index,
+            name: name.into(),
+            kind: Some(kind.into()),
+            lower_index: lower,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn lost_devices_are_held_handed_out_and_gone_everywhere() {
+        let a = Assignments::default();
+        a.assigned("dpMvp1", "dp", 40);
+        a.assigned("dpMvp2", "dp", 41);
+        a.assigned("dpMvp3", "dp", 42);
+        a.assigned("dpMvp4", "dp", 43);
+        let allocated: HashSet<String> = ["dpMvp1", "dpMvp2", "dpMvp3", "dpMvp5"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        // dpMvp1: its link is on the host (returned by DEL, or not yet moved).
+        let links = vec![link(
+            40,
+            &link_name_for_device("dpMvp1"),
+            "macvtap",
+            Some(2),
+        )];
+        // dpMvp2: its tap node exists, so the link lives in some pod.
+        let lost = lost_devices(&allocated, &a, &links, |i| i == 41);
+        // dpMvp3 is lost; dpMvp4 is held by no pod; dpMvp5 was never handed out here.
+        assert_eq!(
+            lost,
+            vec![Lost {
+                device_id: "dpMvp3".into(),
+                at: Assigned {
+                    resource: "dp".into(),
+                    ifindex: 42
+                }
+            }]
+        );
+    }
+
+    #[test]
+    fn tap_indexes_come_from_device_specs() {
+        assert_eq!(tap_index("/dev/tap42"), Some(42));
+        assert_eq!(tap_index("/dev/tapx"), None);
+        assert_eq!(tap_index("/dev/net/tun"), None);
+    }
+
+    /// A node whose pod holds `dpMvp1` of resource `dp` on `lower0`, handed
+    /// out as `/dev/tap40`, with an empty `/dev`.
+    fn held_device() -> (
+        FakeKernel,
+        Vec<Lost>,
+        Vec<ResourceConfig>,
+        tempfile::TempDir,
+    ) {
+        let kernel = FakeKernel::new();
+        kernel.add_nic(HOST, "lower0");
+        let lost = vec![Lost {
+            device_id: "dpMvp1".into(),
+            at: Assigned {
+                resource: "dp".into(),
+                ifindex: 40,
+            },
+        }];
+        let resources = vec![ResourceConfig {
+            name: "dp".into(),
+            ..ResourceConfig::for_nic("lower0")
+        }];
+        (kernel, lost, resources, tempfile::tempdir().unwrap())
+    }
+
+    #[test]
+    fn a_held_devices_lost_link_comes_back_with_its_ifindex() {
+        let (kernel, lost, resources, dev) = held_device();
+        let host = Host::current(&kernel).unwrap();
+        assert_eq!(heal(&host, &lost, &resources, dev.path()).unwrap(), 1);
+        let link = kernel
+            .link(HOST, &link_name_for_device("dpMvp1"))
+            .expect("re-created");
+        assert_eq!(link.index, 40, "the /dev/tap40 the kubelet hands out");
+        assert!(link.is_macvtap());
+        assert_eq!(link.macvtap_mode, Some(MacvtapMode::Bridge));
+        let lower = kernel.link(HOST, "lower0").unwrap();
+        assert_eq!(link.lower_index, Some(lower.index));
+        assert_eq!(link.txqueuelen, lower.txqueuelen);
+    }
+
+    #[test]
+    fn nothing_is_made_when_the_link_or_its_node_is_still_there() {
+        let (kernel, _, _, dev) = held_device();
+        let a = Assignments::default();
+        a.assigned("dpMvp1", "dp", 40);
+        let allocated = HashSet::from(["dpMvp1".to_string()]);
+        // The link is on the host (given back by DEL, or not yet moved).
+        let host = Host::current(&kernel).unwrap();
+        let lower = kernel.link(HOST, "lower0").unwrap();
+        host.links()
+            .add_macvtap_at(
+                &link_name_for_device("dpMvp1"),
+                lower.index,
+                MacvtapMode::Bridge,
+                None,
+                Some(40),
+            )
+            .unwrap();
+        let links = host.links().list_links().unwrap();
+        let node_exists = |i: u32| dev.path().join(format!("tap{i}")).exists();
+        assert_eq!(lost_devices(&allocated, &a, &links, node_exists), []);
+        // The link is in some pod's namespace: its tap node still exists.
+        kernel.add_netns("/run/netns/pod");
+        let pod = kernel.open_netns(Path::new("/run/netns/pod")).unwrap();
+        host.links()
+            .set_link_ns(40, &link_name_for_device("dpMvp1"), &pod, "net1")
+            .unwrap();
+        std::fs::write(dev.path().join("tap40"), "").unwrap();
+        let links = host.links().list_links().unwrap();
+        assert_eq!(lost_devices(&allocated, &a, &links, node_exists), []);
+        assert_eq!(kernel.count(Op::AddMacvtap), 1, "only the set-up's");
+    }
+
+    #[test]
+    fn a_taken_ifindex_a_gone_nic_or_resource_leave_the_device_alone() {
+        // Another link has the ifindex now.
+        let (kernel, lost, resources, dev) = held_device();
+        kernel.insert_link(
+            HOST,
+            Link {
+                index: 40,
+                name: "veth9".into(),
+                ..Default::default()
+            },
+        );
+        let host = Host::current(&kernel).unwrap();
+        assert_eq!(heal(&host, &lost, &resources, dev.path()).unwrap(), 0);
+        // The NIC is gone.
+        let (kernel, lost, _, dev) = held_device();
+        let host = Host::current(&kernel).unwrap();
+        let elsewhere = vec![ResourceConfig {
+            name: "dp".into(),
+            ..ResourceConfig::for_nic("lower9")
+        }];
+        assert_eq!(heal(&host, &lost, &elsewhere, dev.path()).unwrap(), 0);
+        // The resource is no longer configured.
+        assert_eq!(heal(&host, &lost, &[], dev.path()).unwrap(), 0);
+        assert_eq!(kernel.count(Op::AddMacvtap), 0);
+    }
+
+    #[test]
+    fn a_recreated_link_whose_node_fails_the_check_is_deleted_again() {
+        let (kernel, lost, resources, dev) = held_device();
+        kernel.fail(Op::OpenTapNode, 1, nix::errno::Errno::ENOENT);
+        let host = Host::current(&kernel).unwrap();
+        assert_eq!(heal(&host, &lost, &resources, dev.path()).unwrap(), 0);
+        assert_eq!(kernel.count(Op::AddMacvtap), 1);
+        assert_eq!(kernel.link(HOST, &link_name_for_device("dpMvp1")), None);
+    }
+}
