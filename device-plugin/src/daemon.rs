@@ -394,10 +394,6 @@ impl Daemon {
             None => None,
         };
         let (resolved, file_text) = load_config(&opts)?;
-        #[cfg(feature = "testkubelet")]
-        if let Some(f) = &opts.config_file {
-            crate::testhooks::after_config_read(f);
-        }
         info!(source = %resolved.source, resources = %resolved.resources, "configuration loaded");
         let plugin_dir = opts.plugin_dir();
         std::fs::create_dir_all(&plugin_dir).map_err(Error::io(

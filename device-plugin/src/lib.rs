@@ -26,7 +26,6 @@ pub mod discovery;
 pub mod error;
 pub mod events;
 pub mod fswatch;
-pub mod grpc;
 pub mod health;
 pub mod http;
 pub mod install;
@@ -37,12 +36,6 @@ pub mod procstat;
 pub mod reclaim;
 pub mod registration;
 pub mod server;
-#[cfg(feature = "testkubelet")]
-pub mod testhooks;
-#[cfg(feature = "testkubelet")]
-pub mod testkubelet;
-#[cfg(feature = "testkubelet")]
-pub mod testtools;
 pub mod topology;
 
 pub use error::{Error, Result};
