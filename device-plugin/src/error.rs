@@ -120,7 +120,7 @@ pub enum Error {
     /// Binding or dialing a unix socket failed (the kubelet's, ours).
     #[error(transparent)]
     Socket(#[from] kubelet_proto::transport::Error),
-    /// Serving on a listener failed.
+    /// A TCP listener (the metrics server's) could not be bound.
     #[error("{op} {path}: {msg}")]
     Transport {
         /// What was being done.
