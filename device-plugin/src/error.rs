@@ -117,7 +117,10 @@ pub enum Error {
         /// The gRPC status.
         status: Box<tonic::Status>,
     },
-    /// Connecting to a unix socket or serving on it failed.
+    /// Binding or dialing a unix socket failed (the kubelet's, ours).
+    #[error(transparent)]
+    Socket(#[from] kubelet_proto::transport::Error),
+    /// A TCP listener (the metrics server's) could not be bound.
     #[error("{op} {path}: {msg}")]
     Transport {
         /// What was being done.
@@ -172,7 +175,7 @@ pub fn kubelet_status_text(status: &tonic::Status) -> String {
         )
     };
     if let Some(cause) = std::error::Error::source(status) {
-        let chain = crate::grpc::error_chain(cause);
+        let chain = kubelet_proto::transport::error_chain(cause);
         if !text.contains(&chain) {
             text.push_str(": ");
             text.push_str(&chain);

@@ -28,7 +28,6 @@ pub mod discovery;
 pub mod error;
 pub mod events;
 pub mod fswatch;
-pub mod grpc;
 pub mod heal;
 pub mod health;
 pub mod host;
@@ -43,12 +42,6 @@ pub mod procstat;
 pub mod reclaim;
 pub mod registration;
 pub mod server;
-#[cfg(feature = "testkubelet")]
-pub mod testhooks;
-#[cfg(feature = "testkubelet")]
-pub mod testkubelet;
-#[cfg(feature = "testkubelet")]
-pub mod testtools;
 pub mod topology;
 
 pub use error::{Error, Result};

@@ -20,7 +20,7 @@ fn main() -> ExitCode {
         };
     }
     // Sockets and any other file the daemon creates are for root only,
-    // whatever umask the runtime started us with (see grpc::bind_unix).
+    // whatever umask the runtime started us with (see kubelet_proto::transport::bind_unix).
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     let opts = match args.options() {
         Ok(o) => o,

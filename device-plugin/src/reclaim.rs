@@ -19,12 +19,12 @@
 use crate::config::ResourceConfig;
 use crate::error::{Error, Result};
 use crate::events::{EventSink, NodeEvent};
-use crate::grpc::connect_unix;
 use crate::heal::{Assignments, heal, lost_devices};
 use crate::host::Host;
 use crate::metrics::{Metrics, RoundOutcome};
 use kubelet_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
 use kubelet_proto::podresources::v1::{ListPodResourcesRequest, ListPodResourcesResponse};
+use kubelet_proto::transport::connect_unix;
 use macvtap_link::device::is_device_link_name;
 use macvtap_link::tapdev::tap_node_path;
 use macvtap_link::{Kernel, Link, Links, RESOURCE_PREFIX, link_name_for_device};

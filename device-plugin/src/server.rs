@@ -10,10 +10,10 @@ use crate::allocate;
 use crate::config::ResourceConfig;
 use crate::error::{Error, Result};
 use crate::events::{EventSink, NodeEvent};
-use crate::grpc::{bind_unix, error_chain, serve_unix};
 use crate::heal::{Assignments, tap_index};
 use crate::metrics::Metrics;
 use crate::reclaim::AllocationClock;
+use kubelet_proto::transport::{bind_unix, error_chain, serve_unix};
 use kubelet_proto::v1beta1::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use kubelet_proto::v1beta1::{
     AllocateRequest, AllocateResponse, Device, DevicePluginOptions, Empty, ListAndWatchResponse,

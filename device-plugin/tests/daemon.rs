@@ -6,16 +6,14 @@
 
 mod common;
 
-use common::{
-    DEADLINE, FakeApiServer, Node, TestNs, describe_events, http_get, require_root, wait_log,
-};
+use common::{DEADLINE, Node, TestNs, describe_events, metrics_get, require_root, wait_log};
 use kubelet_proto::v1beta1::Device;
-use macvtap_deviceplugin::testkubelet::{ResourceView, TestPodResources, summary};
 use macvtap_link::tapdev::{open_tap_node, tap_dev_in_netns};
 use macvtap_link::{Links, MacvtapMode, Netns, link_name_for_device};
 use nix::sys::signal::Signal;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use test_kubelet::{FakeApiServer, ResourceView, TestPodResources, summary, tools};
 
 const DP: &str = "macvtap.network.kubevirt.io/dp";
 const DP_SOCKET: &str = "macvtap.network.kubevirt.io_dp";
@@ -76,7 +74,10 @@ async fn registers_with_the_kubelet_fields_and_advertises_capacity_devices() {
 
     // Idle memory, for the record.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    println!("MEASURE idle VmRSS: {} KiB", node.daemon().rss_kib());
+    println!(
+        "MEASURE idle VmRSS: {} KiB",
+        node.daemon().rss_kib().unwrap()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -250,7 +251,7 @@ async fn allocate_of_an_unknown_id_fails_and_leaves_no_link() {
 async fn a_flapping_nic_posts_events_on_the_node() {
     require_root().unwrap();
     let mut node = Node::new("events");
-    let mut api = FakeApiServer::start(&node.ns);
+    let mut api = FakeApiServer::start(&node.ns).unwrap();
     node.start_kubelet().await;
     let kubeconfig = api.kubeconfig.to_str().unwrap().to_string();
     node.start_daemon(
@@ -277,7 +278,7 @@ async fn a_flapping_nic_posts_events_on_the_node() {
     let events = "/apis/events.k8s.io/v1/namespaces/default/events";
     let mut got = Vec::new();
     for _ in 0..5 {
-        let req = api.next().await;
+        let req = api.next().await.unwrap();
         assert!(req.invalid.is_empty(), "{:?}: {}", req.invalid, req.body);
         got.push(req);
     }
@@ -500,7 +501,7 @@ async fn sigterm_while_a_register_hangs_exits_and_removes_sockets() {
     // As above: a blocked loop would exit only after the 60 s timeout.
     let mut node = node_with_a_hung_registration("hangterm", &["--register-timeout=60s"]).await;
     let t = Instant::now();
-    node.daemon().signal(Signal::SIGTERM);
+    node.daemon().signal(Signal::SIGTERM).unwrap();
     let status = node.daemon().wait_exit(DEADLINE).expect("exits");
     println!(
         "MEASURE SIGTERM -> exit while Register hangs: {:?}",
@@ -637,7 +638,7 @@ async fn config_precedence_is_flags_then_file_then_env() {
     k.wait_for_registration("macvtap.network.kubevirt.io/fromfile", 0, DEADLINE)
         .await
         .unwrap();
-    node.daemon().signal(Signal::SIGTERM);
+    node.daemon().signal(Signal::SIGTERM).unwrap();
     assert!(node.daemon().wait_exit(DEADLINE).unwrap().success());
 
     // Flags over file (and env).
@@ -649,7 +650,7 @@ async fn config_precedence_is_flags_then_file_then_env() {
         .wait_for_registration("macvtap.network.kubevirt.io/fromflag", 0, DEADLINE)
         .await
         .unwrap();
-    node.daemon().signal(Signal::SIGTERM);
+    node.daemon().signal(Signal::SIGTERM).unwrap();
     assert!(node.daemon().wait_exit(DEADLINE).unwrap().success());
 
     // Env alone.
@@ -743,45 +744,6 @@ async fn config_file_changes_are_applied_without_restart() {
         node.plugin_dir()
             .join("macvtap.network.kubevirt.io_dp2")
             .exists()
-    );
-}
-
-/// An edit saved while the daemon starts, right after it read the config
-/// file, is applied: the config file's directory is watched before the
-/// file is read (the test hook makes the daemon rename the edit over the
-/// file at exactly that point).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_config_edit_right_after_the_first_read_is_applied() {
-    let dir = tempfile::tempdir().unwrap();
-    let edit = dir.path().join("conf.edit");
-    std::fs::write(
-        &edit,
-        r#"[{"name":"dp","lowerDevice":"eth1","capacity":2},{"name":"dp2","lowerDevice":"eth1"}]"#,
-    )
-    .unwrap();
-    let edit_env = edit.to_str().unwrap().to_string();
-    let hook = [(
-        macvtap_deviceplugin::testhooks::CONFIG_EDIT_ENV,
-        edit_env.as_str(),
-    )];
-    let (mut node, _file) = node_with_config_file("cfgrace", &hook).await;
-    // The hook ran: the edit replaced the file after the daemon read it.
-    assert!(!edit.exists(), "the test hook did not run");
-    assert!(
-        node.daemon()
-            .log()
-            .contains("test hook: replaced the config file right after reading it"),
-        "{}",
-        node.daemon().log()
-    );
-    let r = node
-        .kubelet()
-        .wait_for_registration("macvtap.network.kubevirt.io/dp2", 0, DEADLINE)
-        .await;
-    assert!(
-        r.is_ok(),
-        "the edit made right after the first read was lost: {}",
-        node.daemon().log()
     );
 }
 
@@ -920,10 +882,10 @@ async fn reclaim_without_pod_resources_socket_is_skipped_with_one_message() {
             .and_then(|v| v.trim().parse::<u64>().ok())
             .unwrap_or(0)
     };
-    let mut metrics = http_get(&node.ns, "/metrics");
+    let mut metrics = metrics_get(&node.ns, "/metrics");
     while skipped(&metrics) < 4 && Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        metrics = http_get(&node.ns, "/metrics");
+        metrics = metrics_get(&node.ns, "/metrics");
     }
     assert!(skipped(&metrics) >= 4, "{metrics}");
     // Still one message, and the link is untouched.
@@ -942,7 +904,7 @@ async fn sigterm_stops_serving_and_removes_own_sockets() {
     let mut node = node_with_dp("term", "name=dp,lowerDevice=eth1,capacity=2", &[]).await;
     let sock = node.plugin_dir().join(DP_SOCKET);
     assert!(sock.exists());
-    node.daemon().signal(Signal::SIGTERM);
+    node.daemon().signal(Signal::SIGTERM).unwrap();
     let status = node.daemon().wait_exit(DEADLINE).expect("exits");
     assert!(status.success(), "{status:?}");
     assert!(!sock.exists(), "own socket removed");
@@ -957,7 +919,7 @@ async fn sigterm_stops_serving_and_removes_own_sockets() {
         .wait_for_registration(DP, 1, DEADLINE)
         .await
         .unwrap();
-    node.daemon().signal(Signal::SIGINT);
+    node.daemon().signal(Signal::SIGINT).unwrap();
     assert!(node.daemon().wait_exit(DEADLINE).expect("exits").success());
     assert!(!sock.exists());
 }
@@ -974,9 +936,9 @@ async fn metrics_and_healthz_are_served() {
     let mut client = node.kubelet().connect(DP_SOCKET).await.unwrap();
     client.allocate(&["dpMvp0"]).await.unwrap();
     client.allocate(&["dpMvp9"]).await.unwrap_err();
-    let health = http_get(&node.ns, "/healthz");
+    let health = metrics_get(&node.ns, "/healthz");
     assert!(health.starts_with("HTTP/1.1 200 OK"), "{health}");
-    let m = http_get(&node.ns, "/metrics");
+    let m = metrics_get(&node.ns, "/metrics");
     for want in [
         "macvtap_dp_devices{resource=\"macvtap.network.kubevirt.io/dp\",state=\"healthy\"} 3",
         "macvtap_dp_allocations_total{resource=\"macvtap.network.kubevirt.io/dp\"} 1",
@@ -995,8 +957,7 @@ async fn metrics_and_healthz_are_served() {
         "{m}"
     );
     let body = &m[m.find("\r\n\r\n").unwrap() + 4..];
-    let parsed = macvtap_deviceplugin::testtools::parse_exposition(body)
-        .unwrap_or_else(|e| panic!("{e}\n{body}"));
+    let parsed = tools::parse_exposition(body).unwrap_or_else(|e| panic!("{e}\n{body}"));
     // The daemon's own process: it has the plugin socket, the kubelet's
     // connection and the metrics listener open.
     let fds = parsed

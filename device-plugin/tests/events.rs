@@ -41,7 +41,7 @@ fn api_server(status: u16) -> (kube::Client, mpsc::UnboundedReceiver<Request>) {
             let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
             let method = parts.method.to_string();
             // What the API server checks before storing the (patched) Event.
-            let invalid = common::validate_event_v1("default", &body);
+            let invalid = test_kubelet::validate_event_v1("default", &body);
             assert!(invalid.is_empty(), "{invalid:?}: {body}");
             let (code, answer) = match (status, method.as_str()) {
                 (403, _) => (
@@ -303,7 +303,7 @@ fn the_api_servers_event_validation_refuses_what_it_should() {
         "deprecatedCount": 3, "series": {"count": 1},
         "regarding": {"kind": "Node", "name": "a"},
     });
-    let errs = common::validate_event_v1("kube-system", &bad);
+    let errs = test_kubelet::validate_event_v1("kube-system", &bad);
     for want in [
         "metadata.name",
         "eventTime",

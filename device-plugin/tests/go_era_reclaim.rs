@@ -8,8 +8,8 @@
 mod common;
 
 use common::{DEADLINE, Node, wait_log};
-use macvtap_deviceplugin::testkubelet::TestPodResources;
 use std::time::{Duration, Instant};
+use test_kubelet::TestPodResources;
 
 const DP: &str = "macvtap.network.kubevirt.io/dp";
 

@@ -12,15 +12,15 @@
 
 mod common;
 
-use common::{DEADLINE, Node, TestNs, http_get, require_root, wait_log};
+use common::{DEADLINE, Node, TestNs, metrics_get, require_root, wait_log};
 use kubelet_proto::v1beta1::Device;
 use macvtap_deviceplugin::allocate::create_device;
 use macvtap_deviceplugin::config::ResourceConfig;
 use macvtap_deviceplugin::host::Host;
-use macvtap_deviceplugin::testkubelet::ResourceView;
 use macvtap_link::{Links, Linux, Netns, link_name_for_device};
 use std::collections::BTreeSet;
 use std::path::Path;
+use test_kubelet::ResourceView;
 
 const PREFIX: &str = "macvtap.network.kubevirt.io/";
 const DP: &str = "macvtap.network.kubevirt.io/dp";
@@ -223,7 +223,7 @@ async fn a_configured_lower_device_is_unhealthy_while_enslaved_and_allocate_name
     k.wait_resource(DP, DEADLINE, |v| v.connected && all_unhealthy(&v.devices))
         .await
         .unwrap();
-    let m = http_get(&node.ns, "/metrics");
+    let m = metrics_get(&node.ns, "/metrics");
     for want in [
         "macvtap_dp_unhealthy_total{resource=\"macvtap.network.kubevirt.io/dp\",reason=\"nic_enslaved\"} 1\n",
         "macvtap_dp_devices{resource=\"macvtap.network.kubevirt.io/dp\",state=\"unhealthy\"} 3\n",
@@ -281,7 +281,7 @@ async fn a_configured_lower_device_is_unhealthy_while_enslaved_and_allocate_name
     })
     .await;
     assert_eq!(lines_with(&log, &unhealthy), 2, "{log}");
-    let m = http_get(&node.ns, "/metrics");
+    let m = metrics_get(&node.ns, "/metrics");
     let want = "macvtap_dp_unhealthy_total{resource=\"macvtap.network.kubevirt.io/dp\",reason=\"nic_enslaved\"} 2\n";
     assert!(m.contains(want), "want {want:?} in:\n{m}");
     // One registration and one stream all along.

@@ -5,9 +5,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use macvtap_deviceplugin::metrics::Metrics;
-use macvtap_deviceplugin::testtools::parse_exposition;
 use serde_json::Value;
 use std::time::Duration;
+use test_kubelet::tools::parse_exposition;
 
 const R: &str = "macvtap.network.kubevirt.io/eth0";
 

@@ -11,7 +11,7 @@
 //! each with what the node's [`TestPodResources`] answers at that moment
 //! (it asks it over its own socket), so both paths report one state.
 //!
-//! [`TestPodResources`]: macvtap_deviceplugin::testkubelet::TestPodResources
+//! [`TestPodResources`]: test_kubelet::TestPodResources
 
 use anyhow::{Context, Result, bail};
 use kubelet_proto::podresources::v1::ListPodResourcesRequest;
@@ -236,7 +236,7 @@ fn list(upstream: &Path) -> Result<Vec<u8>> {
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let channel = macvtap_deviceplugin::grpc::connect_unix(upstream, Duration::from_secs(10))
+        let channel = kubelet_proto::transport::connect_unix(upstream, Duration::from_secs(10))
             .await
             .map_err(|e| anyhow::anyhow!("dialing {}: {e}", upstream.display()))?;
         let resp = PodResourcesListerClient::new(channel)

@@ -23,7 +23,7 @@ pub fn parse_docs(text: &str) -> Result<Vec<Value>> {
 /// Renders the kustomization in `dir` with `kubectl kustomize` into its
 /// objects; panics when kubectl is not installed (run `hack/setup.sh`).
 pub fn render(dir: &Path) -> Result<Vec<Value>> {
-    let kubectl = macvtap_deviceplugin::testtools::venv_tool("kubectl");
+    let kubectl = test_kubelet::tools::venv_tool("kubectl");
     let out = Command::new(&kubectl)
         .arg("kustomize")
         .arg(dir)

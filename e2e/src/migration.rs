@@ -34,11 +34,11 @@ use crate::sandbox::TestNs;
 use crate::switch::Segment;
 use crate::vm::{GuestNet, Netdev, Qemu, QemuExtras, give_to_qemu};
 use anyhow::{Context, Result, bail, ensure};
-use macvtap_deviceplugin::testkubelet::PluginClient;
 use serde_json::{Value, json};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use test_kubelet::PluginClient;
 
 /// The VM's MAC, set in its spec (`macAddress`), as a migratable macvtap VM
 /// needs.

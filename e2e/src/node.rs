@@ -7,14 +7,13 @@
 use crate::sandbox::TestNs;
 use crate::vm::Reaped;
 use anyhow::{Context, Result, bail, ensure};
-use macvtap_deviceplugin::testkubelet::{
-    PluginClient, TestKubelet, TestPodResources, tap_node_lock,
-};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use test_kubelet::{PluginClient, TestKubelet, TestPodResources};
+use test_support::tap_node_lock;
 
 /// The tests' tap-node lock (see `tap_node_lock`), shared by every node of
 /// one test: an `flock` taken twice in one process, on two descriptors,

@@ -10,7 +10,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use anyhow::{Context, Result, ensure};
-use macvtap_deviceplugin::testkubelet::PluginClient;
 use macvtap_e2e::guest::{self, Guest};
 use macvtap_e2e::multus::{Multus, MultusRun, Pod, kubevirt_pod_ifname};
 use macvtap_e2e::node::{self, Allocation, FAST_RECLAIM, GUEST_IP, Node, PEER_IP};
@@ -20,6 +19,7 @@ use macvtap_e2e::vm::{GuestNet, Libvirtd, QEMU_UID, VmIface, VmRun, run_qemu};
 use serde_json::{Value, json};
 use std::path::Path;
 use std::time::{Duration, Instant};
+use test_kubelet::PluginClient;
 
 /// The Go project's README configuration.
 const GO_README_CONF: &str =

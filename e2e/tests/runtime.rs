@@ -21,7 +21,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
-use macvtap_deviceplugin::testkubelet::{TestKubelet, TestPodResources, tap_node_lock};
 use macvtap_e2e::manifests::render;
 use macvtap_e2e::runtime::{
     Image, PodSandbox, RuncContainer, cap_mask, cap_names, capabilities, http_get, process_caps,
@@ -34,6 +33,8 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
+use test_kubelet::{TestKubelet, TestPodResources};
+use test_support::tap_node_lock;
 
 /// What users put in the ConfigMap (README, "Choose the resources"), naming
 /// this node's NIC: auto-discovery would skip a veth.

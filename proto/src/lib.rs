@@ -25,6 +25,8 @@ pub mod v1beta1 {
     pub const KUBELET_SOCKET: &str = "kubelet.sock";
 }
 
+pub mod transport;
+
 /// The kubelet PodResources API.
 pub mod podresources {
     /// PodResources API, package `v1`.

@@ -1,11 +1,11 @@
 //! The test kubelet's PodResources server
-//! (`macvtap_deviceplugin::testkubelet::TestPodResources`, which answers
+//! (`test_kubelet::TestPodResources`, which answers
 //! `List` as the kubelet does), served from a runtime thread on
 //! `<temp dir>/pod-resources/kubelet.sock` so the synchronous CNI tests can
 //! use it, plus the node settings file that points the plugin at it.
 
-use macvtap_deviceplugin::testkubelet::TestPodResources;
 use std::path::{Path, PathBuf};
+use test_kubelet::TestPodResources;
 
 /// A running test PodResources server in its own kubelet dir.
 pub struct PodResourcesKubelet {

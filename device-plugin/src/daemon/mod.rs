@@ -182,10 +182,6 @@ impl Daemon {
     async fn start(opts: Options) -> Result<(Self, Inputs)> {
         let (fs, fs_events) = DirWatcher::new()?;
         let loaded = reload::watch_then_read(&fs, &opts, load_config)?;
-        #[cfg(feature = "testkubelet")]
-        if let Some(f) = &opts.config_file {
-            crate::testhooks::after_config_read(f);
-        }
         info!(source = %loaded.resolved.source, resources = %loaded.resolved.resources, "configuration loaded");
         let plugin_dir = opts.plugin_dir();
         std::fs::create_dir_all(&plugin_dir).map_err(Error::io(

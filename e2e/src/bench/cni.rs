@@ -60,7 +60,7 @@ struct Node {
 
 impl Node {
     fn new() -> Result<Self> {
-        let lock = macvtap_deviceplugin::testkubelet::tap_node_lock()?;
+        let lock = test_support::tap_node_lock()?;
         let node = TestNs::new("bn")?;
         let peer = TestNs::new("bp")?;
         node.ip(&[

@@ -2,9 +2,9 @@
 //! `BENCHMARKS.md` and `benchmarks.svg`. Use `hack/bench.sh`.
 
 use anyhow::{Context, Result};
-use macvtap_deviceplugin::testkubelet::TestPodResources;
 use macvtap_e2e::bench::{cni, datapath, dp, migration, plot, report::Report, sizes};
 use std::path::PathBuf;
+use test_kubelet::TestPodResources;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {

@@ -1,6 +1,8 @@
-//! gRPC over unix sockets: binding a listener and dialing a socket.
+//! gRPC over unix sockets, as the kubelet's APIs are served: binding a
+//! listener, serving a generated service on it, and dialing a socket. The
+//! device plugin serves and dials with these, and so does the workspace's
+//! test kubelet, so both speak the transport the same way.
 
-use crate::error::{Error, Result};
 use hyper_util::rt::TokioIo;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -10,22 +12,60 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tonic::codegen::{Service, http};
 use tonic::transport::{Channel, Endpoint, Uri};
 
+/// Result of the transport helpers.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What can go wrong binding or dialing a unix socket; each variant names
+/// the socket.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file operation on the socket path failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done, e.g. `binding the socket`.
+        op: &'static str,
+        /// The socket path.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Dialing the socket failed; `msg` gives the usual cause where there
+    /// is one.
+    #[error("connecting to {path}: {msg}")]
+    Connect {
+        /// The socket path.
+        path: PathBuf,
+        /// Why, in words.
+        msg: String,
+    },
+}
+
+/// A closure making an [`Error::Io`] for `op` on `path`, for `map_err`.
+fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
+    let path = path.to_path_buf();
+    move |source| Error::Io { op, path, source }
+}
+
+/// The mode of every socket bound here: read and write for root only.
+pub const SOCKET_MODE: u32 = 0o600;
+
 /// Binds a unix listener at `path` with mode 0600, first removing a stale
 /// socket file left by an earlier run.
 ///
 /// Whoever can connect to a plugin socket can Allocate, that is create links
 /// on a host NIC, so only root may. The daemon runs with umask 077 (set in
-/// `main`), so the socket never exists with wider permissions; the explicit
-/// chmod makes the mode independent of any umask for other callers too.
+/// its `main`), so the socket never exists with wider permissions; the
+/// explicit chmod makes the mode independent of any umask for other callers
+/// too.
 pub fn bind_unix(path: &Path) -> Result<UnixListener> {
     match std::fs::remove_file(path) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(Error::io("removing the stale socket", path)(e)),
+        Err(e) => return Err(io("removing the stale socket", path)(e)),
     }
-    let listener = UnixListener::bind(path).map_err(Error::io("binding the socket", path))?;
+    let listener = UnixListener::bind(path).map_err(io("binding the socket", path))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))
-        .map_err(Error::io("setting the mode of the socket", path))?;
+        .map_err(io("setting the mode of the socket", path))?;
     Ok(listener)
 }
 
@@ -51,11 +91,9 @@ where
         .await
 }
 
-/// The mode of every socket the daemon serves: read and write for root only.
-pub const SOCKET_MODE: u32 = 0o600;
-
 /// Opens a gRPC channel to the server on unix socket `path`, failing after
-/// `timeout` if it does not answer.
+/// `timeout` if it does not answer. Requests carry `:authority localhost`,
+/// as the kubelet's own dials do (kubelet 1.26 and later).
 pub async fn connect_unix(path: &Path, timeout: Duration) -> Result<Channel> {
     let socket: PathBuf = path.to_path_buf();
     // The URI is required by tonic but unused: the connector dials the socket.
@@ -66,8 +104,7 @@ pub async fn connect_unix(path: &Path, timeout: Duration) -> Result<Channel> {
             async move { UnixStream::connect(socket).await.map(TokioIo::new) }
         }))
         .await
-        .map_err(|e| Error::Transport {
-            op: "connecting to".into(),
+        .map_err(|e| Error::Connect {
             path: path.to_path_buf(),
             msg: connect_failure(&e),
         })
@@ -114,4 +151,37 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
         cur = s.source();
     }
     msg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_bound_socket_replaces_a_stale_file_and_is_for_root_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.sock");
+        std::fs::write(&path, "stale").unwrap();
+        let _listener = bind_unix(&path).unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        assert!(std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()));
+        assert_eq!(meta.permissions().mode() & 0o777, SOCKET_MODE);
+    }
+
+    #[tokio::test]
+    async fn a_missing_socket_is_named_with_the_likely_cause() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kubelet.sock");
+        let e = connect_unix(&path, Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "connecting to {}: the socket does not exist (its server is not running, or the \
+                 directory is not the one the server uses)",
+                path.display()
+            )
+        );
+    }
 }

@@ -1,5 +1,6 @@
-//! A test kubelet: the kubelet's device manager side of the device plugin
-//! API, for tests, behaving as the real one does.
+//! The kubelet's device manager side of the device plugin API, behaving as
+//! the real one does: [`TestKubelet`] serves `Registration` and drives each
+//! registered plugin as its client.
 //!
 //! Read from the kubelet's source, `pkg/kubelet/cm/devicemanager/` in
 //! kubernetes/kubernetes: `plugin/v1beta1/server.go` (`Register`: version
@@ -25,26 +26,17 @@
 //! hang. Allocate goes through the current client, one container per call;
 //! [`TestKubelet::allocate_init_and_app`] allocates an init container's
 //! devices again for the app container (the device manager's
-//! `devicesToReuse`). [`TestPodResources`] serves the PodResources API with
-//! whatever allocations the test sets.
-//!
-//! It lives in the library behind the `testkubelet` feature (not in
-//! `tests/`) so that the e2e crate can use the same kubelet.
+//! `devicesToReuse`).
 
-use crate::grpc::{bind_unix, connect_unix, serve_unix};
-use kubelet_proto::podresources::v1::pod_resources_lister_server::{
-    PodResourcesLister, PodResourcesListerServer,
-};
-use kubelet_proto::podresources::v1::{
-    AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices,
-    ContainerResources, GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesRequest,
-    ListPodResourcesResponse, PodResources,
-};
+use crate::lock;
+use crate::plugin_client::{PluginClient, summary};
+use anyhow::{Result, anyhow};
+use kubelet_proto::transport::{bind_unix, connect_unix, serve_unix};
 use kubelet_proto::v1beta1::device_plugin_client::DevicePluginClient;
 use kubelet_proto::v1beta1::registration_server::{Registration, RegistrationServer};
 use kubelet_proto::v1beta1::{
-    AllocateRequest, AllocateResponse, ContainerAllocateRequest, Device, DevicePluginOptions,
-    Empty, KUBELET_SOCKET, ListAndWatchResponse, RegisterRequest, VERSION,
+    AllocateRequest, AllocateResponse, ContainerAllocateRequest, Device, Empty, KUBELET_SOCKET,
+    RegisterRequest, VERSION,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -56,13 +48,8 @@ use tokio::task::{AbortHandle, JoinHandle};
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
-/// Errors of the test helpers.
-pub type TestError = Box<dyn std::error::Error + Send + Sync>;
-/// Result of the test helpers.
-pub type TestResult<T> = std::result::Result<T, TestError>;
-
 /// How long the kubelet's `dial` waits for the plugin socket (client.go).
-const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the kubelet's server gets to stop before it is dropped.
 const STOP_WAIT: Duration = Duration::from_secs(2);
 
@@ -128,10 +115,6 @@ struct Shared {
     hung: watch::Sender<usize>,
     next_client: AtomicU64,
     tasks: Mutex<Vec<AbortHandle>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Whether `name` is an extended resource name, as the kubelet's
@@ -355,7 +338,7 @@ pub struct TestKubelet {
 
 impl TestKubelet {
     /// Creates `dir` if needed and serves `Registration` on `dir/kubelet.sock`.
-    pub async fn start(dir: &Path) -> TestResult<Self> {
+    pub async fn start(dir: &Path) -> Result<Self> {
         std::fs::create_dir_all(dir)?;
         let listener = bind_unix(&dir.join(KUBELET_SOCKET))?;
         let shared = Arc::new(Shared {
@@ -402,7 +385,7 @@ impl TestKubelet {
         resource_name: &str,
         seen: usize,
         timeout: Duration,
-    ) -> TestResult<RegisterRequest> {
+    ) -> Result<RegisterRequest> {
         let mut rx = self.shared.log.subscribe();
         let count = |l: &Vec<RegisterRequest>| {
             l.iter()
@@ -416,13 +399,12 @@ impl TestKubelet {
                 .rev()
                 .find(|r| r.resource_name == resource_name)
                 .cloned()
-                .ok_or_else(|| "registration vanished".into()),
-            _ => Err(format!(
+                .ok_or_else(|| anyhow!("registration vanished")),
+            _ => Err(anyhow!(
                 "no registration #{} of {resource_name} within {timeout:?}; got {:?}",
                 seen + 1,
                 self.registrations()
-            )
-            .into()),
+            )),
         }
     }
 
@@ -453,18 +435,17 @@ impl TestKubelet {
         resource_name: &str,
         timeout: Duration,
         pred: impl Fn(&ResourceView) -> bool,
-    ) -> TestResult<ResourceView> {
+    ) -> Result<ResourceView> {
         let mut rx = self.shared.views.subscribe();
         let view =
             |m: &BTreeMap<String, ResourceView>| m.get(resource_name).cloned().unwrap_or_default();
         let res = tokio::time::timeout(timeout, rx.wait_for(|m| pred(&view(m)))).await;
         match res {
             Ok(Ok(m)) => Ok(view(&m)),
-            _ => Err(format!(
+            _ => Err(anyhow!(
                 "{resource_name} did not reach the awaited state within {timeout:?}; it is {:?}",
                 summary_view(&self.resource(resource_name))
-            )
-            .into()),
+            )),
         }
     }
 
@@ -478,15 +459,14 @@ impl TestKubelet {
         &self,
         timeout: Duration,
         pred: impl Fn(&[Disconnect]) -> bool,
-    ) -> TestResult<Vec<Disconnect>> {
+    ) -> Result<Vec<Disconnect>> {
         let mut rx = self.shared.disconnects.subscribe();
         match tokio::time::timeout(timeout, rx.wait_for(|l| pred(l))).await {
             Ok(Ok(l)) => Ok(l.clone()),
-            _ => Err(format!(
+            _ => Err(anyhow!(
                 "disconnects did not reach the awaited state within {timeout:?}: {:?}",
                 self.disconnects()
-            )
-            .into()),
+            )),
         }
     }
 
@@ -497,11 +477,13 @@ impl TestKubelet {
     }
 
     /// Waits until at least `n` Register calls hang.
-    pub async fn wait_hung(&self, n: usize, timeout: Duration) -> TestResult<()> {
+    pub async fn wait_hung(&self, n: usize, timeout: Duration) -> Result<()> {
         let mut rx = self.shared.hung.subscribe();
         match tokio::time::timeout(timeout, rx.wait_for(|h| *h >= n)).await {
             Ok(Ok(_)) => Ok(()),
-            _ => Err(format!("fewer than {n} Register calls hang after {timeout:?}").into()),
+            _ => Err(anyhow!(
+                "fewer than {n} Register calls hang after {timeout:?}"
+            )),
         }
     }
 
@@ -513,11 +495,11 @@ impl TestKubelet {
     /// Breaks the connection of the current client of `resource_name`, as
     /// a failed transport would: its ListAndWatch stream ends, and the
     /// kubelet disconnects the resource.
-    pub fn break_stream(&self, resource_name: &str) -> TestResult<()> {
+    pub fn break_stream(&self, resource_name: &str) -> Result<()> {
         let conn = self
             .shared
             .current(resource_name)
-            .ok_or_else(|| format!("no client for {resource_name}"))?;
+            .ok_or_else(|| anyhow!("no client for {resource_name}"))?;
         if let Some(c) = lock(&conn.close).take() {
             let _ = c.send(());
         }
@@ -586,7 +568,7 @@ impl TestKubelet {
     /// Restarts like the kubelet does: stops, deletes every socket in the
     /// directory (plugin sockets included), and serves a new `kubelet.sock`.
     /// The new instance knows nothing of the old one's registrations.
-    pub async fn restart(mut self) -> TestResult<Self> {
+    pub async fn restart(mut self) -> Result<Self> {
         self.shutdown().await;
         for entry in std::fs::read_dir(&self.dir)? {
             let entry = entry?;
@@ -599,7 +581,7 @@ impl TestKubelet {
 
     /// Dials the plugin socket `endpoint` as a separate client (the test's
     /// own, not the kubelet's registered one), for raw calls.
-    pub async fn connect(&self, endpoint: &str) -> TestResult<PluginClient> {
+    pub async fn connect(&self, endpoint: &str) -> Result<PluginClient> {
         let channel = connect_unix(&self.dir.join(endpoint), DIAL_TIMEOUT).await?;
         Ok(PluginClient {
             client: DevicePluginClient::new(channel),
@@ -618,260 +600,6 @@ fn summary_view(v: &ResourceView) -> String {
     )
 }
 
-/// A client of one plugin socket, for raw calls.
-#[derive(Debug, Clone)]
-pub struct PluginClient {
-    /// The raw gRPC client, for calls not wrapped here.
-    pub client: DevicePluginClient<Channel>,
-}
-
-impl PluginClient {
-    /// `GetDevicePluginOptions`.
-    pub async fn options(&mut self) -> Result<DevicePluginOptions, Status> {
-        Ok(self
-            .client
-            .get_device_plugin_options(Empty {})
-            .await?
-            .into_inner())
-    }
-
-    /// Opens `ListAndWatch`.
-    pub async fn list_and_watch(&mut self) -> Result<DeviceWatch, Status> {
-        let stream = self.client.list_and_watch(Empty {}).await?.into_inner();
-        Ok(DeviceWatch {
-            stream,
-            latest: Vec::new(),
-        })
-    }
-
-    /// `Allocate` for one container with these device IDs.
-    pub async fn allocate(&mut self, ids: &[&str]) -> Result<AllocateResponse, Status> {
-        let req = AllocateRequest {
-            container_requests: vec![ContainerAllocateRequest {
-                devices_ids: ids.iter().map(|s| s.to_string()).collect(),
-            }],
-        };
-        Ok(self.client.allocate(req).await?.into_inner())
-    }
-}
-
-/// An open ListAndWatch stream.
-#[derive(Debug)]
-pub struct DeviceWatch {
-    stream: tonic::Streaming<ListAndWatchResponse>,
-    /// The last device list received.
-    pub latest: Vec<Device>,
-}
-
-impl DeviceWatch {
-    /// The next device list, within `timeout`.
-    pub async fn next(&mut self, timeout: Duration) -> TestResult<Vec<Device>> {
-        match tokio::time::timeout(timeout, self.stream.message()).await {
-            Ok(Ok(Some(m))) => {
-                self.latest = m.devices.clone();
-                Ok(m.devices)
-            }
-            Ok(Ok(None)) => Err("ListAndWatch stream ended".into()),
-            Ok(Err(s)) => Err(format!("ListAndWatch: {s}").into()),
-            Err(_) => Err(format!("no ListAndWatch message within {timeout:?}").into()),
-        }
-    }
-
-    /// Reads messages until one satisfies `pred` (the latest one already
-    /// received counts), failing after `timeout` overall.
-    pub async fn wait_until(
-        &mut self,
-        timeout: Duration,
-        pred: impl Fn(&[Device]) -> bool,
-    ) -> TestResult<Vec<Device>> {
-        if !self.latest.is_empty() && pred(&self.latest) {
-            return Ok(self.latest.clone());
-        }
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let devices = self
-                .next(left)
-                .await
-                .map_err(|e| format!("{e}; last devices: {:?}", summary(&self.latest)))?;
-            if pred(&devices) {
-                return Ok(devices);
-            }
-        }
-    }
-}
-
-/// `ID=health` pairs, for messages.
-pub fn summary(devices: &[Device]) -> Vec<String> {
-    devices
-        .iter()
-        .map(|d| format!("{}={}", d.id, d.health))
-        .collect()
-}
-
-#[derive(Clone)]
-struct PodResourcesService {
-    allocated: Arc<Mutex<Vec<ContainerDevices>>>,
-    others: Arc<Mutex<Vec<PodResources>>>,
-    pod: Arc<Mutex<(String, String)>>,
-}
-
-#[tonic::async_trait]
-impl PodResourcesLister for PodResourcesService {
-    async fn list(
-        &self,
-        _: Request<ListPodResourcesRequest>,
-    ) -> Result<Response<ListPodResourcesResponse>, Status> {
-        let devices = self
-            .allocated
-            .lock()
-            .map_err(|_| Status::internal("poisoned"))?
-            .clone();
-        let (namespace, name) = self
-            .pod
-            .lock()
-            .map_err(|_| Status::internal("poisoned"))?
-            .clone();
-        let mut pod_resources = vec![PodResources {
-            name,
-            namespace,
-            containers: vec![ContainerResources {
-                name: "compute".into(),
-                devices,
-                ..Default::default()
-            }],
-        }];
-        pod_resources.extend(
-            self.others
-                .lock()
-                .map_err(|_| Status::internal("poisoned"))?
-                .iter()
-                .cloned(),
-        );
-        Ok(Response::new(ListPodResourcesResponse { pod_resources }))
-    }
-
-    async fn get_allocatable_resources(
-        &self,
-        _: Request<AllocatableResourcesRequest>,
-    ) -> Result<Response<AllocatableResourcesResponse>, Status> {
-        Ok(Response::new(AllocatableResourcesResponse::default()))
-    }
-
-    async fn get(
-        &self,
-        _: Request<GetPodResourcesRequest>,
-    ) -> Result<Response<GetPodResourcesResponse>, Status> {
-        // What kubelets without the KubeletPodResourcesGet feature gate
-        // answer (pkg/kubelet/apis/podresources/server_v1.go).
-        Err(Status::unknown(
-            "PodResources API Get method disabled via feature gate",
-        ))
-    }
-}
-
-/// The pod [`TestPodResources::set_allocated`] reports devices for:
-/// (namespace, name), unless [`TestPodResources::set_pod`] names another.
-pub const TEST_POD: (&str, &str) = ("default", "test-pod");
-
-/// A PodResources API server reporting allocations the test sets, as the
-/// kubelet's `List` does (kubernetes `pkg/kubelet/apis/podresources/
-/// server_v1.go`): every pod the kubelet knows, each container with the
-/// devices recorded for it at admission, so a pod whose sandbox is still
-/// being set up is listed already (Multus relies on that at CNI ADD).
-#[derive(Debug)]
-pub struct TestPodResources {
-    allocated: Arc<Mutex<Vec<ContainerDevices>>>,
-    others: Arc<Mutex<Vec<PodResources>>>,
-    pod: Arc<Mutex<(String, String)>>,
-    stop: Option<oneshot::Sender<()>>,
-}
-
-impl TestPodResources {
-    /// Serves on `socket` (usually `<kubelet dir>/pod-resources/kubelet.sock`).
-    pub async fn start(socket: &Path) -> TestResult<Self> {
-        if let Some(d) = socket.parent() {
-            std::fs::create_dir_all(d)?;
-        }
-        let listener = bind_unix(socket)?;
-        let allocated = Arc::new(Mutex::new(Vec::new()));
-        let others = Arc::new(Mutex::new(Vec::new()));
-        let pod = Arc::new(Mutex::new((TEST_POD.0.to_string(), TEST_POD.1.to_string())));
-        let service = PodResourcesService {
-            allocated: allocated.clone(),
-            others: others.clone(),
-            pod: pod.clone(),
-        };
-        let (stop_tx, stop_rx) = oneshot::channel::<()>();
-        let server = PodResourcesListerServer::new(service);
-        tokio::spawn(serve_unix(server, listener, async move {
-            let _ = stop_rx.await;
-        }));
-        Ok(Self {
-            allocated,
-            others,
-            pod,
-            stop: Some(stop_tx),
-        })
-    }
-
-    /// Names the pod whose devices [`TestPodResources::set_allocated`] sets
-    /// (the kubelet lists each pod by namespace and name; Multus and the CNI
-    /// look theirs up so).
-    pub fn set_pod(&self, namespace: &str, name: &str) {
-        *self.pod.lock().unwrap_or_else(|e| e.into_inner()) =
-            (namespace.to_string(), name.to_string());
-    }
-
-    /// Adds another pod, `namespace/name`, holding `devices` (resource,
-    /// device IDs) in its `compute` container, after a sidecar without any.
-    pub fn add_pod(&self, namespace: &str, name: &str, devices: &[(&str, &[&str])]) {
-        let mut others = self.others.lock().unwrap_or_else(|e| e.into_inner());
-        others.push(PodResources {
-            name: name.into(),
-            namespace: namespace.into(),
-            containers: vec![
-                ContainerResources {
-                    name: "istio-proxy".into(),
-                    ..Default::default()
-                },
-                ContainerResources {
-                    name: "compute".into(),
-                    devices: devices
-                        .iter()
-                        .map(|(r, ids)| ContainerDevices {
-                            resource_name: r.to_string(),
-                            device_ids: ids.iter().map(|s| s.to_string()).collect(),
-                            topology: None,
-                        })
-                        .collect(),
-                    ..Default::default()
-                },
-            ],
-        });
-    }
-
-    /// Reports `ids` of `resource_name` as allocated to the test pod
-    /// ([`TEST_POD`] or the one [`TestPodResources::set_pod`] named).
-    pub fn set_allocated(&self, resource_name: &str, ids: &[&str]) {
-        let mut a = self.allocated.lock().unwrap_or_else(|e| e.into_inner());
-        a.retain(|d| d.resource_name != resource_name);
-        a.push(ContainerDevices {
-            resource_name: resource_name.to_string(),
-            device_ids: ids.iter().map(|s| s.to_string()).collect(),
-            topology: None,
-        });
-    }
-}
-
-impl Drop for TestPodResources {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-    }
-}
-
 impl Drop for TestKubelet {
     fn drop(&mut self) {
         if let Some(s) = self.stop.take() {
@@ -884,43 +612,9 @@ impl Drop for TestKubelet {
     }
 }
 
-// The tap-node lock lives with the other test fixtures; re-exported here for
-// the e2e harness, which has always taken it from the test kubelet.
-pub use test_support::tapnode::{TAP_NODE_LOCK, tap_node_lock, test_namespace_owner};
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kubelet_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
-
-    /// Real kubelets (1.26 and later) dial plugins with `:authority
-    /// localhost`; so does every dial of this kubelet ([`connect_unix`]).
-    #[tokio::test]
-    async fn dials_send_authority_localhost() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("p.sock");
-        let listener = bind_unix(&path).unwrap();
-        let seen = Arc::new(Mutex::new(Vec::<String>::new()));
-        let service = PodResourcesService {
-            allocated: Arc::new(Mutex::new(Vec::new())),
-            others: Arc::new(Mutex::new(Vec::new())),
-            pod: Arc::new(Mutex::new((TEST_POD.0.into(), TEST_POD.1.into()))),
-        };
-        let record = Recorder {
-            seen: seen.clone(),
-            inner: PodResourcesListerServer::new(service),
-        };
-        tokio::spawn(tonic::transport::Server::builder().serve_with_incoming(
-            record,
-            tokio_stream::wrappers::UnixListenerStream::new(listener),
-        ));
-        let channel = connect_unix(&path, DIAL_TIMEOUT).await.unwrap();
-        PodResourcesListerClient::new(channel)
-            .list(ListPodResourcesRequest {})
-            .await
-            .unwrap();
-        assert_eq!(*lock(&seen), ["localhost"]);
-    }
 
     #[test]
     fn extended_resource_names_are_told_as_the_kubelet_does() {
@@ -941,39 +635,6 @@ mod tests {
             "macvtap.network.kubevirt.io/",
         ] {
             assert!(!is_extended_resource_name(bad), "{bad}");
-        }
-    }
-
-    /// Records the `:authority` of every request, then serves it.
-    #[derive(Clone)]
-    struct Recorder<S> {
-        seen: Arc<Mutex<Vec<String>>>,
-        inner: S,
-    }
-
-    impl<S: tonic::server::NamedService> tonic::server::NamedService for Recorder<S> {
-        const NAME: &'static str = S::NAME;
-    }
-
-    impl<S, B> tower::Service<tonic::codegen::http::Request<B>> for Recorder<S>
-    where
-        S: tower::Service<tonic::codegen::http::Request<B>>,
-    {
-        type Response = S::Response;
-        type Error = S::Error;
-        type Future = S::Future;
-
-        fn poll_ready(
-            &mut self,
-            cx: &mut std::task::Context<'_>,
-        ) -> std::task::Poll<Result<(), Self::Error>> {
-            self.inner.poll_ready(cx)
-        }
-
-        fn call(&mut self, req: tonic::codegen::http::Request<B>) -> Self::Future {
-            let authority = req.uri().authority().map(|a| a.to_string());
-            lock(&self.seen).push(authority.unwrap_or_default());
-            self.inner.call(req)
         }
     }
 }

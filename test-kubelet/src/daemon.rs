@@ -1,0 +1,109 @@
+//! The device plugin daemon as a process inside a test namespace: started
+//! from the binary its caller names (a test's
+//! `env!("CARGO_BIN_EXE_macvtap-deviceplugin")`), logging to a file, and
+//! stopped when dropped.
+
+use anyhow::{Context, Result, bail};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+use test_support::TestNs;
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// The daemon binary running inside a namespace.
+pub struct Daemon {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Daemon {
+    /// Starts `bin ARGS` inside `ns` with `env` (and no inherited
+    /// `DP_MACVTAP_CONF`, `NODE_NAME` or `KUBECONFIG`), logging at debug
+    /// level to a file in `log_dir`.
+    pub fn start(
+        bin: &Path,
+        ns: &TestNs,
+        log_dir: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Self> {
+        let log = log_dir.join(format!(
+            "daemon-{}.log",
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        ));
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &ns.name])
+            .arg(bin)
+            .args(args)
+            .env_remove("DP_MACVTAP_CONF")
+            // Events only where a test asks for them (with its own API server).
+            .env_remove("NODE_NAME")
+            .env_remove("KUBECONFIG")
+            .env("RUST_LOG", "macvtap_deviceplugin=debug,info")
+            .stdin(Stdio::null())
+            .stdout(File::create(&log).with_context(|| format!("creating {}", log.display()))?)
+            .stderr(File::create(log.with_extension("err"))?);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {} in {}", bin.display(), ns.name))?;
+        Ok(Self { child, log })
+    }
+
+    /// The daemon's process ID.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// What the daemon logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log.with_extension("err")).unwrap_or_default()
+    }
+
+    /// Sends a signal.
+    pub fn signal(&self, sig: nix::sys::signal::Signal) -> Result<()> {
+        let pid = i32::try_from(self.child.id())?;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig)
+            .with_context(|| format!("sending {sig} to the daemon"))
+    }
+
+    /// Waits up to `timeout` for the daemon to exit, and returns its status.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        let end = Instant::now() + timeout;
+        while Instant::now() < end {
+            if let Some(s) = self.child.try_wait()? {
+                return Ok(s);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        bail!("the daemon did not exit within {timeout:?}")
+    }
+
+    /// The daemon's resident memory in KiB (VmRSS).
+    pub fn rss_kib(&self) -> Result<u64> {
+        let path = format!("/proc/{}/status", self.pid());
+        let status = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .with_context(|| format!("{path} has no VmRSS"))
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("----- daemon log -----\n{}\n----- end -----", self.log());
+        }
+    }
+}
