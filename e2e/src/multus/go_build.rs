@@ -1,8 +1,11 @@
-//! The real Multus built once from its source tarball among the peers, with
-//! Go 1.23, into `target/e2e-multus/`.
+//! The real Multus built once with Go 1.23 into `target/e2e-multus/`, from
+//! its source tarball among the peers: in `$MACVTAP_PEERS_DIR`, or in
+//! `../shared/peers/` beside the checkout (outside the repository; see that
+//! directory's README).
 
 use super::VERSION;
 use anyhow::{Context, Result, bail, ensure};
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -14,34 +17,44 @@ fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// Where the peer sources live on this machine when the checkout is not
-/// beside them (a clone elsewhere, as CI makes one).
-const MACHINE_PEERS: &str = "/work/shared/peers";
-
 /// The environment variable naming the peers directory explicitly.
 pub const PEERS_ENV: &str = "MACVTAP_PEERS_DIR";
 
-/// The source tarball: in `$MACVTAP_PEERS_DIR`, else in `shared/peers/`
-/// beside the repository or beside any directory above it, else in this
-/// machine's `/work/shared/peers`. The first candidate is returned (for the
-/// error message) when none exists.
-pub fn tarball() -> PathBuf {
-    let name = format!("multus-{VERSION}.tar.gz");
-    let mut candidates: Vec<PathBuf> = Vec::new();
-    if let Ok(d) = std::env::var(PEERS_ENV) {
-        candidates.push(PathBuf::from(d).join(&name));
-    }
+/// The peers directory beside the checkout: `<workspace root>/../shared/peers`.
+pub fn peers_beside_checkout() -> PathBuf {
     let root = workspace().canonicalize().unwrap_or_else(|_| workspace());
-    for dir in root.ancestors().skip(1) {
-        candidates.push(dir.join("shared/peers").join(&name));
+    match root.parent() {
+        Some(up) => up.join("shared/peers"),
+        None => root.join("../shared/peers"),
     }
-    candidates.push(Path::new(MACHINE_PEERS).join(&name));
-    candidates
-        .iter()
-        .find(|p| p.exists())
-        .or(candidates.first())
-        .cloned()
-        .unwrap_or_else(|| Path::new(MACHINE_PEERS).join(&name))
+}
+
+/// The Multus source tarball, from `$MACVTAP_PEERS_DIR` if set and it is
+/// there, else from `../shared/peers/` beside the checkout; nowhere else.
+/// Fails naming both places when neither has it.
+pub fn tarball() -> Result<PathBuf> {
+    find_tarball(std::env::var_os(PEERS_ENV), &peers_beside_checkout())
+}
+
+/// [`tarball`] with the environment's peers directory `env_dir` and the
+/// directory `beside` the checkout given.
+fn find_tarball(env_dir: Option<OsString>, beside: &Path) -> Result<PathBuf> {
+    let name = format!("multus-{VERSION}.tar.gz");
+    let from_env = env_dir.map(|d| PathBuf::from(d).join(&name));
+    let beside = beside.join(&name);
+    if let Some(p) = from_env.iter().chain([&beside]).find(|p| p.exists()) {
+        return Ok(p.clone());
+    }
+    let env_place = match &from_env {
+        Some(p) => format!("${PEERS_ENV} ({})", p.display()),
+        None => format!("${PEERS_ENV} (not set)"),
+    };
+    bail!(
+        "the Multus {VERSION} source {name} is in neither {env_place} nor ../shared/peers/ \
+         beside the checkout ({}): the node e2e runs the real Multus and builds it from that \
+         tarball; put it in one of them (see ../shared/peers/README.md)",
+        beside.display()
+    )
 }
 
 /// Builds Multus once into `target/e2e-multus/<version>/multus` and returns
@@ -57,16 +70,7 @@ pub fn build() -> Result<PathBuf> {
     if bin.exists() {
         return Ok(bin);
     }
-    let src_tar = tarball();
-    if !src_tar.exists() {
-        bail!(
-            "the Multus {VERSION} source is missing at {} (also looked in shared/peers/ above \
-             the repository and in {MACHINE_PEERS}; set {PEERS_ENV} to its directory): the node \
-             e2e runs the real Multus and builds it from that tarball (see \
-             ../shared/peers/README.md)",
-            src_tar.display()
-        );
-    }
+    let src_tar = tarball()?;
     if !Path::new(GO).exists() {
         bail!(
             "{GO} is missing: the node e2e builds the real Multus {VERSION} with Go 1.23; \
@@ -124,4 +128,39 @@ pub fn build() -> Result<PathBuf> {
         bin.display()
     );
     Ok(bin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tarball_comes_from_the_env_dir_else_from_beside_the_checkout() {
+        let env = tempfile::tempdir().unwrap();
+        let beside = tempfile::tempdir().unwrap();
+        let name = format!("multus-{VERSION}.tar.gz");
+        let err = find_tarball(None, beside.path()).unwrap_err().to_string();
+        assert!(err.contains("$MACVTAP_PEERS_DIR (not set)"), "{err}");
+        assert!(err.contains(&beside.path().display().to_string()), "{err}");
+        let err = find_tarball(Some(env.path().into()), beside.path())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&env.path().display().to_string()), "{err}");
+        assert!(err.contains(&beside.path().display().to_string()), "{err}");
+
+        std::fs::write(beside.path().join(&name), "").unwrap();
+        assert_eq!(
+            find_tarball(Some(env.path().into()), beside.path()).unwrap(),
+            beside.path().join(&name)
+        );
+        std::fs::write(env.path().join(&name), "").unwrap();
+        assert_eq!(
+            find_tarball(Some(env.path().into()), beside.path()).unwrap(),
+            env.path().join(&name)
+        );
+        assert_eq!(
+            find_tarball(None, beside.path()).unwrap(),
+            beside.path().join(&name)
+        );
+    }
 }

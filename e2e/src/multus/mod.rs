@@ -2,8 +2,9 @@
 //! container runtime runs it, with what it needs around it; one file per
 //! job:
 //!
-//! - [`go_build`]: [`build`] compiles Multus once from the peers' source
-//!   tarball with Go 1.23 into `target/e2e-multus/` and caches it.
+//! - [`go_build`]: [`build`] compiles Multus once from its source tarball
+//!   (in `../shared/peers/` beside the checkout or in `$MACVTAP_PEERS_DIR`)
+//!   with Go 1.23 into `target/e2e-multus/` and caches it.
 //! - [`apiserver`]: [`ApiServer`], a small fake Kubernetes API server
 //!   serving exactly the calls the thin plugin makes.
 //! - [`host_pod_resources`]: [`HostPodResources`] serves the node's
@@ -18,7 +19,7 @@ pub mod host_pod_resources;
 pub mod runner;
 
 pub use apiserver::{ApiRequest, ApiServer};
-pub use go_build::{GO, PEERS_ENV, build, tarball};
+pub use go_build::{GO, PEERS_ENV, build, peers_beside_checkout, tarball};
 pub use host_pod_resources::{HOST_POD_RESOURCES, HostPodResources};
 pub use runner::{DelegateCall, Multus, MultusRun, Pod};
 
