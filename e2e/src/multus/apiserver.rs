@@ -10,6 +10,7 @@
 use super::NETWORK_STATUS_ANNOTATION;
 use crate::sandbox::TestNs;
 use anyhow::Result;
+use prost::Message;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -213,7 +214,7 @@ fn answer(state: &Mutex<ApiState>, method: &str, path: &str, body: &[u8]) -> (u1
                         .map(str::to_string)
                 })
             } else {
-                proto_string_after(body, NETWORK_STATUS_ANNOTATION.as_bytes())
+                network_status_of_protobuf_pod(body)
             };
             match value {
                 Some(v) => {
@@ -264,25 +265,40 @@ fn answer(state: &Mutex<ApiState>, method: &str, path: &str, body: &[u8]) -> (u1
     }
 }
 
-/// In a protobuf message, the length-delimited string (field 2) that
-/// follows `key`: how a `map<string,string>` entry stores a value.
-fn proto_string_after(body: &[u8], key: &[u8]) -> Option<String> {
-    let at = body.windows(key.len()).position(|w| w == key)? + key.len();
-    if body.get(at) != Some(&0x12) {
-        return None;
-    }
-    let (mut len, mut shift, mut i) = (0usize, 0, at + 1);
-    loop {
-        let b = *body.get(i)?;
-        len |= usize::from(b & 0x7f) << shift;
-        i += 1;
-        if b & 0x80 == 0 {
-            break;
-        }
-        shift += 7;
-    }
-    let v = body.get(i..i + len)?;
-    String::from_utf8(v.to_vec()).ok()
+/// The prefix of every object client-go sends as
+/// `application/vnd.kubernetes.protobuf` (apimachinery
+/// `pkg/runtime/serializer/protobuf/protobuf.go`, `protoEncodingPrefix`).
+const PROTOBUF_PREFIX: &[u8] = b"k8s\0";
+
+/// `runtime.Unknown` (apimachinery `pkg/runtime/generated.proto`), the
+/// envelope after the prefix; only `raw`, the encoded object, is read.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Unknown {
+    #[prost(bytes = "vec", tag = "2")]
+    raw: Vec<u8>,
+}
+
+/// `core/v1.Pod` (k8s.io/api `core/v1/generated.proto`); only `metadata`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct ProtobufPod {
+    #[prost(message, optional, tag = "1")]
+    metadata: Option<ObjectMeta>,
+}
+
+/// `meta/v1.ObjectMeta` (apimachinery `pkg/apis/meta/v1/generated.proto`);
+/// only `annotations`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct ObjectMeta {
+    #[prost(map = "string, string", tag = "12")]
+    annotations: HashMap<String, String>,
+}
+
+/// The network-status annotation of a pod client-go sent as protobuf,
+/// decoded by prost; `None` when the body is not such a pod or has none.
+fn network_status_of_protobuf_pod(body: &[u8]) -> Option<String> {
+    let envelope = Unknown::decode(body.strip_prefix(PROTOBUF_PREFIX)?).ok()?;
+    let pod = ProtobufPod::decode(envelope.raw.as_slice()).ok()?;
+    pod.metadata?.annotations.remove(NETWORK_STATUS_ANNOTATION)
 }
 
 #[cfg(test)]
@@ -290,15 +306,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_protobuf_map_value_is_found_after_its_key() {
-        let mut body = b"\x0a\x05other".to_vec();
-        body.extend_from_slice(NETWORK_STATUS_ANNOTATION.as_bytes());
-        body.push(0x12);
-        body.push(4);
-        body.extend_from_slice(b"[{}]");
+    fn the_network_status_is_read_from_a_protobuf_pod() {
+        let mut meta = ObjectMeta::default();
+        meta.annotations.insert("other".into(), "x".into());
+        meta.annotations
+            .insert(NETWORK_STATUS_ANNOTATION.into(), "[{}]".into());
+        let pod = ProtobufPod {
+            metadata: Some(meta),
+        };
+        let mut body = PROTOBUF_PREFIX.to_vec();
+        body.extend(
+            Unknown {
+                raw: pod.encode_to_vec(),
+            }
+            .encode_to_vec(),
+        );
         assert_eq!(
-            proto_string_after(&body, NETWORK_STATUS_ANNOTATION.as_bytes()).as_deref(),
+            network_status_of_protobuf_pod(&body).as_deref(),
             Some("[{}]")
         );
+        // No prefix, a cut body, no annotation: nothing.
+        assert_eq!(network_status_of_protobuf_pod(&body[4..]), None);
+        assert_eq!(
+            network_status_of_protobuf_pod(&body[..body.len() - 2]),
+            None
+        );
+        let bare = Unknown {
+            raw: ProtobufPod::default().encode_to_vec(),
+        };
+        let mut body = PROTOBUF_PREFIX.to_vec();
+        body.extend(bare.encode_to_vec());
+        assert_eq!(network_status_of_protobuf_pod(&body), None);
     }
 }
