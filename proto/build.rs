@@ -1,6 +1,6 @@
 //! Compiles the kubelet API `.proto` files with protox (pure Rust, so no
-//! `protoc` is needed) and generates prost messages and tonic services into
-//! `OUT_DIR`.
+//! `protoc` is needed) and generates prost messages into `OUT_DIR`, with
+//! the tonic clients and servers when the `grpc` feature is on.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
@@ -11,9 +11,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={f}");
     }
     let fds = protox::compile(files, ["proto"])?;
+    let grpc = std::env::var_os("CARGO_FEATURE_GRPC").is_some();
     tonic_prost_build::configure()
-        .build_client(true)
-        .build_server(true)
+        .build_client(grpc)
+        .build_server(grpc)
         .compile_fds(fds)?;
     Ok(())
 }

@@ -8,17 +8,20 @@
 //! in most kubelets) which devices of `macvtap.network.kubevirt.io/…`
 //! resources the pod named by `K8S_POD_NAMESPACE`/`K8S_POD_NAME` holds.
 //!
-//! The response is decoded by a few lines of protobuf wire format that read
-//! only the fields needed (pod name and namespace, each container's device
-//! resource names and IDs) and skip everything else.
+//! The call is the CNI's own unary gRPC client ([`crate::grpc`]); the
+//! answer is decoded by prost with `kubelet-proto`'s messages (built
+//! without tonic), the same messages the device plugin and the test kubelet
+//! use, and only each pod's name, namespace and devices are kept.
 
 use crate::config::NetConf;
 use crate::env::CniEnv;
 use crate::error::{Error, Result};
 use crate::grpc;
 use crate::settings::NodeSettings;
+use kubelet_proto::podresources::v1::ListPodResourcesResponse;
 use macvtap_link::PodResourcesCheck;
 use macvtap_link::RESOURCE_PREFIX;
+use prost::Message;
 use std::path::Path;
 use std::time::Duration;
 use tracing::{debug, warn};
@@ -155,128 +158,30 @@ pub fn devices_of<'a>(
     found
 }
 
-/// Decodes a `ListPodResourcesResponse`.
+/// Decodes a `ListPodResourcesResponse`; a truncated or malformed one is an
+/// error.
 pub fn decode_list(buf: &[u8]) -> std::result::Result<Vec<PodDevices>, String> {
-    let mut pods = Vec::new();
-    for field in Fields(buf) {
-        if let (1, Value::Bytes(pod)) = field? {
-            pods.push(decode_pod(pod)?);
-        }
-    }
-    Ok(pods)
-}
-
-fn decode_pod(buf: &[u8]) -> std::result::Result<PodDevices, String> {
-    let mut pod = PodDevices::default();
-    for field in Fields(buf) {
-        match field? {
-            (1, Value::Bytes(b)) => pod.name = text(b)?,
-            (2, Value::Bytes(b)) => pod.namespace = text(b)?,
-            (3, Value::Bytes(container)) => {
-                for field in Fields(container) {
-                    if let (2, Value::Bytes(devices)) = field? {
-                        decode_devices(devices, &mut pod.devices)?;
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    Ok(pod)
-}
-
-fn decode_devices(buf: &[u8], out: &mut Vec<HeldDevice>) -> std::result::Result<(), String> {
-    let mut resource = String::new();
-    let mut ids = Vec::new();
-    for field in Fields(buf) {
-        match field? {
-            (1, Value::Bytes(b)) => resource = text(b)?,
-            (2, Value::Bytes(b)) => ids.push(text(b)?),
-            _ => {}
-        }
-    }
-    out.extend(ids.into_iter().map(|id| HeldDevice {
-        resource: resource.clone(),
-        id,
-    }));
-    Ok(())
-}
-
-fn text(b: &[u8]) -> std::result::Result<String, String> {
-    String::from_utf8(b.to_vec()).map_err(|_| "a string field is not UTF-8".to_string())
-}
-
-/// A field's value in the protobuf wire format.
-enum Value<'a> {
-    Varint,
-    Fixed,
-    Bytes(&'a [u8]),
-}
-
-/// The fields of one message, in order.
-struct Fields<'a>(&'a [u8]);
-
-impl<'a> Iterator for Fields<'a> {
-    type Item = std::result::Result<(u64, Value<'a>), String>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.0.is_empty() {
-            return None;
-        }
-        Some(self.field())
-    }
-}
-
-impl<'a> Fields<'a> {
-    fn field(&mut self) -> std::result::Result<(u64, Value<'a>), String> {
-        let key = self.varint()?;
-        let number = key >> 3;
-        let value = match key & 7 {
-            0 => {
-                self.varint()?;
-                Value::Varint
-            }
-            1 => {
-                self.take(8)?;
-                Value::Fixed
-            }
-            2 => {
-                let len = usize::try_from(self.varint()?).map_err(|_| "a length overflows")?;
-                Value::Bytes(self.take(len)?)
-            }
-            5 => {
-                self.take(4)?;
-                Value::Fixed
-            }
-            other => return Err(format!("wire type {other} is not used by this API")),
-        };
-        if number == 0 {
-            return Err("field number 0".into());
-        }
-        Ok((number, value))
-    }
-
-    fn varint(&mut self) -> std::result::Result<u64, String> {
-        let mut v = 0u64;
-        for i in 0..10 {
-            let (&b, rest) = self.0.split_first().ok_or("a truncated varint")?;
-            self.0 = rest;
-            v |= u64::from(b & 0x7f) << (7 * i);
-            if b & 0x80 == 0 {
-                return Ok(v);
-            }
-        }
-        Err("a varint longer than 10 bytes".into())
-    }
-
-    fn take(&mut self, n: usize) -> std::result::Result<&'a [u8], String> {
-        if self.0.len() < n {
-            return Err("a field runs past the end of its message".into());
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(head)
-    }
+    let list = ListPodResourcesResponse::decode(buf).map_err(|e| e.to_string())?;
+    Ok(list
+        .pod_resources
+        .into_iter()
+        .map(|pod| PodDevices {
+            name: pod.name,
+            namespace: pod.namespace,
+            devices: pod
+                .containers
+                .into_iter()
+                .flat_map(|c| c.devices)
+                .flat_map(|d| {
+                    let resource = d.resource_name;
+                    d.device_ids.into_iter().map(move |id| HeldDevice {
+                        resource: resource.clone(),
+                        id,
+                    })
+                })
+                .collect(),
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -362,15 +267,127 @@ mod tests {
             pod_resources: vec![pod("p", "n", &[("r/x", &["id"])])],
         }
         .encode_to_vec();
+        // One pod: every cut falls inside its length-delimited field.
         for cut in 1..good.len() {
-            let _ = decode_list(&good[..cut]);
+            assert!(decode_list(&good[..cut]).is_err(), "cut at {cut}");
         }
+        assert!(decode_list(&good).is_ok());
         assert!(decode_list(&[0x0b]).is_err(), "group wire type");
         assert!(
             decode_list(&[0x0a, 0x05, 1]).is_err(),
             "length past the end"
         );
         assert!(decode_list(&[0xff; 11]).is_err(), "endless varint");
+        assert!(decode_list(&[0x02, 0x00]).is_err(), "field number 0");
+        assert!(decode_list(&[0x08, 0x01]).is_err(), "a pod as a varint");
+        assert!(
+            decode_list(&[0x0a, 0x03, 0x0a, 0x01, 0xff]).is_err(),
+            "a pod name that is not UTF-8"
+        );
         assert_eq!(decode_list(&[]).unwrap(), vec![]);
+    }
+
+    /// A kubelet stand-in on `socket` that answers one call with `message`
+    /// and gRPC status 0, framed by [`crate::grpc::frame`].
+    fn answer_once(socket: &Path, message: Vec<u8>) -> std::thread::JoinHandle<()> {
+        use crate::grpc::frame::{self, encode_headers, flag, kind, put_frame, put_message};
+        use std::io::{Read, Write};
+        let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
+        std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut preface = [0u8; 24];
+            conn.read_exact(&mut preface).unwrap();
+            // The request ends with its DATA frame.
+            loop {
+                let f = frame::read_frame(&mut conn, frame::MAX_FRAME)
+                    .unwrap()
+                    .unwrap();
+                if f.kind == kind::DATA && f.flags & flag::END_STREAM != 0 {
+                    break;
+                }
+            }
+            let mut out = Vec::new();
+            put_frame(&mut out, kind::SETTINGS, 0, 0, &[]);
+            let head = encode_headers(&[(":status", "200"), ("content-type", "application/grpc")]);
+            put_frame(&mut out, kind::HEADERS, flag::END_HEADERS, 1, &head);
+            let mut body = Vec::new();
+            put_message(&mut body, &message).unwrap();
+            put_frame(&mut out, kind::DATA, 0, 1, &body);
+            let trailers = encode_headers(&[("grpc-status", "0")]);
+            let end = flag::END_HEADERS | flag::END_STREAM;
+            put_frame(&mut out, kind::HEADERS, end, 1, &trailers);
+            conn.write_all(&out).unwrap();
+            // Until the client hangs up (it acknowledges our SETTINGS).
+            let _ = conn.read_to_end(&mut Vec::new());
+        })
+    }
+
+    /// [`check_ownership`] of device `dataplaneMvp1` for pod
+    /// `default/test-pod` against a kubelet that answers `message`.
+    fn check_against(message: Vec<u8>, check: PodResourcesCheck) -> Result<()> {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = NodeSettings {
+            kubelet_dir: dir.path().to_path_buf(),
+            pod_resources_check: check,
+            log_dir: dir.path().to_path_buf(),
+            source: "test".into(),
+            problem: None,
+        };
+        let socket = settings.pod_resources_socket();
+        std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+        let kubelet = answer_once(&socket, message);
+        let vars: std::collections::HashMap<String, String> = [
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "sandbox-1"),
+            ("CNI_NETNS", "/run/netns/pod-1"),
+            ("CNI_IFNAME", "net1"),
+            (
+                "CNI_ARGS",
+                "K8S_POD_NAMESPACE=default;K8S_POD_NAME=test-pod",
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let env = CniEnv::from_vars(&vars).unwrap();
+        let conf = NetConf::parse(
+            br#"{"cniVersion":"1.0.0","name":"n","type":"macvtap","deviceID":"dataplaneMvp1"}"#,
+        )
+        .unwrap();
+        let result = check_ownership(&env, &conf, &settings);
+        kubelet.join().unwrap();
+        result
+    }
+
+    #[test]
+    fn a_truncated_or_malformed_answer_refuses_add_in_enforce_and_warns_in_warn() {
+        let good = pr::ListPodResourcesResponse {
+            pod_resources: vec![pod(
+                "test-pod",
+                "default",
+                &[("macvtap.network.kubevirt.io/dataplane", &["dataplaneMvp1"])],
+            )],
+        }
+        .encode_to_vec();
+        check_against(good.clone(), PodResourcesCheck::Enforce).unwrap();
+        let answers = [
+            ("truncated", good[..good.len() - 3].to_vec()),
+            ("cut inside a length", good[..2].to_vec()),
+            ("a group wire type", vec![0x0b]),
+            ("a pod as a varint", vec![0x08, 0x01]),
+        ];
+        for (what, answer) in answers {
+            let err = check_against(answer.clone(), PodResourcesCheck::Enforce).unwrap_err();
+            assert!(
+                matches!(err, Error::PodResourcesUnavailable { .. }),
+                "{what}: {err}"
+            );
+            assert_eq!(err.code(), crate::error::CODE_TRY_AGAIN, "{what}: {err}");
+            assert!(
+                err.to_string().contains("undecodable List answer"),
+                "{what}: {err}"
+            );
+            check_against(answer, PodResourcesCheck::Warn).unwrap();
+        }
     }
 }

@@ -11,12 +11,17 @@
 //! each with what the node's [`TestPodResources`] answers at that moment
 //! (it asks it over its own socket), so both paths report one state.
 //!
+//! Frames are read and written by the CNI's [`macvtap_cni::grpc::frame`],
+//! and the node's socket is asked with the CNI's own unary client
+//! ([`macvtap_cni::grpc::unary`]), so HTTP/2 is framed in one place.
+//!
 //! [`TestPodResources`]: test_kubelet::TestPodResources
 
 use anyhow::{Context, Result, bail};
-use kubelet_proto::podresources::v1::ListPodResourcesRequest;
-use kubelet_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
-use prost::Message;
+use macvtap_cni::grpc::frame::{
+    self, MAX_FRAME, PREFACE, encode_headers, flag, kind, put_frame, put_message,
+};
+use macvtap_cni::podresources::LIST;
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -24,19 +29,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-const LIST_PATH: &str = "/v1.PodResourcesLister/List";
-const DATA: u8 = 0;
-const HEADERS: u8 = 1;
-const SETTINGS: u8 = 4;
-const PING: u8 = 6;
-const GOAWAY: u8 = 7;
-const CONTINUATION: u8 = 9;
-const END_STREAM: u8 = 0x1;
-const ACK: u8 = 0x1;
-const END_HEADERS: u8 = 0x4;
-const PADDED: u8 = 0x8;
-const PRIORITY: u8 = 0x20;
+/// How long the node's socket may take to answer a relayed `List`.
+const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A PodResources endpoint on `path` that relays `List` to the node's test
 /// kubelet socket `upstream`; removes its socket on drop.
@@ -91,51 +85,12 @@ impl Drop for LenientPodResources {
     }
 }
 
-fn frame(out: &mut impl Write, kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Result<()> {
-    let len = u32::try_from(payload.len())?;
-    let mut h = [0u8; 9];
-    h[..3].copy_from_slice(&len.to_be_bytes()[1..]);
-    h[3] = kind;
-    h[4] = flags;
-    h[5..].copy_from_slice(&(stream & 0x7fff_ffff).to_be_bytes());
-    out.write_all(&h)?;
-    out.write_all(payload)?;
+/// Writes one frame to `out`.
+fn send(out: &mut impl Write, kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Result<()> {
+    let mut buf = Vec::with_capacity(9 + payload.len());
+    put_frame(&mut buf, kind, flags, stream, payload);
+    out.write_all(&buf)?;
     Ok(())
-}
-
-/// One HTTP/2 frame: type, flags, stream, payload.
-type Frame = (u8, u8, u32, Vec<u8>);
-
-/// The next frame; `None` at end of stream.
-fn read_frame(conn: &mut impl Read) -> Result<Option<Frame>> {
-    let mut h = [0u8; 9];
-    match conn.read_exact(&mut h) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e.into()),
-    }
-    let len = usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2]);
-    let stream = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
-    let mut payload = vec![0; len];
-    conn.read_exact(&mut payload)?;
-    Ok(Some((h[3], h[4], stream, payload)))
-}
-
-/// Strips padding (and priority fields of HEADERS) from a frame payload.
-fn unpad(kind: u8, flags: u8, p: &[u8]) -> Result<Vec<u8>> {
-    let mut start = 0;
-    let mut end = p.len();
-    if flags & PADDED != 0 {
-        let pad = usize::from(*p.first().context("empty padded frame")?);
-        start = 1;
-        end = end
-            .checked_sub(pad)
-            .context("padding longer than the frame")?;
-    }
-    if kind == HEADERS && flags & PRIORITY != 0 {
-        start += 5;
-    }
-    Ok(p.get(start..end).context("short frame")?.to_vec())
 }
 
 struct Call {
@@ -153,31 +108,42 @@ fn serve_connection(conn: UnixStream, upstream: &Path) -> Result<()> {
     if preface != PREFACE {
         bail!("not an HTTP/2 client");
     }
-    frame(&mut out, SETTINGS, 0, 0, &[])?;
+    send(&mut out, kind::SETTINGS, 0, 0, &[])?;
     let mut decoder = hpack::Decoder::new();
     let mut calls: std::collections::HashMap<u32, Call> = Default::default();
-    while let Some((kind, flags, stream, payload)) = read_frame(&mut reader)? {
-        match kind {
-            SETTINGS if flags & ACK == 0 => frame(&mut out, SETTINGS, ACK, 0, &[])?,
-            PING if flags & ACK == 0 => frame(&mut out, PING, ACK, 0, &payload)?,
-            GOAWAY => return Ok(()),
-            HEADERS | CONTINUATION => {
+    while let Some(f) = frame::read_frame(&mut reader, MAX_FRAME)? {
+        let (flags, stream) = (f.flags, f.stream);
+        match f.kind {
+            kind::SETTINGS if flags & flag::ACK == 0 => {
+                send(&mut out, kind::SETTINGS, flag::ACK, 0, &[])?
+            }
+            kind::PING if flags & flag::ACK == 0 => {
+                send(&mut out, kind::PING, flag::ACK, 0, &f.payload)?
+            }
+            kind::GOAWAY => return Ok(()),
+            kind::HEADERS | kind::CONTINUATION => {
                 let c = calls.entry(stream).or_insert(Call {
                     block: Vec::new(),
                     headers_done: false,
                     ended: false,
                 });
-                c.block.extend(unpad(kind, flags, &payload)?);
-                if kind == HEADERS && flags & END_STREAM != 0 {
-                    c.ended = true;
+                if f.kind == kind::HEADERS {
+                    let fragment = frame::strip_padding(&f.payload, flags, true)
+                        .map_err(|e| anyhow::anyhow!("stream {stream}: {e}"))?;
+                    c.block.extend_from_slice(fragment);
+                    if flags & flag::END_STREAM != 0 {
+                        c.ended = true;
+                    }
+                } else {
+                    c.block.extend_from_slice(&f.payload);
                 }
-                if flags & END_HEADERS != 0 {
+                if flags & flag::END_HEADERS != 0 {
                     c.headers_done = true;
                 }
             }
-            DATA => {
+            kind::DATA => {
                 if let Some(c) = calls.get_mut(&stream) {
-                    if flags & END_STREAM != 0 {
+                    if flags & flag::END_STREAM != 0 {
                         c.ended = true;
                     }
                 }
@@ -206,44 +172,80 @@ fn serve_connection(conn: UnixStream, upstream: &Path) -> Result<()> {
 }
 
 fn respond(out: &mut impl Write, stream: u32, path: &str, upstream: &Path) -> Result<()> {
-    let mut enc = hpack::Encoder::new();
-    let head = enc.encode(vec![
-        (&b":status"[..], &b"200"[..]),
-        (&b"content-type"[..], &b"application/grpc"[..]),
-    ]);
-    frame(out, HEADERS, END_HEADERS, stream, &head)?;
-    let status = if path == LIST_PATH {
+    let head = encode_headers(&[(":status", "200"), ("content-type", "application/grpc")]);
+    send(out, kind::HEADERS, flag::END_HEADERS, stream, &head)?;
+    let status = if path == LIST {
         let msg = list(upstream)?;
-        let mut body = vec![0u8];
-        body.extend_from_slice(&u32::try_from(msg.len())?.to_be_bytes());
-        body.extend_from_slice(&msg);
-        for chunk in body.chunks(16_384) {
-            frame(out, DATA, 0, stream, chunk)?;
+        let mut body = Vec::with_capacity(5 + msg.len());
+        put_message(&mut body, &msg).map_err(anyhow::Error::msg)?;
+        for chunk in body.chunks(MAX_FRAME) {
+            send(out, kind::DATA, 0, stream, chunk)?;
         }
         "0"
     } else {
         "12"
     };
-    let trailers = enc.encode(vec![(&b"grpc-status"[..], status.as_bytes())]);
-    frame(out, HEADERS, END_HEADERS | END_STREAM, stream, &trailers)?;
+    let trailers = encode_headers(&[("grpc-status", status)]);
+    send(
+        out,
+        kind::HEADERS,
+        flag::END_HEADERS | flag::END_STREAM,
+        stream,
+        &trailers,
+    )?;
     out.flush()?;
     Ok(())
 }
 
-/// The node's test kubelet's `List` answer, encoded.
+/// The node's test kubelet's `List` answer, encoded (`ListPodResourcesRequest`
+/// has no fields: its encoding is empty).
 fn list(upstream: &Path) -> Result<Vec<u8>> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let channel = kubelet_proto::transport::connect_unix(upstream, Duration::from_secs(10))
-            .await
-            .map_err(|e| anyhow::anyhow!("dialing {}: {e}", upstream.display()))?;
-        let resp = PodResourcesListerClient::new(channel)
-            .list(ListPodResourcesRequest {})
-            .await
-            .map_err(|e| anyhow::anyhow!("List on {}: {e}", upstream.display()))?
-            .into_inner();
-        Ok(resp.encode_to_vec())
-    })
+    macvtap_cni::grpc::unary(upstream, LIST, &[], UPSTREAM_TIMEOUT)
+        .map_err(|e| anyhow::anyhow!("List on {}: {e}", upstream.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use macvtap_cni::podresources::{self, devices_of};
+    use test_kubelet::TestPodResources;
+
+    #[test]
+    fn list_is_relayed_whole_and_other_methods_are_unimplemented() {
+        let dir = tempfile::tempdir().unwrap();
+        let upstream = dir.path().join("node.sock");
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let node = rt.block_on(TestPodResources::start(&upstream)).unwrap();
+        node.set_allocated("macvtap.network.kubevirt.io/dataplane", &["dataplaneMvp1"]);
+        // Enough pods that the answer spans several DATA frames.
+        for i in 0..400 {
+            node.add_pod("tenant", &format!("pod-{i}"), &[("example.com/r", &["d"])]);
+        }
+        let host = dir.path().join("host.sock");
+        let relay = LenientPodResources::serve(&host, &upstream).unwrap();
+
+        let direct = podresources::list(&upstream).unwrap();
+        let relayed = podresources::list(&host).unwrap();
+        assert_eq!(relayed, direct);
+        assert_eq!(relayed.len(), 401);
+        let held = devices_of(&relayed, "default", "test-pod").unwrap();
+        assert_eq!(held[0].id, "dataplaneMvp1");
+
+        let err = macvtap_cni::grpc::unary(
+            &host,
+            "/v1.PodResourcesLister/Get",
+            &[],
+            Duration::from_secs(5),
+        )
+        .unwrap_err();
+        assert!(err.contains("gRPC status 12 (unimplemented)"), "{err}");
+
+        drop(relay);
+        assert!(!host.exists());
+        drop(node);
+    }
 }

@@ -9,6 +9,11 @@
 //! The `.proto` files in `proto/` were written for this project from the
 //! published field names and numbers; the Rust code is generated into
 //! `OUT_DIR` at build time and only `include!`d here.
+//!
+//! The default feature `grpc` adds the tonic clients and servers (the
+//! device plugin, the test kubelet); without it the crate is only the prost
+//! messages, which the CNI uses to decode PodResources `List` answers
+//! without tonic, hyper or tokio.
 
 /// The kubelet device plugin API, package `v1beta1`.
 #[allow(missing_docs, clippy::all, clippy::unwrap_used, clippy::expect_used)]
@@ -25,6 +30,7 @@ pub mod v1beta1 {
     pub const KUBELET_SOCKET: &str = "kubelet.sock";
 }
 
+#[cfg(feature = "grpc")]
 pub mod transport;
 
 /// The kubelet PodResources API.
@@ -66,6 +72,7 @@ mod tests {
         assert_eq!(dev.encode_to_vec(), vec![0x1a, 4, 0x0a, 2, 0x08, 1]);
     }
 
+    #[cfg(feature = "grpc")]
     #[test]
     fn grpc_paths_use_the_v1beta1_package() {
         assert_eq!(

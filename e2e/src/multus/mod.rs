@@ -1,0 +1,71 @@
+//! The real Multus (thin plugin, v4.2.2) on the sandbox node, run as a
+//! container runtime runs it, with what it needs around it; one file per
+//! job:
+//!
+//! - [`go_build`]: [`build`] compiles Multus once from its source tarball
+//!   (in `../shared/peers/` beside the checkout or in `$MACVTAP_PEERS_DIR`)
+//!   with Go 1.23 into `target/e2e-multus/` and caches it.
+//! - [`apiserver`]: [`ApiServer`], a small fake Kubernetes API server
+//!   serving exactly the calls the thin plugin makes.
+//! - [`host_pod_resources`]: [`HostPodResources`] serves the node's
+//!   PodResources at the one path Multus reads.
+//! - [`runner`]: [`Multus`] sets Multus up on a node and runs ADD and DEL
+//!   as containerd does, recording each delegate it runs
+//!   ([`DelegateCall`]).
+
+pub mod apiserver;
+pub mod go_build;
+pub mod host_pod_resources;
+pub mod runner;
+
+pub use apiserver::{ApiRequest, ApiServer};
+pub use go_build::{GO, PEERS_ENV, build, peers_beside_checkout, tarball};
+pub use host_pod_resources::{HOST_POD_RESOURCES, HostPodResources};
+pub use runner::{DelegateCall, Multus, MultusRun, Pod};
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+/// The Multus release the e2e runs.
+pub const VERSION: &str = "v4.2.2";
+/// The annotation that selects a pod's networks.
+pub const NETWORKS_ANNOTATION: &str = "k8s.v1.cni.cncf.io/networks";
+/// The annotation Multus writes with what each network got.
+pub const NETWORK_STATUS_ANNOTATION: &str = "k8s.v1.cni.cncf.io/network-status";
+/// The NAD annotation naming the device plugin resource.
+pub const RESOURCE_NAME_ANNOTATION: &str = "k8s.v1.cni.cncf.io/resourceName";
+
+/// KubeVirt's pod interface name for a secondary network: `pod` followed by
+/// the first 11 hex digits of sha256(network name) (kubevirt
+/// `pkg/network/namescheme/networknamescheme.go`, hashed scheme).
+pub fn kubevirt_pod_ifname(network: &str) -> String {
+    let out = Command::new("sha256sum")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            if let Some(mut i) = c.stdin.take() {
+                i.write_all(network.as_bytes())?;
+            }
+            c.wait_with_output()
+        });
+    let hex: String = out
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .chars()
+                .take(11)
+                .collect()
+        })
+        .unwrap_or_default();
+    format!("pod{hex}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubevirt_names_the_dataplane_interface_as_it_does() {
+        assert_eq!(kubevirt_pod_ifname("dataplane"), "pod9d32cad27e2");
+    }
+}

@@ -1,0 +1,76 @@
+//! A node's container runtime for the runtime test: the DaemonSet's pod spec
+//! translated into OCI runtime configs the way the kubelet and containerd's
+//! CRI plugin translate them, and run by Debian's `runc`.
+//!
+//! One file per job, each citing the upstream code it reproduces:
+//! [`caps`] (the capability set of a `securityContext`), [`quantity`] (CPU
+//! and memory quantities), [`image`] (the podman image), [`spec`] (a
+//! container's OCI config) with [`mounts`] (its mounts), and [`runc`] (the
+//! container's lifecycle).
+//!
+//! Left out, on purpose: `oom_score_adj` (the kubelet gives
+//! `system-node-critical` pods -997, but lowering it needs
+//! `CAP_SYS_RESOURCE`, which this sandbox's bounding set lacks); seccomp and
+//! AppArmor (the kubelet's default is `Unconfined` unless `seccompDefault` is
+//! set, and AppArmor is not enabled here); a cgroup namespace (containerd
+//! adds one only on a unified cgroup v2 host, and this one is hybrid v1);
+//! the pause container (each container gets its own IPC namespace, which no
+//! one can tell from the pod's, as the init container and the daemon never
+//! run at once); Service environment variables (there is no API server).
+
+pub mod caps;
+pub mod image;
+pub mod mounts;
+pub mod quantity;
+pub mod runc;
+pub mod spec;
+
+pub use caps::{ALL_CAPS, DEFAULT_CAPS, cap_mask, cap_names, capabilities, process_caps};
+pub use image::{Image, ImageConfig};
+pub use quantity::{memory_bytes, milli_cpu};
+pub use runc::{RuncContainer, unique_id};
+pub use spec::{DEFAULT_TERMINATION_MESSAGE_PATH, MASKED_PATHS, PodSandbox, READONLY_PATHS};
+
+use crate::sandbox::TestNs;
+use anyhow::Result;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU32;
+use std::time::Duration;
+
+/// Numbers container IDs and termination message files of this process.
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// The strings of a JSON array (none when it is not one).
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The repository's root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Sends `GET path` to `127.0.0.1:port` from inside `ns` and returns the
+/// status line.
+pub fn http_get(ns: &TestNs, port: u16, path: &str) -> Result<String> {
+    use std::io::{Read, Write};
+    let path = path.to_string();
+    ns.run(move || {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut resp = String::new();
+        s.read_to_string(&mut resp)?;
+        Ok(resp.lines().next().unwrap_or_default().to_string())
+    })
+}
