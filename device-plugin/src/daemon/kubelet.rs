@@ -34,11 +34,6 @@ impl Daemon {
     /// `kubelet.sock` is a restarted kubelet; a deleted socket of ours may
     /// need serving again.
     pub(super) fn plugin_dir_event(&mut self, ev: &FsEvent) {
-        if ev.overflowed() {
-            warn!("inotify queue overflowed; checking sockets and registering again");
-            self.kubelet_restarted();
-            return;
-        }
         let Some(name) = ev.name.as_deref() else {
             return;
         };

@@ -285,32 +285,48 @@ impl Daemon {
     /// Inotify events: the device-plugins directory's go to
     /// [`Daemon::plugin_dir_event`]; any in the config file's directory
     /// reloads the configuration (once per batch); a tap node deleted in
-    /// `/dev` starts a reclaim round (once per batch).
+    /// `/dev` starts a reclaim round (once per batch). A queue overflow
+    /// stands for every watch's lost events.
     fn on_fs_events(&mut self, batch: &[FsEvent]) {
         let mut config_touched = false;
         let mut tap_gone = false;
         for ev in batch {
-            if self.plugin_wd.is_some_and(|wd| wd == ev.wd) {
+            let to = Concerns::of(
+                ev,
+                self.plugin_wd,
+                self.config_wd,
+                self.tap_nodes.as_ref().map(|(wd, _)| *wd),
+            );
+            if to.overflow {
+                warn!(
+                    "inotify queue overflowed: events were lost; checking sockets, registering again, \
+                     re-reading the config and looking for lost links"
+                );
+                self.kubelet_restarted();
+            }
+            if to.plugin_dir {
                 self.plugin_dir_event(ev);
                 if ev.watch_ended() {
                     warn!(dir = %self.opts.plugin_dir().display(), "the device-plugins directory went away; waiting for it to come back");
                     self.plugin_wd = None;
                 }
-            } else if self.config_wd.is_some_and(|wd| wd == ev.wd) {
+            }
+            if to.config {
                 if ev.watch_ended() {
                     warn!("the config file's directory went away; live reload stops");
                     self.config_wd = None;
                 } else {
                     config_touched = true;
                 }
-            } else if self.tap_nodes.as_ref().is_some_and(|(wd, _)| *wd == ev.wd) {
+            }
+            if to.tap_nodes {
                 if ev.watch_ended() {
                     debug!(
                         "the watch of tap nodes ended; lost links are healed at each reclaim interval only"
                     );
                     self.tap_nodes = None;
                 } else {
-                    tap_gone |= tap_node_deleted(ev);
+                    tap_gone |= to.overflow || tap_node_deleted(ev);
                 }
             }
         }
@@ -397,4 +413,151 @@ fn spawn_reclaim(
         ctx.metrics.clone(),
         tap_gone,
     ))
+}
+
+/// Which of the daemon's watches one inotify event concerns.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Concerns {
+    /// The kernel's queue overflowed: the event belongs to no watch and
+    /// every watch may have lost events, so it concerns them all.
+    overflow: bool,
+    /// The device-plugins directory.
+    plugin_dir: bool,
+    /// The config file's directory.
+    config: bool,
+    /// `/dev`, for deleted tap nodes.
+    tap_nodes: bool,
+}
+
+impl Concerns {
+    /// Routes `ev` by its watch. Not either-or: inotify gives a directory
+    /// one watch descriptor per instance, so a config file kept in the
+    /// device-plugins directory shares that directory's watch.
+    fn of(
+        ev: &FsEvent,
+        plugin_dir: Option<WatchDescriptor>,
+        config: Option<WatchDescriptor>,
+        tap_nodes: Option<WatchDescriptor>,
+    ) -> Self {
+        if ev.overflowed() {
+            // IN_Q_OVERFLOW comes with watch descriptor -1, which is no watch.
+            return Concerns {
+                overflow: true,
+                plugin_dir: false,
+                config: config.is_some(),
+                tap_nodes: tap_nodes.is_some(),
+            };
+        }
+        let is = |wd: Option<WatchDescriptor>| wd == Some(ev.wd);
+        Concerns {
+            overflow: false,
+            plugin_dir: is(plugin_dir),
+            config: is(config),
+            tap_nodes: is(tap_nodes),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::inotify::AddWatchFlags;
+
+    fn event(wd: WatchDescriptor, mask: AddWatchFlags) -> FsEvent {
+        FsEvent {
+            wd,
+            name: Some("x".into()),
+            mask,
+        }
+    }
+
+    /// Three real watches (and a fourth that none of the daemon's is).
+    fn watches() -> (tempfile::TempDir, [WatchDescriptor; 4]) {
+        let dir = tempfile::tempdir().unwrap();
+        let (fs, _rx) = DirWatcher::new().unwrap();
+        let wds = ["plugins", "config", "dev", "other"].map(|d| {
+            std::fs::create_dir(dir.path().join(d)).unwrap();
+            fs.watch_dir(&dir.path().join(d)).unwrap()
+        });
+        (dir, wds)
+    }
+
+    #[test]
+    fn each_watch_routes_its_own_events() {
+        let (_dir, [p, c, t, _]) = watches();
+        let of = |wd| {
+            Concerns::of(
+                &event(wd, AddWatchFlags::IN_CREATE),
+                Some(p),
+                Some(c),
+                Some(t),
+            )
+        };
+        assert_eq!(
+            of(p),
+            Concerns {
+                plugin_dir: true,
+                ..Default::default()
+            }
+        );
+        assert_eq!(
+            of(c),
+            Concerns {
+                config: true,
+                ..Default::default()
+            }
+        );
+        assert_eq!(
+            of(t),
+            Concerns {
+                tap_nodes: true,
+                ..Default::default()
+            }
+        );
+    }
+
+    #[test]
+    fn a_config_file_in_the_device_plugins_directory_is_reloaded() {
+        let (_dir, [p, _, t, _]) = watches();
+        let to = Concerns::of(
+            &event(p, AddWatchFlags::IN_MOVED_TO),
+            Some(p),
+            Some(p),
+            Some(t),
+        );
+        assert!(to.plugin_dir && to.config, "{to:?}");
+    }
+
+    #[test]
+    fn an_overflow_concerns_every_watch_though_it_names_none() {
+        let (_dir, [p, c, t, other]) = watches();
+        let to = Concerns::of(
+            &event(other, AddWatchFlags::IN_Q_OVERFLOW),
+            Some(p),
+            Some(c),
+            Some(t),
+        );
+        assert_eq!(
+            to,
+            Concerns {
+                overflow: true,
+                plugin_dir: false,
+                config: true,
+                tap_nodes: true
+            }
+        );
+        let none = Concerns::of(
+            &event(other, AddWatchFlags::IN_Q_OVERFLOW),
+            Some(p),
+            None,
+            None,
+        );
+        assert_eq!(
+            none,
+            Concerns {
+                overflow: true,
+                ..Default::default()
+            }
+        );
+    }
 }
