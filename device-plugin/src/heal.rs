@@ -139,17 +139,7 @@ pub fn heal(
 mod tests {
     use super::*;
     use macvtap_link::{Kernel, MacvtapMode, Op};
-    use test_support::fake::{FakeKernel, HOST};
-
-    fn link(index: u32, name: &str, kind: &str, lower: Option<u32>) -> Link {
-        Link {
-            index,
-            name: name.into(),
-            kind: Some(kind.into()),
-            lower_index: lower,
-            ..Default::default()
-        }
-    }
+    use test_support::fake::{FakeKernel, HOST, link};
 
     #[test]
     fn lost_devices_are_held_handed_out_and_gone_everywhere() {

@@ -80,16 +80,14 @@ pub fn load_config(opts: &Options) -> Result<(Resolved, Option<String>)> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::path::Path;
-
-    fn options(config_file: Option<&str>) -> Options {
+impl Options {
+    /// The CLI's defaults with `config_file`, for this crate's unit tests.
+    pub(crate) fn for_tests(config_file: Option<PathBuf>) -> Options {
         Options {
-            kubelet_dir: PathBuf::from("/var/lib/kubelet"),
-            config_file: config_file.map(PathBuf::from),
-            resource_flags: vec!["eth0".into()],
-            env_config: Some("  ".into()),
+            kubelet_dir: PathBuf::from("kubelet"),
+            config_file,
+            resource_flags: Vec::new(),
+            env_config: None,
             discover_kinds: Vec::new(),
             metrics_addr: None,
             reclaim_interval: Duration::from_secs(60),
@@ -97,6 +95,21 @@ mod tests {
             sysfs: PathBuf::from("/sys"),
             register_timeout: Duration::from_secs(5),
             node_name: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn options(config_file: Option<&str>) -> Options {
+        Options {
+            kubelet_dir: PathBuf::from("/var/lib/kubelet"),
+            resource_flags: vec!["eth0".into()],
+            env_config: Some("  ".into()),
+            ..Options::for_tests(config_file.map(PathBuf::from))
         }
     }
 

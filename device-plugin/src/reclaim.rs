@@ -405,17 +405,7 @@ mod tests {
     use super::*;
     use kubelet_proto::podresources::v1::{ContainerDevices, ContainerResources, PodResources};
     use macvtap_link::{MacvtapMode, Op};
-    use test_support::fake::{FakeKernel, HOST};
-
-    fn link(index: u32, name: &str, kind: &str, lower: Option<u32>) -> Link {
-        Link {
-            index,
-            name: name.into(),
-            kind: Some(kind.into()),
-            lower_index: lower,
-            ..Default::default()
-        }
-    }
+    use test_support::fake::{FakeKernel, HOST, link};
 
     #[test]
     fn allocated_ids_are_ours_only() {

@@ -23,6 +23,18 @@ use std::time::Duration;
 /// The name the fake gives the calling thread's namespace, as [`Netns::current`] does.
 pub const HOST: &str = macvtap_link::netns::CURRENT_NETNS;
 
+/// A link as the kernel reports it: `index`, `name`, `kind` and lower
+/// link, the rest default (for building link lists in unit tests).
+pub fn link(index: u32, name: &str, kind: &str, lower: Option<u32>) -> Link {
+    Link {
+        index,
+        name: name.into(),
+        kind: Some(kind.into()),
+        lower_index: lower,
+        ..Default::default()
+    }
+}
+
 /// The major number the fake gives every tap device.
 pub const TAP_MAJOR: u64 = 240;
 

@@ -154,7 +154,7 @@ mod tests {
     use crate::config::Resources;
     use crate::fswatch::FsEvent;
     use crate::options::load_config;
-    use std::path::{Path, PathBuf};
+    use std::path::Path;
     use std::time::Duration;
 
     const ONE: &str = r#"[{"name":"dp","lowerDevice":"eth1","capacity":2}]"#;
@@ -164,17 +164,8 @@ mod tests {
     /// Options with config file `file` and the given `--resource` flags.
     fn options(file: &Path, flags: &[&str]) -> Options {
         Options {
-            kubelet_dir: PathBuf::from("kubelet"),
-            config_file: Some(file.to_path_buf()),
             resource_flags: flags.iter().map(|f| f.to_string()).collect(),
-            env_config: None,
-            discover_kinds: Vec::new(),
-            metrics_addr: None,
-            reclaim_interval: Duration::from_secs(60),
-            reclaim_grace: Duration::from_secs(120),
-            sysfs: PathBuf::from("/sys"),
-            register_timeout: Duration::from_secs(5),
-            node_name: None,
+            ..Options::for_tests(Some(file.to_path_buf()))
         }
     }
 
