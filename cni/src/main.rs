@@ -12,6 +12,14 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 fn main() {
+    // Run by hand: say what we are and exit 0, before stdin is read (a
+    // terminal would block it), as the reference plugins' `pkg/skel` does.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let command = std::env::var_os("CNI_COMMAND").map(|c| c.to_string_lossy().into_owned());
+    if macvtap_cni::version::is_by_hand(command.as_deref(), &args) {
+        eprintln!("{}", macvtap_cni::version::about());
+        return;
+    }
     let mut stdin = Vec::new();
     let read = std::io::stdin().read_to_end(&mut stdin);
     // Lossy, not std::env::vars(), which panics on a value that is not UTF-8.

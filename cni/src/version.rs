@@ -8,6 +8,28 @@ pub const SUPPORTED_VERSIONS: [&str; 7] = [
     "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0",
 ];
 
+/// What the plugin says of itself when it is run by hand (no
+/// `CNI_COMMAND`, or `--help`/`--version`), in the reference plugins' words
+/// (containernetworking/cni `pkg/skel`: the about line, then the protocol
+/// versions), for stderr.
+pub fn about() -> String {
+    format!(
+        "CNI macvtap plugin v{}\nCNI protocol versions supported: {}",
+        env!("CARGO_PKG_VERSION"),
+        SUPPORTED_VERSIONS.join(", ")
+    )
+}
+
+/// Whether a run is by hand rather than by a runtime: no (or an empty)
+/// `CNI_COMMAND`, as `pkg/skel` decides, or a `--help`/`--version` argument,
+/// which no runtime passes.
+pub fn is_by_hand(cni_command: Option<&str>, args: &[String]) -> bool {
+    cni_command.is_none_or(str::is_empty)
+        || args
+            .iter()
+            .any(|a| matches!(a.as_str(), "-h" | "--help" | "-V" | "--version"))
+}
+
 /// The version used when none is given (for VERSION and early errors).
 pub const LATEST: &str = "1.1.0";
 
@@ -129,5 +151,28 @@ mod tests {
         assert!(Version::parse("0.2.0").unwrap().is_02x());
         assert!(!Version::V0_3_0.is_02x());
         assert_eq!(SUPPORTED_VERSIONS[..2], ["0.1.0", "0.2.0"]);
+    }
+
+    #[test]
+    fn a_run_by_hand_is_told_from_a_runtimes() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(is_by_hand(None, &[]));
+        assert!(is_by_hand(Some(""), &[]));
+        assert!(is_by_hand(Some("ADD"), &args(&["--help"])));
+        assert!(is_by_hand(Some("ADD"), &args(&["-V"])));
+        assert!(!is_by_hand(Some("ADD"), &[]));
+        assert!(!is_by_hand(Some("VERSION"), &args(&["--other"])));
+    }
+
+    #[test]
+    fn about_names_the_plugin_and_every_version() {
+        let text = about();
+        assert!(text.starts_with("CNI macvtap plugin v"), "{text}");
+        assert!(
+            text.ends_with(
+                "CNI protocol versions supported: 0.1.0, 0.2.0, 0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0"
+            ),
+            "{text}"
+        );
     }
 }

@@ -205,3 +205,54 @@ fn a_failure_after_the_move_rolls_back_the_link_and_ipam() {
         .collect();
     assert!(leases.is_empty(), "IPAM released its address: {leases:?}");
 }
+
+/// Run by hand (no `CNI_COMMAND`, or `--help`/`--version`), the plugin says
+/// its name, version and spec versions on stderr and exits 0 without reading
+/// stdin, as the reference plugins do; stdout (a runtime's result) stays empty.
+#[test]
+fn a_run_by_hand_prints_what_the_plugin_is_and_exits_0() {
+    use std::process::{Command, Stdio};
+    let cases: [(&[&str], Option<&str>); 4] = [
+        (&[], None),
+        (&["--help"], None),
+        (&["--version"], None),
+        (&["--help"], Some("ADD")),
+    ];
+    for (args, command) in cases {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_macvtap"));
+        cmd.args(args)
+            .env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(c) = command {
+            cmd.env("CNI_COMMAND", c);
+        }
+        // stdin stays open and empty: a plugin that read it would never end.
+        let mut child = cmd.spawn().unwrap();
+        let _stdin = child.stdin.take();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if std::time::Instant::now() > deadline {
+                child.kill().unwrap();
+                panic!("{args:?}: the plugin waited for stdin");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(status.success(), "{args:?}: {status} {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}: stdout {:?}", out.stdout);
+        assert_eq!(
+            stderr,
+            format!(
+                "CNI macvtap plugin v{}\nCNI protocol versions supported: 0.1.0, 0.2.0, 0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0\n",
+                env!("CARGO_PKG_VERSION")
+            ),
+            "{args:?}"
+        );
+    }
+}
