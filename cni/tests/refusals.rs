@@ -162,7 +162,8 @@ fn a_tap_node_of_another_link_is_refused_and_rolled_back() {
         .cni("ADD", &netconf("1.0.0", "eth0Mvp0"), &[])
         .fails_with(104);
     assert!(
-        msg.contains("belongs to another link") || msg.contains("tap"),
+        msg.contains(&format!("/dev/tap{index}: is char device"))
+            && msg.contains("it belongs to another link"),
         "{msg}"
     );
     assert_eq!(sb.node_links(), before, "the link is back, as it was");
