@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Brings up a workstation cluster for the cluster e2e: kind, Multus, KubeVirt
 # (software emulation, so no nested virtualisation is needed) and this
-# project's image loaded into the nodes. Needs docker (or podman) with a
-# running engine, kind and kubectl, and internet access. Then:
-#   KUBECONFIG=$(kind get kubeconfig-path ...) cargo nextest run -p macvtap-e2e --test cluster
+# project's image loaded into the nodes, then runs the cluster e2e on it.
+# Needs docker (or podman) with a running engine, kind and kubectl, and
+# internet access. The cluster e2e is #[ignore]d everywhere else (the suite
+# shows it skipped, never passed); run it again on the same cluster with:
+#   KUBECONFIG=... cargo nextest run -p macvtap-e2e --test cluster --run-ignored only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CLUSTER=${CLUSTER:-macvtap}
@@ -52,4 +54,5 @@ echo "==> image $IMAGE"
 hack/build-image.sh "$IMAGE"
 kind load docker-image --name "$CLUSTER" "$IMAGE"
 
-echo "ready: KUBECONFIG=$KUBECONFIG cargo nextest run -p macvtap-e2e --test cluster"
+echo "==> cluster e2e"
+cargo nextest run -p macvtap-e2e --test cluster --run-ignored only --no-capture

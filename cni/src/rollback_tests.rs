@@ -439,10 +439,22 @@ fn del_gives_the_link_back_with_its_index() {
     assert_eq!(node.cni("ADD", &conf(None)).0, 0);
     assert_eq!(node.cni("DEL", &conf(None)), (0, None));
     assert_del_outcome(&node, "DEL", true);
-    assert!(node.kernel.link(HOST, &node.orig.name).is_some());
+    let back = node.kernel.link(HOST, &node.orig.name).expect("given back");
     assert_eq!(node.cni("DEL", &conf(None)), (0, None), "twice");
+    // The second DEL leaves the given-back link as it is.
+    assert_eq!(
+        node.kernel.link(HOST, &node.orig.name),
+        Some(back.clone()),
+        "twice"
+    );
+    assert_del_outcome(&node, "DEL twice", true);
     node.kernel.remove_netns(POD);
     assert_eq!(node.cni("DEL", &conf(None)), (0, None), "namespace gone");
+    assert_eq!(
+        node.kernel.link(HOST, &node.orig.name),
+        Some(back),
+        "namespace gone"
+    );
 }
 
 #[test]

@@ -79,11 +79,20 @@ fn ifindex_and_tap_node_are_kept_across_the_move() {
 #[test]
 fn del_twice_succeeds() {
     let sb = Sandbox::new();
-    sb.allocate("eth0Mvp0");
+    let index = sb.allocate("eth0Mvp0");
+    let name = macvtap_link::link_name_for_device("eth0Mvp0");
     let conf = netconf("1.1.0", "eth0Mvp0");
     sb.cni("ADD", &conf, &[]).ok();
     sb.cni("DEL", &conf, &[]).ok();
+    let back = sb.node_links();
+    assert!(
+        back.iter().any(|l| l.0 == index as u64 && l.1 == name),
+        "the first DEL gave {name} back as ifindex {index}: {back:?}"
+    );
+    // The second DEL finds nothing to do: the given-back link stays as it is.
     sb.cni("DEL", &conf, &[]).ok();
+    assert_eq!(sb.node_links(), back, "the second DEL changed the host");
+    assert!(sb.link(&sb.pod, "net1").is_none());
 }
 
 #[test]
@@ -93,8 +102,10 @@ fn del_after_the_netns_is_gone_succeeds() {
     let conf = netconf("0.4.0", "eth0Mvp0");
     sb.cni("ADD", &conf, &[]).ok();
     sh(&["ip", "netns", "del", &sb.pod.name]).unwrap();
+    let host = sb.node_links();
     sb.cni("DEL", &conf, &[]).ok();
     sb.cni("DEL", &conf, &[("CNI_NETNS", "")]).ok();
+    assert_eq!(sb.node_links(), host, "DEL without a pod changed the host");
 }
 
 #[test]
@@ -118,33 +129,38 @@ fn check_detects_changes_made_after_add() {
     sb.cni("CHECK", &conf, &[]).ok();
 
     sb.pod.ip(&["link", "set", "net1", "mtu", "1300"]).unwrap();
-    assert!(
-        sb.cni("CHECK", &conf, &[])
-            .fails_with(106)
-            .contains("MTU 1300")
-    );
+    let msg = sb.cni("CHECK", &conf, &[]).fails_with(106);
+    assert!(msg.contains("has MTU 1300 but 1400 was set"), "{msg}");
     sb.pod.ip(&["link", "set", "net1", "mtu", "1400"]).unwrap();
 
     sb.pod
         .ip(&["link", "set", "net1", "address", "02:00:00:00:99:99"])
         .unwrap();
-    assert!(sb.cni("CHECK", &conf, &[]).fails_with(106).contains("MAC"));
     let mac = conf["prevResult"]["interfaces"][0]["mac"]
         .as_str()
         .unwrap()
         .to_string();
+    let msg = sb.cni("CHECK", &conf, &[]).fails_with(106);
+    assert!(
+        msg.contains(&format!("has MAC 02:00:00:00:99:99 but {mac} was set")),
+        "{msg}"
+    );
     sb.pod
         .ip(&["link", "set", "net1", "address", &mac])
         .unwrap();
 
     sb.pod.ip(&["link", "set", "net1", "down"]).unwrap();
-    assert!(sb.cni("CHECK", &conf, &[]).fails_with(106).contains("down"));
+    let msg = sb.cni("CHECK", &conf, &[]).fails_with(106);
+    assert!(
+        msg.contains("net1 in ") && msg.ends_with(" is down"),
+        "{msg}"
+    );
 
     sb.pod.ip(&["link", "del", "net1"]).unwrap();
+    let msg = sb.cni("CHECK", &conf, &[]).fails_with(106);
     assert!(
-        sb.cni("CHECK", &conf, &[])
-            .fails_with(106)
-            .contains("does not exist")
+        msg.contains(&format!("link net1 in {} does not exist", sb.pod.path())),
+        "{msg}"
     );
 }
 

@@ -19,6 +19,16 @@ fn pod_args(ns: &str, name: &str) -> String {
     )
 }
 
+/// The device's link reached the pod: `net1` there, a macvtap with the
+/// ifindex Allocate gave it (so its `/dev/tapN`), and gone from the node.
+fn assert_handed_over(sb: &Sandbox, device_id: &str, index: u32) {
+    let link = sb.link(&sb.pod, "net1").expect("net1 is in the pod");
+    assert_eq!(link["ifindex"].as_u64(), Some(u64::from(index)), "{link}");
+    assert_eq!(link["linkinfo"]["info_kind"], "macvtap", "{link}");
+    let name = macvtap_link::link_name_for_device(device_id);
+    assert!(sb.link(&sb.node, &name).is_none(), "{name} left the node");
+}
+
 #[test]
 fn a_device_allocated_to_the_pod_is_handed_over() {
     let sb = Sandbox::new();
@@ -35,10 +45,7 @@ fn a_device_allocated_to_the_pod_is_handed_over() {
         ],
     );
     run.ok();
-    assert_eq!(
-        sb.link(&sb.pod, "net1").unwrap()["ifindex"].as_u64(),
-        Some(index as u64)
-    );
+    assert_handed_over(&sb, "dataplaneMvp1", index);
 }
 
 #[test]
@@ -102,7 +109,7 @@ fn a_device_allocated_to_no_pod_is_refused() {
 #[test]
 fn an_unreachable_kubelet_refuses_in_enforce_and_warns_in_warn() {
     let sb = Sandbox::new();
-    sb.allocate("dataplaneMvp5");
+    let index = sb.allocate("dataplaneMvp5");
     let dir = tempfile::tempdir().unwrap();
     let no_kubelet = dir.path().join("no-kubelet");
     let before = sb.node_links();
@@ -136,6 +143,7 @@ fn an_unreachable_kubelet_refuses_in_enforce_and_warns_in_warn() {
         "{}",
         run.stderr
     );
+    assert_handed_over(&sb, "dataplaneMvp5", index);
 }
 
 #[test]
@@ -143,7 +151,8 @@ fn a_pod_missing_from_cni_args_is_refused_in_enforce_and_warned_in_warn() {
     let sb = Sandbox::new();
     let kubelet = PodResourcesKubelet::start();
     kubelet.add_pod("tenant-a", "vm", &[(DP, &["dataplaneMvp6"])]);
-    sb.allocate("dataplaneMvp6");
+    let index = sb.allocate("dataplaneMvp6");
+    let before = sb.node_links();
     let enforce = kubelet.settings("enforce");
     let run = sb.cni(
         "ADD",
@@ -155,6 +164,8 @@ fn a_pod_missing_from_cni_args_is_refused_in_enforce_and_warned_in_warn() {
     );
     let msg = run.fails_with(4);
     assert!(msg.contains("K8S_POD_NAME"), "{msg}");
+    assert_eq!(sb.node_links(), before, "enforce: the host is untouched");
+    assert!(sb.link(&sb.pod, "net1").is_none());
     let warn = kubelet.settings("warn");
     let run = sb.cni(
         "ADD",
@@ -163,20 +174,35 @@ fn a_pod_missing_from_cni_args_is_refused_in_enforce_and_warned_in_warn() {
     );
     run.ok();
     assert!(run.stderr.contains("names no pod"), "{}", run.stderr);
+    assert_handed_over(&sb, "dataplaneMvp6", index);
 }
 
 #[test]
 fn a_broken_settings_file_refuses_add_but_not_del() {
     let sb = Sandbox::new();
-    sb.allocate("dataplaneMvp7");
+    let index = sb.allocate("dataplaneMvp7");
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("macvtap.settings.json");
     std::fs::write(&path, r#"{"podResourcesCheck":"enforced"}"#).unwrap();
     let conf = netconf("1.0.0", "dataplaneMvp7");
     let env = [("MACVTAP_CNI_SETTINGS", path.to_str().unwrap())];
+    let before = sb.node_links();
     let msg = sb.cni("ADD", &conf, &env).fails_with(7);
     assert!(msg.contains("macvtap.settings.json"), "{msg}");
+    assert_eq!(
+        sb.node_links(),
+        before,
+        "the refused ADD left the host alone"
+    );
+    // A link an earlier ADD handed over (with working settings) still goes
+    // back to the host on a DEL that reads the broken file.
+    sb.cni("ADD", &conf, &[]).ok();
+    assert_handed_over(&sb, "dataplaneMvp7", index);
     sb.cni("DEL", &conf, &env).ok();
+    assert!(sb.link(&sb.pod, "net1").is_none(), "DEL took net1 out");
+    let name = macvtap_link::link_name_for_device("dataplaneMvp7");
+    let back = sb.link(&sb.node, &name).expect("DEL gave the link back");
+    assert_eq!(back["ifindex"].as_u64(), Some(u64::from(index)));
 }
 
 /// A busy node's List answer spans many HTTP/2 frames and more than the
@@ -191,7 +217,7 @@ fn a_large_pod_list_is_read_whole() {
         kubelet.add_pod("busy", &format!("pod-{i}"), &[(DP, &ids[..20])]);
     }
     kubelet.add_pod("tenant-a", "last", &[(DP, &["dataplaneMvp8"])]);
-    sb.allocate("dataplaneMvp8");
+    let index = sb.allocate("dataplaneMvp8");
     let settings = kubelet.settings("enforce");
     sb.cni(
         "ADD",
@@ -202,4 +228,5 @@ fn a_large_pod_list_is_read_whole() {
         ],
     )
     .ok();
+    assert_handed_over(&sb, "dataplaneMvp8", index);
 }

@@ -45,7 +45,10 @@ fn add_refuses_a_veth() {
     let msg = sb
         .cni("ADD", &netconf("1.0.0", "eth0Mvp0"), &[])
         .fails_with(102);
-    assert!(msg.contains("veth"), "{msg}");
+    assert!(
+        msg.contains(&format!("link {name} is a veth, not a macvtap")),
+        "{msg}"
+    );
     assert_eq!(sb.node_links(), before);
     assert_eq!(links_summary(&sb.pod).len(), 1, "only lo in the pod");
 }
@@ -57,6 +60,7 @@ fn add_refuses_a_host_nic() {
     let before = sb.node_links();
     sb.cni("ADD", &netconf("1.0.0", "lower0"), &[])
         .fails_with(101);
+    assert_eq!(sb.node_links(), before, "the NIC is left alone");
     // A macvlan (not a macvtap) under a device's name is refused too.
     let name = macvtap_link::link_name_for_device("eth0Mvp0");
     sb.node
@@ -66,7 +70,10 @@ fn add_refuses_a_host_nic() {
     let msg = sb
         .cni("ADD", &netconf("1.0.0", "eth0Mvp0"), &[])
         .fails_with(102);
-    assert!(msg.contains("macvlan"), "{msg}");
+    assert!(
+        msg.contains(&format!("link {name} is a macvlan, not a macvtap")),
+        "{msg}"
+    );
     assert_eq!(sb.node_links(), with_macvlan);
     assert!(before.iter().any(|l| l.1 == "lower0"));
     assert!(
@@ -162,7 +169,8 @@ fn a_tap_node_of_another_link_is_refused_and_rolled_back() {
         .cni("ADD", &netconf("1.0.0", "eth0Mvp0"), &[])
         .fails_with(104);
     assert!(
-        msg.contains("belongs to another link") || msg.contains("tap"),
+        msg.contains(&format!("/dev/tap{index}: is char device"))
+            && msg.contains("it belongs to another link"),
         "{msg}"
     );
     assert_eq!(sb.node_links(), before, "the link is back, as it was");

@@ -335,12 +335,36 @@ mod tests {
         );
     }
 
+    fn removed() -> NodeEvent {
+        NodeEvent::ResourceRemoved {
+            resource: "r".into(),
+        }
+    }
+
+    /// Events `sink` queued for a publisher and no publisher took yet.
+    fn queued(sink: &EventSink) -> usize {
+        sink.tx
+            .as_ref()
+            .map_or(0, |tx| tx.max_capacity() - tx.capacity())
+    }
+
     #[tokio::test]
     async fn an_off_sink_drops_events() {
+        // The measure sees a post: a sink with a publisher's queue holds it.
+        let (tx, mut rx) = mpsc::channel(QUEUE);
+        let on = EventSink { tx: Some(tx) };
+        on.post(removed());
+        assert_eq!(queued(&on), 1);
+        assert_eq!(rx.try_recv().ok(), Some(removed()));
+
+        // An off sink, and its clones, send nothing, however much is posted.
         let s = EventSink::off();
-        s.post(NodeEvent::ResourceRemoved {
-            resource: "r".into(),
-        });
+        let clone = s.clone();
+        for _ in 0..=QUEUE {
+            s.post(removed());
+            clone.post(removed());
+        }
+        assert_eq!(queued(&s) + queued(&clone), 0, "an off sink queued Events");
         assert_eq!(format!("{s:?}"), "EventSink(off)");
     }
 }

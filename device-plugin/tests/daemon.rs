@@ -230,9 +230,19 @@ async fn a_tap_node_that_never_appears_names_a_dev_that_is_not_devtmpfs() {
 async fn allocate_of_an_unknown_id_fails_and_leaves_no_link() {
     let node = node_with_dp("unknown", "name=dp,lowerDevice=eth1,capacity=2", &[]).await;
     let mut client = node.kubelet().connect(DP_SOCKET).await.unwrap();
+    let macvtaps = || -> Vec<String> {
+        let links = node.ns.handle().unwrap().list_links().unwrap();
+        links
+            .into_iter()
+            .filter(|l| l.is_macvtap())
+            .map(|l| l.name)
+            .collect()
+    };
     for ids in [vec!["dpMvp2"], vec!["otherMvp0"], vec!["dpMvp0", "dpMvp7"]] {
         let e = client.allocate(&ids).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument, "{ids:?}: {e}");
+        // Checked before eth1 goes below: deleting a NIC deletes its macvtaps.
+        assert_eq!(macvtaps(), Vec::<String>::new(), "{ids:?} left a link");
     }
     // A failure after the checks (the NIC is gone) is a clear error, too.
     node.ns.ip(&["link", "del", "eth1"]).unwrap();
@@ -732,6 +742,20 @@ async fn config_file_changes_are_applied_without_restart() {
         "the refusal names the entry and the bad mode: {log}"
     );
     assert!(node.plugin_dir().join(DP_SOCKET).exists());
+    // The running configuration is what serves: dp still has 4 devices, in
+    // the kubelet's view and to an Allocate of its last one.
+    let v = node.kubelet().resource(DP);
+    assert!(
+        serving(&v, 4),
+        "after the invalid change dp is {:?}, connected {}",
+        summary(&v.devices),
+        v.connected
+    );
+    node.kubelet()
+        .allocate(DP, &["dpMvp3"])
+        .await
+        .unwrap_or_else(|e| panic!("dpMvp3 after the invalid change: {e}"));
+    assert!(serving(&node.kubelet().resource(DP), 4));
     // Resource removed (written in place this time, as an editor would).
     std::fs::write(&file, r#"[{"name":"dp2","lowerDevice":"eth1"}]"#).unwrap();
     let gone = node.plugin_dir().join(DP_SOCKET);
@@ -1026,11 +1050,15 @@ async fn a_lost_link_of_a_held_device_comes_back_with_its_ifindex() {
             .ip(&["link", "set", name, "netns", &pod.name])
             .unwrap();
         drop(pod);
+        // The namespace takes the link and its tap node with it (unless the
+        // daemon was quicker and the link is already back on the node).
         let end = Instant::now() + DEADLINE;
-        while Path::new(tap).exists()
-            && node.ns.link(name).unwrap().is_none()
-            && Instant::now() < end
-        {
+        while Path::new(tap).exists() && node.ns.link(name).unwrap().is_none() {
+            assert!(
+                Instant::now() < end,
+                "{tap} of {name} was still there {DEADLINE:?} after its pod namespace {tag} \
+                 was deleted, and the link is not back on the node"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }

@@ -39,6 +39,7 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use test_kubelet::PluginClient;
+use test_support::capture::{Capture, Frame};
 
 /// The VM's MAC, set in its spec (`macAddress`), as a migratable macvtap VM
 /// needs.
@@ -160,6 +161,11 @@ pub struct Outcome {
     pub migration: Duration,
     /// The switch port that had the VM's MAC just before `migrate`.
     pub port_before: Option<String>,
+    /// Frames from the VM's MAC that the target node sent into the switch
+    /// (captured on its switch port) from before the target pod's CNI ADD
+    /// until `migrate`: what its link said while the VM still ran on the
+    /// source.
+    pub target_frames: Vec<Frame>,
     /// The switch port that has the VM's MAC once the target answers.
     pub port_after: Option<String>,
     /// The target's run state once it answered.
@@ -178,8 +184,9 @@ impl Outcome {
         let port = |p: &Option<String>| p.clone().unwrap_or_else(|| "no port".into());
         format!(
             "{}: migration took {}, QEMU's downtime {}; {} of {} pings lost, longest gap {}, \
-             longest round trip {}, first reply {} after the switchover; the switch had the \
-             VM's MAC on {} before the migration and on {} after",
+             longest round trip {}, first reply {} after the switchover; the target node sent \
+             {} frames from the VM's MAC before the migration; the switch had the VM's MAC on \
+             {} before the migration and on {} after",
             self.variant.name(),
             ms(self.migration),
             self.downtime_ms
@@ -190,6 +197,7 @@ impl Outcome {
             ms(f.max_rtt),
             f.to_first_reply
                 .map_or_else(|| "never came".to_string(), ms),
+            self.target_frames.len(),
             port(&self.port_before),
             port(&self.port_after),
         )
@@ -380,7 +388,8 @@ impl Cluster {
     }
 
     /// Migrates `vm` to host `to` while the peer pings it every 10 ms: a
-    /// new pod there (its Allocate and CNI ADD, link behaving as `variant`),
+    /// new pod there (its Allocate and CNI ADD, link behaving as `variant`,
+    /// every frame it sends into the switch captured on `to`'s port),
     /// QEMU with `-incoming` on a unix socket, `migrate` once
     /// [`TARGET_LEAD`] has passed since that ADD, `query-migrate` until
     /// `completed`; then waits for [`REPLIES_AFTER`] replies after the
@@ -407,6 +416,8 @@ impl Cluster {
             port(vm.pod.host),
             vm.qemu.console_text()
         );
+        // From before the target pod's link exists until `migrate`.
+        let capture = Capture::start(&self.segment.switch, &port(to))?;
         let target = self.pod(to, variant).await?;
         let added = Instant::now();
         let uri = format!("unix:{}", self.shared.path().join("migrate.sock").display());
@@ -426,6 +437,12 @@ impl Cluster {
             if let Some(wait) = (added + TARGET_LEAD).checked_duration_since(Instant::now()) {
                 std::thread::sleep(wait);
             }
+            let vm_mac = test_support::capture::mac(VM_MAC)?;
+            let target_frames: Vec<Frame> = capture
+                .stop()?
+                .into_iter()
+                .filter(|f| !f.outgoing && f.src == vm_mac)
+                .collect();
             let port_before = self.segment.port_of(VM_MAC)?;
             let started = Instant::now();
             vm.qmp.execute("migrate", Some(json!({ "uri": uri })))?;
@@ -464,6 +481,7 @@ impl Cluster {
                 downtime_ms: info["downtime"].as_u64(),
                 migration: completed.duration_since(started),
                 port_before,
+                target_frames,
                 port_after,
                 target_status,
             })

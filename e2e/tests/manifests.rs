@@ -49,7 +49,50 @@ fn dp_config(json: &str) -> Resources {
 }
 
 fn daemonset(docs: &[Value]) -> DaemonSet {
-    serde_json::from_value(one(docs, "DaemonSet").clone()).expect("DaemonSet parses")
+    typed("DaemonSet", one(docs, "DaemonSet"))
+}
+
+/// `v` as the typed object `T`, which must write back exactly `v`.
+/// k8s-openapi ignores keys it does not know, so a misspelt field parses;
+/// the API server's strict field validation refuses it. Comparing the
+/// round trip with the input catches it, with the field's path.
+fn typed<T: serde::de::DeserializeOwned + serde::Serialize>(what: &str, v: &Value) -> T {
+    let t: T = serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let back = serde_json::to_value(&t).unwrap();
+    if let Some(diff) = difference(v, &back, "") {
+        panic!("{what}: {diff}, so the API server would refuse it:\n{v:#}");
+    }
+    t
+}
+
+/// The first place where `written` (a typed round trip) differs from
+/// `input`, as a sentence naming the field's path.
+fn difference(input: &Value, written: &Value, path: &str) -> Option<String> {
+    match (input, written) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in a {
+                let here = format!("{path}.{k}");
+                match b.get(k) {
+                    None => return Some(format!("{here} is not a field of the type")),
+                    Some(w) => {
+                        if let Some(d) = difference(v, w, &here) {
+                            return Some(d);
+                        }
+                    }
+                }
+            }
+            b.keys()
+                .find(|k| !a.contains_key(*k))
+                .map(|k| format!("{path}.{k} appeared in the round trip"))
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => a
+            .iter()
+            .zip(b)
+            .enumerate()
+            .find_map(|(i, (v, w))| difference(v, w, &format!("{path}[{i}]"))),
+        _ if input == written => None,
+        _ => Some(format!("{path} is {input} but reads back as {written}")),
+    }
 }
 
 #[test]
@@ -57,15 +100,15 @@ fn every_object_parses_into_its_kubernetes_type() {
     for (dir, docs) in renderings() {
         for d in &docs {
             let v = d.clone();
-            match d["kind"].as_str().unwrap() {
-                "DaemonSet" => drop(serde_json::from_value::<DaemonSet>(v).unwrap()),
-                "ConfigMap" => drop(serde_json::from_value::<ConfigMap>(v).unwrap()),
-                "Namespace" => drop(serde_json::from_value::<Namespace>(v).unwrap()),
-                "ServiceAccount" => drop(serde_json::from_value::<ServiceAccount>(v).unwrap()),
-                "ClusterRole" => drop(serde_json::from_value::<ClusterRole>(v).unwrap()),
-                "ClusterRoleBinding" => {
-                    drop(serde_json::from_value::<ClusterRoleBinding>(v).unwrap())
-                }
+            let kind = d["kind"].as_str().unwrap();
+            let what = format!("{dir}: {kind} {}", d["metadata"]["name"]);
+            match kind {
+                "DaemonSet" => drop(typed::<DaemonSet>(&what, &v)),
+                "ConfigMap" => drop(typed::<ConfigMap>(&what, &v)),
+                "Namespace" => drop(typed::<Namespace>(&what, &v)),
+                "ServiceAccount" => drop(typed::<ServiceAccount>(&what, &v)),
+                "ClusterRole" => drop(typed::<ClusterRole>(&what, &v)),
+                "ClusterRoleBinding" => drop(typed::<ClusterRoleBinding>(&what, &v)),
                 "SecurityContextConstraints" => {
                     let scc: DynamicObject = serde_json::from_value(v).unwrap();
                     assert_eq!(scc.data["allowHostNetwork"], true);
@@ -95,7 +138,7 @@ fn every_object_parses_into_its_kubernetes_type() {
             );
         }
     }
-    let pod: Pod = serde_json::from_value(example("pod.yaml")[0].clone()).unwrap();
+    let pod: Pod = typed("examples/pod.yaml", &example("pod.yaml")[0]);
     let limits = pod.spec.unwrap().containers[0]
         .resources
         .clone()
@@ -103,8 +146,10 @@ fn every_object_parses_into_its_kubernetes_type() {
         .limits
         .unwrap();
     assert!(limits.contains_key("macvtap.network.kubevirt.io/dataplane"));
-    let cm: ConfigMap =
-        serde_json::from_value(example("configmap-explicit.yaml")[0].clone()).unwrap();
+    let cm: ConfigMap = typed(
+        "examples/configmap-explicit.yaml",
+        &example("configmap-explicit.yaml")[0],
+    );
     assert!(cm.data.unwrap().contains_key("DP_MACVTAP_CONF"));
 }
 
@@ -394,7 +439,7 @@ fn rbac_grants_events_create_and_patch_only() {
         let roles: Vec<ClusterRole> = docs
             .iter()
             .filter(|d| d["kind"] == "ClusterRole")
-            .map(|d| serde_json::from_value(d.clone()).unwrap())
+            .map(|d| typed(&format!("{dir}: ClusterRole"), d))
             .collect();
         assert_eq!(roles.len(), 1, "{dir}: one ClusterRole");
         assert_eq!(
@@ -414,7 +459,7 @@ fn rbac_grants_events_create_and_patch_only() {
         let bindings: Vec<ClusterRoleBinding> = docs
             .iter()
             .filter(|d| d["kind"] == "ClusterRoleBinding")
-            .map(|d| serde_json::from_value(d.clone()).unwrap())
+            .map(|d| typed(&format!("{dir}: ClusterRoleBinding"), d))
             .collect();
         assert_eq!(bindings.len(), 1, "{dir}: one ClusterRoleBinding");
         let b = &bindings[0];
@@ -436,8 +481,10 @@ fn rbac_grants_events_create_and_patch_only() {
             "{dir}: in the DaemonSet's namespace"
         );
         assert_eq!(spec.automount_service_account_token, Some(true), "{dir}");
-        let sa: ServiceAccount =
-            serde_json::from_value(one(&docs, "ServiceAccount").clone()).unwrap();
+        let sa: ServiceAccount = typed(
+            &format!("{dir}: ServiceAccount"),
+            one(&docs, "ServiceAccount"),
+        );
         assert_eq!(sa.automount_service_account_token, Some(true), "{dir}");
         let env = spec.containers[0].env.clone().unwrap();
         let node = env

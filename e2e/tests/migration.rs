@@ -2,11 +2,15 @@
 //! L2 segment (see `macvtap_e2e::migration`): the migration completes, the
 //! VM answers the peer's pings from the target node after the switchover
 //! (and the switch has learned its MAC there), and once the pods are gone
-//! nothing is left on either node. Once with our silent pod-side link (and
-//! then, before the migration, the switch must still have the VM's MAC on
-//! node A's port) and once with the link left chatty; whether one loses fewer pings than the
-//! other is for the benchmark to report (`BENCH_ONLY=migration
-//! hack/bench.sh`), not asserted here, and no timing is asserted.
+//! nothing is left on either node. Once with our silent pod-side link and
+//! once with the link left chatty: a capture on node B's switch port, from
+//! before the target pod's CNI ADD until `migrate`, sees no frame from the
+//! VM's MAC from the silent link and at least one from the chatty link (the
+//! FDB read once before `migrate` cannot show it: the VM's replies to the
+//! peer's pings re-teach node A's port within 10 ms). Whether one variant
+//! loses fewer pings than the other is for the benchmark to report
+//! (`BENCH_ONLY=migration hack/bench.sh`), not asserted here, and no timing
+//! is asserted.
 
 use anyhow::{Result, ensure};
 use macvtap_e2e::migration::{Binaries, Cluster, Variant, port};
@@ -34,6 +38,25 @@ async fn migrate_once(variant: Variant) -> Result<()> {
         "the target VM is {} after the migration",
         outcome.target_status
     );
+    let frames: Vec<String> = outcome
+        .target_frames
+        .iter()
+        .map(|f| format!("{} ({} bytes)", f.ethertype(), f.bytes.len()))
+        .collect();
+    match variant {
+        Variant::Silent => ensure!(
+            frames.is_empty(),
+            "the silent target link sent {} frames from the VM's MAC into the switch before \
+             the migration (EtherType, size): {frames:?}",
+            frames.len()
+        ),
+        Variant::Chatty => ensure!(
+            !frames.is_empty(),
+            "the chatty target link sent no frame from the VM's MAC into the switch before the \
+             migration, so the capture on {} could not tell it from a silent one",
+            port(1)
+        ),
+    }
     if variant == Variant::Silent {
         // Nothing but the VM on node A sent from its MAC before the
         // migration: the silent target link taught the switch nothing.

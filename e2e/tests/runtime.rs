@@ -12,7 +12,8 @@
 //! Checked: the init container installs the CNI binary (identical bytes);
 //! the daemon registers, lists healthy devices, Allocates a device whose
 //! `/dev/tapN` exists, answers the manifest's probes, runs with exactly the
-//! capabilities the manifest declares, and on SIGTERM exits 0 within 2 s
+//! capabilities the manifest declares, and on SIGTERM exits 0 within the
+//! pod's termination grace period (the time it took is printed, not judged)
 //! with its socket removed. Every failure names the manifest field at fault.
 //!
 //! `oom_score_adj` is not set: the kubelet would give this
@@ -44,8 +45,10 @@ const CAPACITY: usize = 4;
 /// Deadline for a container to finish or the daemon to answer (not a
 /// latency target: the cold start is measured and printed).
 const WAIT: Duration = Duration::from_secs(20);
-/// The kubelet gives a container 30 s after SIGTERM; ours must need < 2 s.
-const STOP_WITHIN: Duration = Duration::from_secs(2);
+/// How long the kubelet waits after SIGTERM before it kills a container
+/// when the pod spec sets no `terminationGracePeriodSeconds` (the API's
+/// default, 30 s).
+const DEFAULT_GRACE: Duration = Duration::from_secs(30);
 
 /// Where a distribution keeps the kubelet's dir and the CNI binaries.
 #[derive(Debug, Clone, Copy)]
@@ -412,18 +415,24 @@ async fn daemonset_runs_under_runc(variant: &str, layout: Layout) -> Result<()> 
     steps.step("SIGTERM (runc kill): exit 0 and sockets removed");
     let socket = node.plugin_dir().join(&reg.endpoint);
     ensure!(socket.exists(), "{} exists while serving", socket.display());
+    // What the kubelet allows before it sends SIGKILL.
+    let grace = pod["terminationGracePeriodSeconds"]
+        .as_u64()
+        .map_or(DEFAULT_GRACE, Duration::from_secs);
     let t = Instant::now();
     dp.kill("TERM")?;
-    let status = tokio::task::block_in_place(|| dp.wait(STOP_WITHIN))?;
+    let status = tokio::task::block_in_place(|| dp.wait(grace))?;
+    let stopped = t.elapsed();
     ensure!(
         status.is_some_and(|s| s.success()),
-        "{field} did not exit 0 within {STOP_WITHIN:?} of SIGTERM ({}):\n{}",
+        "{field} did not exit 0 within its grace period of {grace:?} after SIGTERM ({}), \
+         so the kubelet would kill it:\n{}",
         status.map_or("still running".to_string(), |s| s.to_string()),
         dp.log()
     );
     steps.say(format!(
         "exited 0 after {:.0} ms",
-        t.elapsed().as_secs_f64() * 1e3
+        stopped.as_secs_f64() * 1e3
     ));
     ensure!(
         !socket.exists(),
@@ -433,6 +442,10 @@ async fn daemonset_runs_under_runc(variant: &str, layout: Layout) -> Result<()> 
     println!(
         "COLD START {variant}: runc run to registration {:.0} ms",
         cold.as_secs_f64() * 1e3
+    );
+    println!(
+        "STOP {variant}: SIGTERM to exit {:.0} ms (grace period {grace:?})",
+        stopped.as_secs_f64() * 1e3
     );
     Ok(())
 }

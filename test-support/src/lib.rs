@@ -9,11 +9,14 @@
 //! - [`tapnode`]: how tests that run at once avoid two macvtaps claiming one
 //!   `/dev/tapN`: [`tap_node_lock`] for tests whose macvtaps get
 //!   kernel-chosen ifindexes, [`unique_ifindex`] for tests that choose one.
+//! - [`capture`]: every frame an interface sees, from an `AF_PACKET`
+//!   socket, for tests that show a link stayed silent or spoke.
 //!
 //! Errors are `anyhow` errors, as in the e2e harness: every caller either
 //! prints them or fails a test with them, none matches on a variant (the
 //! fake kernel answers with `macvtap_link::Error`, as the real one does).
 
+pub mod capture;
 pub mod fake;
 pub mod netns;
 pub mod tapnode;

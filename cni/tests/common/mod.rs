@@ -6,10 +6,20 @@
 pub mod dhcp;
 pub mod kubelet;
 
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
 use serde_json::Value;
 use std::io::Write;
+use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
 use test_support::{TestNs, require_root, unique_ifindex};
+
+/// How long one plugin run may take before it is killed and the test fails.
+/// A run takes milliseconds, an IPAM or DHCP lease a few seconds; this
+/// only stops a run that blocks (on a FIFO, a socket) from hanging the suite.
+pub const PLUGIN_DEADLINE: Duration = Duration::from_secs(60);
 
 /// A sandbox node: `node` holds the NIC `lower0` (a veth whose peer `peer0`
 /// is in `peer`), `pod` is an empty pod namespace.
@@ -171,9 +181,42 @@ pub fn run_plugin(netns: &str, env: &[(&str, String)], stdin: &[u8]) -> CniRun {
     for (k, v) in env {
         cmd.env(k, v);
     }
+    // Its own process group: a run past the deadline is killed with all it
+    // started (an IPAM plugin), so nothing keeps its pipes open.
+    cmd.process_group(0);
+    let command = env
+        .iter()
+        .find(|(k, _)| *k == "CNI_COMMAND")
+        .map_or("(no CNI_COMMAND)", |(_, v)| v.as_str());
     let mut child = cmd.spawn().unwrap();
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    let out = child.wait_with_output().unwrap();
+    let group = Pid::from_raw(i32::try_from(child.id()).unwrap());
+    let mut input = child.stdin.take().unwrap();
+    let stdin = stdin.to_vec();
+    // Fed from a thread, so that a plugin that never reads cannot block here.
+    let feeder = std::thread::spawn(move || {
+        let _ = input.write_all(&stdin);
+    });
+    let (done, finished) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait_with_output());
+    });
+    let out = match finished.recv_timeout(PLUGIN_DEADLINE) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            let _ = killpg(group, Signal::SIGKILL);
+            let stderr = finished
+                .recv_timeout(Duration::from_secs(10))
+                .ok()
+                .and_then(Result::ok)
+                .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+                .unwrap_or_default();
+            panic!(
+                "the plugin's {command} did not finish within {PLUGIN_DEADLINE:?} and was \
+                 killed; stderr: {stderr}"
+            );
+        }
+    };
+    feeder.join().unwrap();
     CniRun {
         code: out.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&out.stdout).trim().to_string(),
