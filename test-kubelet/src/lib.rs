@@ -36,6 +36,8 @@ pub use plugin_client::{DeviceWatch, PluginClient, summary};
 pub use pod_resources::{TEST_POD, TestPodResources};
 pub use rate_limit::TokenBucket;
 pub use registration::{Disconnect, ResourceView, TestKubelet, is_extended_resource_name};
+/// The gRPC status codes [`TestPodResources::fail`] answers with.
+pub use tonic::Code;
 
 /// Locks `m`, also when a panicking test thread poisoned it.
 pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
