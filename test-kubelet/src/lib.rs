@@ -35,7 +35,7 @@ pub use http::http_get;
 pub use plugin_client::{DeviceWatch, PluginClient, summary};
 pub use pod_resources::{TEST_POD, TestPodResources};
 pub use rate_limit::TokenBucket;
-pub use registration::{Disconnect, ResourceView, TestKubelet, is_extended_resource_name};
+pub use registration::{Disconnect, Refusal, ResourceView, TestKubelet, is_extended_resource_name};
 /// The gRPC status codes [`TestPodResources::fail`] answers with.
 pub use tonic::Code;
 
