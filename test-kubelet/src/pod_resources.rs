@@ -267,6 +267,8 @@ impl TestPodResources {
 
 impl Drop for TestPodResources {
     fn drop(&mut self) {
+        // Held calls go on, so the server's graceful stop does not wait on them.
+        self.switches.hang.send_replace(false);
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
