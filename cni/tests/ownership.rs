@@ -9,6 +9,7 @@ mod common;
 
 use common::kubelet::{PodResourcesKubelet, settings_file};
 use common::{Sandbox, netconf};
+use test_kubelet::{Code, TokenBucket};
 
 const DP: &str = "macvtap.network.kubevirt.io/dataplane";
 
@@ -144,6 +145,79 @@ fn an_unreachable_kubelet_refuses_in_enforce_and_warns_in_warn() {
         run.stderr
     );
     assert_handed_over(&sb, "dataplaneMvp5", index);
+}
+
+/// ADD of a device the kubelet allocated to the pod, while the kubelet
+/// cannot answer as `why` says: enforce refuses with code 11 (try again
+/// later) naming the socket, `why` and the mode, and leaves the host as it
+/// was; warn warns with `why` and hands the link over.
+fn enforce_refuses_and_warn_goes_on(kubelet: &PodResourcesKubelet, why: &str) {
+    let sb = Sandbox::new();
+    kubelet.add_pod("tenant-a", "vm", &[(DP, &["dataplaneMvp6"])]);
+    let index = sb.allocate("dataplaneMvp6");
+    let before = sb.node_links();
+    let add = |check: &str| {
+        let settings = kubelet.settings(check);
+        sb.cni(
+            "ADD",
+            &netconf("1.0.0", "dataplaneMvp6"),
+            &[
+                ("CNI_ARGS", &pod_args("tenant-a", "vm")),
+                ("MACVTAP_CNI_SETTINGS", settings.to_str().unwrap()),
+            ],
+        )
+    };
+
+    let msg = add("enforce").fails_with(11);
+    for part in [
+        "cannot check that device dataplaneMvp6 is allocated to pod tenant-a/vm",
+        "pod-resources/kubelet.sock did not answer",
+        why,
+        "podResourcesCheck is enforce",
+    ] {
+        assert!(msg.contains(part), "{part:?} in {msg}");
+    }
+    assert_eq!(sb.node_links(), before, "the host is untouched");
+    assert!(sb.link(&sb.pod, "net1").is_none());
+
+    let run = add("warn");
+    run.ok();
+    assert!(
+        run.stderr.contains(why) && run.stderr.contains("podResourcesCheck is warn"),
+        "{}",
+        run.stderr
+    );
+    assert_handed_over(&sb, "dataplaneMvp6", index);
+}
+
+#[test]
+fn a_kubelet_rate_limit_refusal_refuses_in_enforce_and_warns_in_warn() {
+    let kubelet = PodResourcesKubelet::start();
+    // The kubelet's bucket (100/s, burst 10) spent by other callers.
+    kubelet.set_rate_limit(TokenBucket::new(0.0, 0));
+    enforce_refuses_and_warn_goes_on(
+        &kubelet,
+        "gRPC status 8 (resource exhausted): rejected by rate limit",
+    );
+}
+
+#[test]
+fn a_failing_kubelet_refuses_in_enforce_and_warns_in_warn() {
+    let kubelet = PodResourcesKubelet::start();
+    kubelet.fail(Code::Internal);
+    enforce_refuses_and_warn_goes_on(&kubelet, "gRPC status 13 (internal)");
+}
+
+#[test]
+fn a_hanging_kubelet_refuses_in_enforce_and_warns_in_warn() {
+    let kubelet = PodResourcesKubelet::start();
+    kubelet.hang();
+    enforce_refuses_and_warn_goes_on(&kubelet, "no answer within the timeout");
+    assert_eq!(
+        kubelet.held(),
+        2,
+        "both ADDs reached the kubelet and waited"
+    );
 }
 
 #[test]

@@ -74,14 +74,17 @@ async fn a_go_config_with_questionable_and_broken_entries_starts() {
         .unwrap();
     node.ns.ip(&["link", "set", "eth2", "up"]).unwrap();
     // As Go's encoding/json read it: keys in any case, unknown keys (with a
-    // warning) and a null value ignored, the last "dp" entry wins; "bad" and "x/y" and the
-    // null entry cannot work (Go failed every Allocate or registration).
+    // warning) and a null value ignored, the last "dp" entry wins; "bad",
+    // "x/y", the null entry and "x:y" cannot work (Go failed every Allocate
+    // or registration). "x:y" is the one that would reach the kubelet if let
+    // through ("x/y" fails earlier, at its socket's path), to be refused there.
     let conf = r#"[
         {"NAME": "dp", "lowerDevice": "eth2", "colour": "red"},
         {"name": "bad", "lowerDevice": "eth1", "mode": "source"},
         {"Name": "dp", "LowerDevice": "eth1", "Capacity": 10001, "mode": null},
         {"name": "x/y", "lowerDevice": "eth1"},
         null,
+        {"name": "x:y", "lowerDevice": "eth1"},
         {"name": "ok", "lowerDevice": "eth1", "capacity": 2}
     ]"#;
     node.start_daemon(&[], &[("DP_MACVTAP_CONF", conf)]);
@@ -110,6 +113,10 @@ async fn a_go_config_with_questionable_and_broken_entries_starts() {
     let eth1 = node.ns.link("eth1").unwrap().unwrap();
     assert_eq!(link.lower_index, Some(eth1.index));
 
+    // The refused entries never reach the kubelet: not accepted ("bad"
+    // would be), not refused ("x:y" would be: no extended resource name).
+    let refusals = k.refusals();
+    assert!(refusals.is_empty(), "{refusals:?}");
     let names: Vec<String> = k
         .registrations()
         .iter()
@@ -118,7 +125,7 @@ async fn a_go_config_with_questionable_and_broken_entries_starts() {
     assert!(
         !names
             .iter()
-            .any(|n| n.ends_with("/bad") || n.ends_with("/x/y")),
+            .any(|n| n.ends_with("/bad") || n.ends_with("/x/y") || n.ends_with("/x:y")),
         "{names:?}"
     );
     let log = node.daemon().log();
@@ -142,6 +149,7 @@ async fn a_go_config_with_questionable_and_broken_entries_starts() {
         ("entry 1 (\"bad\")", "unknown macvtap mode"),
         ("entry 3 (\"x/y\")", "not a valid resource name"),
         ("entry 4 (\"\")", "name is empty"),
+        ("entry 5 (\"x:y\")", "not a valid resource name"),
     ] {
         assert!(
             log.lines().any(|l| l.contains("ERROR")

@@ -7,7 +7,8 @@
 //! - [`plugin_client`]: a test's own client of a plugin socket
 //!   ([`PluginClient`], [`DeviceWatch`]).
 //! - [`pod_resources`]: the kubelet's PodResources API
-//!   ([`TestPodResources`]).
+//!   ([`TestPodResources`]), behind the kubelet's rate limit
+//!   ([`rate_limit`]).
 //! - [`daemon`]: the device plugin daemon as a process in a test namespace.
 //! - [`apiserver`]: a plain-HTTP Kubernetes API server that validates
 //!   Events and records requests.
@@ -24,6 +25,7 @@ pub mod daemon;
 pub mod http;
 pub mod plugin_client;
 pub mod pod_resources;
+pub mod rate_limit;
 pub mod registration;
 pub mod tools;
 
@@ -32,7 +34,10 @@ pub use daemon::Daemon;
 pub use http::http_get;
 pub use plugin_client::{DeviceWatch, PluginClient, summary};
 pub use pod_resources::{TEST_POD, TestPodResources};
-pub use registration::{Disconnect, ResourceView, TestKubelet, is_extended_resource_name};
+pub use rate_limit::TokenBucket;
+pub use registration::{Disconnect, Refusal, ResourceView, TestKubelet, is_extended_resource_name};
+/// The gRPC status codes [`TestPodResources::fail`] answers with.
+pub use tonic::Code;
 
 /// Locks `m`, also when a panicking test thread poisoned it.
 pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -1,6 +1,9 @@
 //! The kubelet's PodResources API: [`TestPodResources`] lists the
-//! allocations the test sets.
+//! allocations the test sets, behind the kubelet's rate limit
+//! ([`crate::rate_limit`]), and can be made to fail or hang.
 
+use crate::lock;
+use crate::rate_limit::{LIMIT_EXCEEDED, TokenBucket};
 use anyhow::Result;
 use kubelet_proto::podresources::v1::pod_resources_lister_server::{
     PodResourcesLister, PodResourcesListerServer,
@@ -13,14 +16,75 @@ use kubelet_proto::podresources::v1::{
 use kubelet_proto::transport::{bind_unix, serve_unix};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use tokio::sync::oneshot;
-use tonic::{Request, Response, Status};
+use std::time::Instant;
+use tokio::sync::{oneshot, watch};
+use tonic::{Code, Request, Response, Status};
+
+/// What a test can make every call meet before it is answered.
+#[derive(Debug)]
+struct Switches {
+    /// The kubelet's token bucket; `None` only when a test turned it off.
+    limiter: Mutex<Option<TokenBucket>>,
+    /// The status every call fails with, when set.
+    failing: Mutex<Option<Code>>,
+    /// While true, every call waits.
+    hang: watch::Sender<bool>,
+    /// How many calls have been held by the hang switch so far.
+    held: watch::Sender<usize>,
+    /// The time the limiter sees instead of now, when set (this module's
+    /// tests freeze it so that counts do not depend on the machine's speed).
+    frozen: Mutex<Option<Instant>>,
+}
+
+impl Switches {
+    fn new() -> Self {
+        Self {
+            limiter: Mutex::new(Some(TokenBucket::kubelet())),
+            failing: Mutex::new(None),
+            hang: watch::channel(false).0,
+            held: watch::channel(0).0,
+            frozen: Mutex::new(None),
+        }
+    }
+
+    /// `LimiterUnaryServerInterceptor` (before the handler, for every
+    /// unary method), then the test's failure and hang switches.
+    async fn gate(&self) -> Result<(), Status> {
+        let now = lock(&self.frozen).unwrap_or_else(Instant::now);
+        if let Some(bucket) = lock(&self.limiter).as_mut()
+            && !bucket.allow(now)
+        {
+            return Err(Status::resource_exhausted(LIMIT_EXCEEDED));
+        }
+        if *self.hang.borrow() {
+            self.held.send_modify(|n| *n += 1);
+            let mut rx = self.hang.subscribe();
+            let _ = rx.wait_for(|h| !*h).await;
+        }
+        if let Some(code) = *lock(&self.failing) {
+            return Err(Status::new(code, "the test made the PodResources API fail"));
+        }
+        Ok(())
+    }
+}
 
 #[derive(Clone)]
 struct PodResourcesService {
     allocated: Arc<Mutex<Vec<ContainerDevices>>>,
     others: Arc<Mutex<Vec<PodResources>>>,
     pod: Arc<Mutex<(String, String)>>,
+    switches: Arc<Switches>,
+}
+
+impl PodResourcesService {
+    fn new() -> Self {
+        Self {
+            allocated: Arc::new(Mutex::new(Vec::new())),
+            others: Arc::new(Mutex::new(Vec::new())),
+            pod: Arc::new(Mutex::new((TEST_POD.0.to_string(), TEST_POD.1.to_string()))),
+            switches: Arc::new(Switches::new()),
+        }
+    }
 }
 
 #[tonic::async_trait]
@@ -29,6 +93,7 @@ impl PodResourcesLister for PodResourcesService {
         &self,
         _: Request<ListPodResourcesRequest>,
     ) -> Result<Response<ListPodResourcesResponse>, Status> {
+        self.switches.gate().await?;
         let devices = self
             .allocated
             .lock()
@@ -62,6 +127,7 @@ impl PodResourcesLister for PodResourcesService {
         &self,
         _: Request<AllocatableResourcesRequest>,
     ) -> Result<Response<AllocatableResourcesResponse>, Status> {
+        self.switches.gate().await?;
         Ok(Response::new(AllocatableResourcesResponse::default()))
     }
 
@@ -69,6 +135,7 @@ impl PodResourcesLister for PodResourcesService {
         &self,
         _: Request<GetPodResourcesRequest>,
     ) -> Result<Response<GetPodResourcesResponse>, Status> {
+        self.switches.gate().await?;
         // What kubelets without the KubeletPodResourcesGet feature gate
         // answer (pkg/kubelet/apis/podresources/server_v1.go).
         Err(Status::unknown(
@@ -86,11 +153,18 @@ pub const TEST_POD: (&str, &str) = ("default", "test-pod");
 /// server_v1.go`): every pod the kubelet knows, each container with the
 /// devices recorded for it at admission, so a pod whose sandbox is still
 /// being set up is listed already (Multus relies on that at CNI ADD).
+///
+/// Every call first meets the kubelet's rate limit, on from the start as in
+/// the kubelet (`pkg/kubelet/apis/podresources/grpc/ratelimit.go`: one token
+/// bucket for all callers, 100 a second, burst 10; over it gRPC
+/// `ResourceExhausted` "rejected by rate limit"); then the test's switches:
+/// [`TestPodResources::fail`] and [`TestPodResources::hang`].
 #[derive(Debug)]
 pub struct TestPodResources {
     allocated: Arc<Mutex<Vec<ContainerDevices>>>,
     others: Arc<Mutex<Vec<PodResources>>>,
     pod: Arc<Mutex<(String, String)>>,
+    switches: Arc<Switches>,
     stop: Option<oneshot::Sender<()>>,
 }
 
@@ -101,25 +175,45 @@ impl TestPodResources {
             std::fs::create_dir_all(d)?;
         }
         let listener = bind_unix(socket)?;
-        let allocated = Arc::new(Mutex::new(Vec::new()));
-        let others = Arc::new(Mutex::new(Vec::new()));
-        let pod = Arc::new(Mutex::new((TEST_POD.0.to_string(), TEST_POD.1.to_string())));
-        let service = PodResourcesService {
-            allocated: allocated.clone(),
-            others: others.clone(),
-            pod: pod.clone(),
-        };
+        let service = PodResourcesService::new();
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let this = Self {
+            allocated: service.allocated.clone(),
+            others: service.others.clone(),
+            pod: service.pod.clone(),
+            switches: service.switches.clone(),
+            stop: Some(stop_tx),
+        };
         let server = PodResourcesListerServer::new(service);
         tokio::spawn(serve_unix(server, listener, async move {
             let _ = stop_rx.await;
         }));
-        Ok(Self {
-            allocated,
-            others,
-            pod,
-            stop: Some(stop_tx),
-        })
+        Ok(this)
+    }
+
+    /// Replaces the rate limit with a full bucket of `burst` tokens refilled
+    /// at `qps` a second (`TokenBucket::new(0.0, 0)` refuses every call);
+    /// `None` turns it off. The kubelet's is [`TokenBucket::kubelet`].
+    pub fn set_rate_limit(&self, bucket: Option<TokenBucket>) {
+        *lock(&self.switches.limiter) = bucket;
+    }
+
+    /// Makes every call that passes the rate limit fail with `code` (a
+    /// kubelet in trouble); `None` answers again.
+    pub fn fail(&self, code: Option<Code>) {
+        *lock(&self.switches.failing) = code;
+    }
+
+    /// While `hang` is true, every call that passes the rate limit waits
+    /// without an answer (a stuck kubelet); false lets the waiting ones go on.
+    pub fn hang(&self, hang: bool) {
+        self.switches.hang.send_replace(hang);
+    }
+
+    /// How many calls the hang switch has held so far (also those whose
+    /// caller has given up since).
+    pub fn held(&self) -> usize {
+        *self.switches.held.borrow()
     }
 
     /// Names the pod whose devices [`TestPodResources::set_allocated`] sets
@@ -173,6 +267,8 @@ impl TestPodResources {
 
 impl Drop for TestPodResources {
     fn drop(&mut self) {
+        // Held calls go on, so the server's graceful stop does not wait on them.
+        self.switches.hang.send_replace(false);
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
@@ -182,7 +278,7 @@ impl Drop for TestPodResources {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lock;
+    use crate::rate_limit::TokenBucket;
     use crate::registration::DIAL_TIMEOUT;
     use kubelet_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
     use kubelet_proto::transport::connect_unix;
@@ -195,11 +291,7 @@ mod tests {
         let path = dir.path().join("p.sock");
         let listener = bind_unix(&path).unwrap();
         let seen = Arc::new(Mutex::new(Vec::<String>::new()));
-        let service = PodResourcesService {
-            allocated: Arc::new(Mutex::new(Vec::new())),
-            others: Arc::new(Mutex::new(Vec::new())),
-            pod: Arc::new(Mutex::new((TEST_POD.0.into(), TEST_POD.1.into()))),
-        };
+        let service = PodResourcesService::new();
         let record = Recorder {
             seen: seen.clone(),
             inner: PodResourcesListerServer::new(service),
@@ -214,6 +306,91 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(*lock(&seen), ["localhost"]);
+    }
+
+    async fn client(path: &Path) -> PodResourcesListerClient<tonic::transport::Channel> {
+        PodResourcesListerClient::new(connect_unix(path, DIAL_TIMEOUT).await.unwrap())
+    }
+
+    /// The kubelet's limiter is on from the start: ten calls at once pass,
+    /// the eleventh is refused as the kubelet refuses it, for any method;
+    /// 10 ms later one more passes.
+    #[tokio::test]
+    async fn the_eleventh_call_at_once_is_rejected_by_rate_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.sock");
+        let pr = TestPodResources::start(&path).await.unwrap();
+        let t0 = Instant::now();
+        *lock(&pr.switches.frozen) = Some(t0);
+        let mut c = client(&path).await;
+        for i in 0..5 {
+            c.list(ListPodResourcesRequest {})
+                .await
+                .unwrap_or_else(|e| panic!("{i}: {e}"));
+            c.get_allocatable_resources(AllocatableResourcesRequest {})
+                .await
+                .unwrap_or_else(|e| panic!("{i}: {e}"));
+        }
+        let err = c.list(ListPodResourcesRequest {}).await.unwrap_err();
+        assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
+        assert_eq!(err.message(), "rejected by rate limit");
+        let err = c.get(GetPodResourcesRequest::default()).await.unwrap_err();
+        assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
+        *lock(&pr.switches.frozen) = Some(t0 + std::time::Duration::from_millis(10));
+        c.list(ListPodResourcesRequest {}).await.unwrap();
+        let err = c.list(ListPodResourcesRequest {}).await.unwrap_err();
+        assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_bucket_without_tokens_refuses_and_none_lets_all_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.sock");
+        let pr = TestPodResources::start(&path).await.unwrap();
+        let mut c = client(&path).await;
+        pr.set_rate_limit(Some(TokenBucket::new(0.0, 0)));
+        let err = c.list(ListPodResourcesRequest {}).await.unwrap_err();
+        assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
+        pr.set_rate_limit(None);
+        for _ in 0..20 {
+            c.list(ListPodResourcesRequest {}).await.unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn the_failure_switch_fails_every_call_with_its_code() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.sock");
+        let pr = TestPodResources::start(&path).await.unwrap();
+        let mut c = client(&path).await;
+        pr.fail(Some(Code::Internal));
+        let err = c.list(ListPodResourcesRequest {}).await.unwrap_err();
+        assert_eq!(err.code(), Code::Internal, "{err}");
+        pr.fail(None);
+        c.list(ListPodResourcesRequest {}).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_hang_switch_holds_calls_until_released() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.sock");
+        let pr = TestPodResources::start(&path).await.unwrap();
+        let mut c = client(&path).await;
+        pr.hang(true);
+        let call = tokio::spawn(async move { c.list(ListPodResourcesRequest {}).await });
+        let mut held = pr.switches.held.subscribe();
+        tokio::time::timeout(DIAL_TIMEOUT, held.wait_for(|n| *n == 1))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!call.is_finished(), "a held call has no answer");
+        pr.hang(false);
+        let answer = tokio::time::timeout(DIAL_TIMEOUT, call)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(answer.unwrap().into_inner().pod_resources.len(), 1);
+        assert_eq!(pr.held(), 1);
     }
 
     /// Records the `:authority` of every request, then serves it.

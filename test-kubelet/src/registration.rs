@@ -93,6 +93,15 @@ pub struct Disconnect {
     pub disconnected: u64,
 }
 
+/// A registration the kubelet refused, and the error it answered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refusal {
+    /// The request as the plugin sent it.
+    pub request: RegisterRequest,
+    /// The gRPC status message the plugin got back.
+    pub reason: String,
+}
+
 /// One registered client of a plugin (client.go's `client`).
 #[derive(Debug)]
 struct PluginConn {
@@ -108,6 +117,7 @@ struct PluginConn {
 struct Shared {
     dir: PathBuf,
     log: watch::Sender<Vec<RegisterRequest>>,
+    refused: Mutex<Vec<Refusal>>,
     clients: Mutex<HashMap<String, Arc<PluginConn>>>,
     views: watch::Sender<BTreeMap<String, ResourceView>>,
     disconnects: watch::Sender<Vec<Disconnect>>,
@@ -159,8 +169,20 @@ impl Shared {
         lock(&self.clients).get(resource).cloned()
     }
 
-    /// server.go `Register` and handler.go `connectClient`.
+    /// [`Shared::try_register`], recording a refusal with its reason.
     async fn register(self: Arc<Self>, req: RegisterRequest) -> Result<(), Status> {
+        let answer = self.clone().try_register(req.clone()).await;
+        if let Err(e) = &answer {
+            lock(&self.refused).push(Refusal {
+                request: req,
+                reason: e.message().to_string(),
+            });
+        }
+        answer
+    }
+
+    /// server.go `Register` and handler.go `connectClient`.
+    async fn try_register(self: Arc<Self>, req: RegisterRequest) -> Result<(), Status> {
         if *self.hang.borrow() {
             self.hung.send_modify(|n| *n += 1);
             let mut rx = self.hang.subscribe();
@@ -344,6 +366,7 @@ impl TestKubelet {
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
             log: watch::channel(Vec::new()).0,
+            refused: Mutex::new(Vec::new()),
             clients: Mutex::new(HashMap::new()),
             views: watch::channel(BTreeMap::new()).0,
             disconnects: watch::channel(Vec::new()).0,
@@ -376,6 +399,12 @@ impl TestKubelet {
     /// Every registration accepted so far, in order.
     pub fn registrations(&self) -> Vec<RegisterRequest> {
         self.shared.log.borrow().clone()
+    }
+
+    /// Every registration refused so far, in order, with the reason the
+    /// plugin was given.
+    pub fn refusals(&self) -> Vec<Refusal> {
+        lock(&self.shared.refused).clone()
     }
 
     /// Waits until more than `seen` registrations of `resource_name` have
@@ -615,6 +644,49 @@ impl Drop for TestKubelet {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kubelet_proto::v1beta1::registration_client::RegistrationClient;
+
+    /// A refused registration is kept with the reason the plugin got; an
+    /// accepted one is not among the refusals.
+    #[tokio::test]
+    async fn refused_registrations_are_recorded_with_their_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let k = TestKubelet::start(dir.path()).await.unwrap();
+        let channel = connect_unix(&dir.path().join(KUBELET_SOCKET), DIAL_TIMEOUT)
+            .await
+            .unwrap();
+        let mut c = RegistrationClient::new(channel);
+        let request = |version: &str, name: &str| RegisterRequest {
+            version: version.into(),
+            endpoint: "nowhere.sock".into(),
+            resource_name: name.into(),
+            options: None,
+        };
+        let bad_name = request(VERSION, "macvtap.network.kubevirt.io/x/y");
+        let err = c.register(bad_name.clone()).await.unwrap_err();
+        let old = request("v1alpha", "macvtap.network.kubevirt.io/a");
+        c.register(old.clone()).await.unwrap_err();
+        assert_eq!(
+            k.refusals(),
+            [
+                Refusal {
+                    request: bad_name,
+                    reason: err.message().to_string(),
+                },
+                Refusal {
+                    request: old,
+                    reason: "requested device plugin version \"v1alpha\" is not supported; \
+                             supported versions are [\"v1beta1\"]"
+                        .into(),
+                },
+            ]
+        );
+        assert_eq!(
+            err.message(),
+            "the ResourceName \"macvtap.network.kubevirt.io/x/y\" is invalid"
+        );
+        assert!(k.registrations().is_empty());
+    }
 
     #[test]
     fn extended_resource_names_are_told_as_the_kubelet_does() {

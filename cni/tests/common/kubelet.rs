@@ -5,7 +5,7 @@
 //! use it, plus the node settings file that points the plugin at it.
 
 use std::path::{Path, PathBuf};
-use test_kubelet::TestPodResources;
+use test_kubelet::{Code, TestPodResources, TokenBucket};
 
 /// A running test PodResources server in its own kubelet dir.
 pub struct PodResourcesKubelet {
@@ -43,6 +43,26 @@ impl PodResourcesKubelet {
             .as_ref()
             .unwrap()
             .add_pod(namespace, name, devices);
+    }
+
+    /// Replaces the kubelet's rate limit (on by default) with `bucket`.
+    pub fn set_rate_limit(&self, bucket: TokenBucket) {
+        self.server.as_ref().unwrap().set_rate_limit(Some(bucket));
+    }
+
+    /// Makes every call fail with `code`.
+    pub fn fail(&self, code: Code) {
+        self.server.as_ref().unwrap().fail(Some(code));
+    }
+
+    /// Makes every call wait without an answer.
+    pub fn hang(&self) {
+        self.server.as_ref().unwrap().hang(true);
+    }
+
+    /// How many calls the hang has held so far.
+    pub fn held(&self) -> usize {
+        self.server.as_ref().unwrap().held()
     }
 
     /// Writes a node settings file naming this kubelet dir with `check`
