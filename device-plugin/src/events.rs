@@ -13,6 +13,7 @@
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use std::collections::HashMap;
 use std::fmt;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
@@ -248,10 +249,9 @@ impl EventSink {
             controller: CONTROLLER.into(),
             instance: Some(truncate(format!("macvtap-deviceplugin-{node}"), 128)),
         };
-        let recorder = Recorder::new(client, reporter);
         let reference = node_reference(node);
         let (tx, rx) = mpsc::channel(QUEUE);
-        let task = tokio::spawn(publish(recorder, reference, rx));
+        let task = tokio::spawn(publish(client, reporter, reference, rx));
         (Self { tx: Some(tx) }, task)
     }
 
@@ -286,13 +286,40 @@ impl EventSink {
 }
 
 async fn publish(
-    recorder: Recorder,
+    client: kube::Client,
+    reporter: Reporter,
     reference: ObjectReference,
     mut rx: mpsc::Receiver<NodeEvent>,
 ) {
+    // One recorder per kind of Event (type, reason, action: the key the
+    // recorder aggregates repeats by), so that one can be started afresh
+    // without forgetting the others' series.
+    let mut recorders: HashMap<(String, String, String), Recorder> = HashMap::new();
     let mut failing = false;
     while let Some(ev) = rx.recv().await {
-        match recorder.publish(&ev.to_event(), &reference).await {
+        let event = ev.to_event();
+        let key = (
+            format!("{:?}", event.type_),
+            event.reason.clone(),
+            event.action.clone(),
+        );
+        let recorder = recorders
+            .entry(key)
+            .or_insert_with(|| Recorder::new(client.clone(), reporter.clone()));
+        let mut result = recorder.publish(&event, &reference).await;
+        if let Err(kube::Error::Api(status)) = &result
+            && status.code == 404
+        {
+            // The Event this repeat patches is gone (expired or deleted).
+            // client-go's recorder then creates it anew
+            // (`tools/events/event_broadcaster.go`, `recordToSink`); kube's
+            // keeps patching the one in its cache, so a new recorder, with
+            // an empty cache, creates it.
+            debug!(reason = %event.reason, "the Event to patch is gone; creating it anew");
+            *recorder = Recorder::new(client.clone(), reporter.clone());
+            result = recorder.publish(&event, &reference).await;
+        }
+        match result {
             Ok(()) => {
                 if failing {
                     info!("posting Kubernetes Events works again");

@@ -328,6 +328,126 @@ async fn a_flapping_nic_posts_events_on_the_node() {
     );
 }
 
+/// Sets eth1 down or up and waits until the kubelet sees the devices follow.
+async fn set_eth1(node: &Node, up: bool) {
+    let k = node.kubelet();
+    if up {
+        node.ns.ip(&["link", "set", "eth1", "up"]).unwrap();
+        k.wait_resource(DP, DEADLINE, |v| all_healthy(&v.devices))
+            .await
+            .unwrap();
+    } else {
+        node.ns.ip(&["link", "set", "eth1", "down"]).unwrap();
+        k.wait_resource(DP, DEADLINE, |v| all_unhealthy(&v.devices))
+            .await
+            .unwrap();
+    }
+}
+
+/// A node with an API server in its namespace and a daemon posting Events
+/// about Node `node_name` to it, serving `dp` (eth1) with 3 devices.
+async fn node_with_events(tag: &str, node_name: &str) -> (Node, FakeApiServer) {
+    let mut node = Node::new(tag);
+    let api = FakeApiServer::start(&node.ns).unwrap();
+    node.start_kubelet().await;
+    let kubeconfig = api.kubeconfig.to_str().unwrap().to_string();
+    node.start_daemon(
+        &["--resource=name=dp,lowerDevice=eth1,capacity=3"],
+        &[("NODE_NAME", node_name), ("KUBECONFIG", &kubeconfig)],
+    );
+    node.kubelet()
+        .wait_resource(DP, DEADLINE, |v| serving(v, 3))
+        .await
+        .unwrap();
+    (node, api)
+}
+
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
+
+/// An Event deleted between two flaps (its TTL ran out, or a user deleted
+/// it): the repeat's PATCH gets 404, as from the real API server, and the
+/// daemon creates the Event anew, whose repeats it then patches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_deleted_between_flaps_is_created_anew() {
+    require_root().unwrap();
+    let (node, mut api) = node_with_events("events-gone", "node-gone").await;
+    set_eth1(&node, false).await;
+    let first_down = api.next().await.unwrap();
+    assert_eq!(
+        (first_down.method.as_str(), first_down.status),
+        ("POST", 201)
+    );
+    assert_eq!(first_down.body["reason"], "MacvtapNICDown");
+    set_eth1(&node, true).await;
+    let up = api.next().await.unwrap();
+    assert_eq!((up.method.as_str(), up.status), ("POST", 201));
+    assert_eq!(up.body["reason"], "MacvtapNICUp");
+    let gone = first_down.body["metadata"]["name"].as_str().unwrap();
+    assert!(api.delete_event("default", gone));
+
+    set_eth1(&node, false).await;
+    let patch = api.next().await.unwrap();
+    assert_eq!(patch.method, "PATCH");
+    assert_eq!(patch.path, format!("{EVENTS}/{gone}"));
+    assert_eq!(patch.status, 404);
+    let again = api.next().await.unwrap();
+    assert_eq!(
+        (again.method.as_str(), again.path.as_str()),
+        ("POST", EVENTS)
+    );
+    assert_eq!(again.status, 201, "{:?}", again.invalid);
+    assert_eq!(again.body["reason"], "MacvtapNICDown");
+    assert!(again.body.get("series").is_none(), "{}", again.body);
+    let name = again.body["metadata"]["name"].as_str().unwrap();
+    assert_ne!(name, gone);
+    assert!(api.event("default", name).is_some());
+
+    // Its repeat patches the new Event.
+    set_eth1(&node, true).await;
+    set_eth1(&node, false).await;
+    let mut patched = Vec::new();
+    for _ in 0..2 {
+        let r = api.next().await.unwrap();
+        assert_eq!((r.method.as_str(), r.status), ("PATCH", 200), "{r:?}");
+        patched.push(r);
+    }
+    let last = patched
+        .iter()
+        .find(|r| r.body["reason"] == "MacvtapNICDown")
+        .unwrap();
+    assert_eq!(last.path, format!("{EVENTS}/{name}"));
+    assert_eq!(api.event("default", name).unwrap()["series"]["count"], 2);
+}
+
+/// An API server failing (500) loses that Event, logged, and nothing else:
+/// the next Events are created once it answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_error_loses_one_event_and_the_next_go_through() {
+    require_root().unwrap();
+    let (mut node, mut api) = node_with_events("events-500", "node-500").await;
+    api.fail_with(Some(500));
+    set_eth1(&node, false).await;
+    let failed = api.next().await.unwrap();
+    assert_eq!((failed.method.as_str(), failed.status), ("POST", 500));
+    assert_eq!(failed.body["reason"], "MacvtapNICDown");
+    wait_log(&mut node, "failed post", |l| {
+        l.contains("posting a Kubernetes Event failed; the daemon carries on")
+    })
+    .await;
+    api.fail_with(None);
+    set_eth1(&node, true).await;
+    set_eth1(&node, false).await;
+    for reason in ["MacvtapNICUp", "MacvtapNICDown"] {
+        let r = api.next().await.unwrap();
+        // The lost Event was never stored, so its repeat is created.
+        assert_eq!((r.method.as_str(), r.path.as_str()), ("POST", EVENTS));
+        assert_eq!(r.status, 201, "{:?}", r.invalid);
+        assert_eq!(r.body["reason"], reason);
+        let name = r.body["metadata"]["name"].as_str().unwrap();
+        assert!(api.event("default", name).is_some());
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn devices_follow_the_lower_nic_down_and_up() {
     let node = node_with_dp("health", "name=dp,lowerDevice=eth1,capacity=3", &[]).await;

@@ -11,6 +11,8 @@ use common::describe_events as describe;
 
 use macvtap_deviceplugin::events::{CONTROLLER, EventSink, NodeEvent};
 use serde_json::{Value, json};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -30,11 +32,13 @@ struct Request {
 
 /// A client whose API server records requests and answers `status`
 /// (201/200 echoing the object, as the API server returns the stored
-/// object, or an RBAC refusal for 403).
+/// object, or an RBAC refusal for 403). Like the real one it patches only
+/// an Event it created: a PATCH of another name is 404.
 fn api_server(status: u16) -> (kube::Client, mpsc::UnboundedReceiver<Request>) {
     let (tx, rx) = mpsc::unbounded_channel();
+    let created = Arc::new(Mutex::new(HashSet::new()));
     let svc = tower::service_fn(move |req: http::Request<kube::client::Body>| {
-        let tx = tx.clone();
+        let (tx, created) = (tx.clone(), created.clone());
         async move {
             let (parts, body) = req.into_parts();
             let bytes = body.collect_bytes().await.unwrap();
@@ -52,8 +56,26 @@ fn api_server(status: u16) -> (kube::Client, mpsc::UnboundedReceiver<Request>) {
                         "message": "events.events.k8s.io is forbidden: User \"system:serviceaccount:macvtap-system:macvtap-cni\" cannot create resource \"events\" in API group \"events.k8s.io\" in the namespace \"default\"",
                     }),
                 ),
-                (_, "POST") => (201, body.clone()),
-                _ => (200, body.clone()),
+                (_, "POST") => {
+                    let name = body["metadata"]["name"].as_str().unwrap_or_default();
+                    created.lock().unwrap().insert(name.to_string());
+                    (201, body.clone())
+                }
+                _ => {
+                    let name = parts.uri.path().rsplit('/').next().unwrap_or_default();
+                    if created.lock().unwrap().contains(name) {
+                        (200, body.clone())
+                    } else {
+                        (
+                            404,
+                            json!({
+                                "kind": "Status", "apiVersion": "v1", "metadata": {},
+                                "status": "Failure", "reason": "NotFound", "code": 404,
+                                "message": format!("events.events.k8s.io \"{name}\" not found"),
+                            }),
+                        )
+                    }
+                }
             };
             tx.send(Request {
                 method,

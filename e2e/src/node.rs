@@ -5,14 +5,13 @@
 //! devices. The real Multus runs the CNI on it (`crate::multus`).
 
 use crate::sandbox::TestNs;
-use crate::vm::Reaped;
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use test_kubelet::{PluginClient, TestKubelet, TestPodResources};
+use test_kubelet::{Daemon, PluginClient, TestKubelet, TestPodResources};
 use test_support::tap_node_lock;
 
 /// The tests' tap-node lock (see `tap_node_lock`), shared by every node of
@@ -75,7 +74,9 @@ pub struct Node {
     pub kubelet: Option<TestKubelet>,
     /// The kubelet's PodResources API, once started.
     pub pod_resources: Option<TestPodResources>,
-    daemon: Option<Reaped>,
+    daemon: Option<Daemon>,
+    /// The log of the last daemon started, kept after it stops.
+    daemon_log: Option<PathBuf>,
     _tap_lock: TapLock,
 }
 
@@ -118,6 +119,7 @@ impl Node {
             kubelet: None,
             pod_resources: None,
             daemon: None,
+            daemon_log: None,
             _tap_lock: lock,
         })
     }
@@ -220,7 +222,8 @@ impl Node {
     }
 
     /// Starts the real daemon in the node namespace with `DP_MACVTAP_CONF`
-    /// set to `conf` and `args`; its log goes to `<kubelet dir>/daemon.log`.
+    /// set to `conf` and `args` (`test_kubelet::Daemon`); its log goes to a
+    /// file in the kubelet dir.
     pub fn start_device_plugin(&mut self, conf: &str, args: &[&str]) -> Result<u32> {
         let bin = binary("macvtap-deviceplugin", "macvtap-deviceplugin")?;
         self.start_device_plugin_bin(&bin, conf, args)
@@ -234,35 +237,31 @@ impl Node {
         conf: &str,
         args: &[&str],
     ) -> Result<u32> {
-        let log = std::fs::File::create(self.log_path())?;
-        let child = Command::new("ip")
-            .args(["netns", "exec", &self.ns.name])
-            .arg(bin)
-            .arg("--kubelet-dir")
-            .arg(self.kubelet_dir.path())
-            .args(["--metrics-addr", "off"])
-            .args(args)
-            .env("DP_MACVTAP_CONF", conf)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
+        let kubelet_dir = self.kubelet_dir.path().to_string_lossy().into_owned();
+        let mut all = vec![
+            "--kubelet-dir",
+            kubelet_dir.as_str(),
+            "--metrics-addr",
+            "off",
+        ];
+        all.extend_from_slice(args);
+        // The daemon's own default level unless the run asks for another.
+        let level = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
+        let env = [("DP_MACVTAP_CONF", conf), ("RUST_LOG", level.as_str())];
+        let daemon = Daemon::start(bin, &self.ns, self.kubelet_dir.path(), &all, &env)
             .context("starting macvtap-deviceplugin")?;
-        let pid = child.id();
-        self.daemon = Some(Reaped {
-            child,
-            what: "macvtap-deviceplugin".into(),
-        });
+        let pid = daemon.pid();
+        self.daemon_log = Some(daemon.log_path().to_path_buf());
+        self.daemon = Some(daemon);
         Ok(pid)
     }
 
-    /// The daemon's log so far.
+    /// The daemon's log so far (the last daemon's, once it stopped).
     pub fn daemon_log(&self) -> String {
-        std::fs::read_to_string(self.log_path()).unwrap_or_default()
-    }
-
-    fn log_path(&self) -> PathBuf {
-        self.kubelet_dir.path().join("daemon.log")
+        self.daemon_log
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .unwrap_or_default()
     }
 
     /// Stops the daemon with SIGTERM and checks it exits 0.
@@ -270,21 +269,14 @@ impl Node {
         let Some(mut d) = self.daemon.take() else {
             return Ok(());
         };
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(d.pid())?);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
-        let deadline = Instant::now() + WAIT;
-        while Instant::now() < deadline {
-            if let Some(status) = d.child.try_wait()? {
-                ensure!(
-                    status.success(),
-                    "daemon exited with {status}: {}",
-                    self.daemon_log()
-                );
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        bail!("daemon did not exit within {WAIT:?} of SIGTERM")
+        d.signal(nix::sys::signal::Signal::SIGTERM)?;
+        let status = d.wait_exit(WAIT).context("after SIGTERM")?;
+        ensure!(
+            status.success(),
+            "daemon exited with {status}: {}",
+            self.daemon_log()
+        );
+        Ok(())
     }
 
     /// Waits for `resource` to register and for the kubelet to list

@@ -140,7 +140,7 @@ fn check_multus_add(
     );
     let unserved: Vec<String> = multus
         .api
-        .requests()
+        .log()
         .into_iter()
         .filter(|r| !(200..300).contains(&r.status))
         .map(|r| format!("{} {} -> {}", r.method, r.path, r.status))

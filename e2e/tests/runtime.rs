@@ -24,8 +24,8 @@
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use macvtap_e2e::manifests::render;
 use macvtap_e2e::runtime::{
-    Image, PodSandbox, RuncContainer, cap_mask, cap_names, capabilities, http_get, process_caps,
-    repo_root, unique_id,
+    Image, PodSandbox, RuncContainer, cap_mask, cap_names, capabilities, process_caps, repo_root,
+    unique_id,
 };
 use macvtap_e2e::sandbox::{TestNs, require_root};
 use macvtap_e2e::steps::Steps;
@@ -34,6 +34,7 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
+use test_kubelet::http_get;
 use test_kubelet::{TestKubelet, TestPodResources};
 use test_support::tap_node_lock;
 
@@ -356,7 +357,9 @@ async fn daemonset_runs_under_runc(variant: &str, layout: Layout) -> Result<()> 
         let (port, path) = probe_port(c, probe, &field)?;
         let deadline = Instant::now() + WAIT;
         let line = loop {
-            let r = tokio::task::block_in_place(|| http_get(&node.ns, port, &path));
+            // The status line of the answer.
+            let r = tokio::task::block_in_place(|| http_get(&node.ns, port, &path))
+                .map(|a| a.lines().next().unwrap_or_default().to_string());
             match r {
                 Ok(l) if l.contains(" 200 ") || Instant::now() >= deadline => break l,
                 Err(e) if Instant::now() >= deadline => break format!("{e:#}"),

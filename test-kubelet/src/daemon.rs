@@ -1,7 +1,7 @@
 //! The device plugin daemon as a process inside a test namespace: started
 //! from the binary its caller names (a test's
-//! `env!("CARGO_BIN_EXE_macvtap-deviceplugin")`), logging to a file, and
-//! stopped when dropped.
+//! `env!("CARGO_BIN_EXE_macvtap-deviceplugin")`, or the e2e's build),
+//! logging to a file, and stopped when dropped.
 
 use anyhow::{Context, Result, bail};
 use std::fs::File;
@@ -21,8 +21,9 @@ pub struct Daemon {
 
 impl Daemon {
     /// Starts `bin ARGS` inside `ns` with `env` (and no inherited
-    /// `DP_MACVTAP_CONF`, `NODE_NAME` or `KUBECONFIG`), logging at debug
-    /// level to a file in `log_dir`.
+    /// `DP_MACVTAP_CONF`, `NODE_NAME` or `KUBECONFIG`), logging (stdout and
+    /// stderr) to a file in `log_dir`, at debug level unless `env` sets
+    /// `RUST_LOG`.
     pub fn start(
         bin: &Path,
         ns: &TestNs,
@@ -34,6 +35,7 @@ impl Daemon {
             "daemon-{}.log",
             COUNTER.fetch_add(1, Ordering::SeqCst)
         ));
+        let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &ns.name])
             .arg(bin)
@@ -44,8 +46,8 @@ impl Daemon {
             .env_remove("KUBECONFIG")
             .env("RUST_LOG", "macvtap_deviceplugin=debug,info")
             .stdin(Stdio::null())
-            .stdout(File::create(&log).with_context(|| format!("creating {}", log.display()))?)
-            .stderr(File::create(log.with_extension("err"))?);
+            .stdout(out.try_clone()?)
+            .stderr(out);
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -62,7 +64,12 @@ impl Daemon {
 
     /// What the daemon logged so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.log.with_extension("err")).unwrap_or_default()
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The file the daemon logs to (it stays after the daemon is dropped).
+    pub fn log_path(&self) -> &Path {
+        &self.log
     }
 
     /// Sends a signal.

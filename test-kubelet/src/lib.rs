@@ -10,8 +10,9 @@
 //!   ([`TestPodResources`]), behind the kubelet's rate limit
 //!   ([`rate_limit`]).
 //! - [`daemon`]: the device plugin daemon as a process in a test namespace.
-//! - [`apiserver`]: a plain-HTTP Kubernetes API server that validates
-//!   Events and records requests.
+//! - [`apiserver`]: a plain-HTTP Kubernetes API server: Events for the
+//!   device plugin, Pods and NetworkAttachmentDefinitions for Multus; it
+//!   records requests.
 //! - [`http`]: one HTTP GET from inside a namespace.
 //! - [`tools`]: the outside test tools of `hack/setup.sh`'s virtual
 //!   environment.

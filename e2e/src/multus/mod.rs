@@ -5,20 +5,19 @@
 //! - [`go_build`]: [`build`] compiles Multus once from its source tarball
 //!   (in `../shared/peers/` beside the checkout or in `$MACVTAP_PEERS_DIR`)
 //!   with Go 1.23 into `target/e2e-multus/` and caches it.
-//! - [`apiserver`]: [`ApiServer`], a small fake Kubernetes API server
-//!   serving exactly the calls the thin plugin makes.
+//! - the fake Kubernetes API server the thin plugin talks to is
+//!   `test_kubelet::FakeApiServer` (GET pod, GET NAD, PUT pod status, POST
+//!   events).
 //! - [`host_pod_resources`]: [`HostPodResources`] serves the node's
 //!   PodResources at the one path Multus reads.
 //! - [`runner`]: [`Multus`] sets Multus up on a node and runs ADD and DEL
 //!   as containerd does, recording each delegate it runs
 //!   ([`DelegateCall`]).
 
-pub mod apiserver;
 pub mod go_build;
 pub mod host_pod_resources;
 pub mod runner;
 
-pub use apiserver::{ApiRequest, ApiServer};
 pub use go_build::{GO, PEERS_ENV, build, peers_beside_checkout, tarball};
 pub use host_pod_resources::{HOST_POD_RESOURCES, HostPodResources};
 pub use runner::{DelegateCall, Multus, MultusRun, Pod};

@@ -9,7 +9,6 @@
 //! through its bin dir is recorded ([`DelegateCall`]) and then executed
 //! unchanged.
 
-use super::apiserver::ApiServer;
 use super::host_pod_resources::HostPodResources;
 use super::{NETWORK_STATUS_ANNOTATION, NETWORKS_ANNOTATION, RESOURCE_NAME_ANNOTATION, build};
 use crate::node::{Node, binary};
@@ -22,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+use test_kubelet::FakeApiServer;
 
 /// A pod as the API server knows it and the runtime names it.
 #[derive(Debug, Clone)]
@@ -92,7 +92,7 @@ pub struct Multus {
     node_ns: String,
     work: tempfile::TempDir,
     /// The fake API server Multus talks to.
-    pub api: ApiServer,
+    pub api: FakeApiServer,
     /// The CNI's node settings file (passed as `MACVTAP_CNI_SETTINGS`).
     pub settings: PathBuf,
     runs: Mutex<usize>,
@@ -116,7 +116,7 @@ impl Multus {
         let pod_resources = HostPodResources::serve(&socket)?;
         let work = tempfile::tempdir()?;
         let w = work.path();
-        let api = ApiServer::start(&node.ns)?;
+        let api = FakeApiServer::start(&node.ns)?;
         let kubeconfig = w.join("kubeconfig");
         std::fs::write(
             &kubeconfig,

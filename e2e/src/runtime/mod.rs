@@ -31,12 +31,9 @@ pub use quantity::{memory_bytes, milli_cpu};
 pub use runc::{RuncContainer, unique_id};
 pub use spec::{DEFAULT_TERMINATION_MESSAGE_PATH, MASKED_PATHS, PodSandbox, READONLY_PATHS};
 
-use crate::sandbox::TestNs;
-use anyhow::Result;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU32;
-use std::time::Duration;
 
 /// Numbers container IDs and termination message files of this process.
 static COUNTER: AtomicU32 = AtomicU32::new(0);
@@ -55,22 +52,4 @@ fn strings(v: &Value) -> Vec<String> {
 /// The repository's root.
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// Sends `GET path` to `127.0.0.1:port` from inside `ns` and returns the
-/// status line.
-pub fn http_get(ns: &TestNs, port: u16, path: &str) -> Result<String> {
-    use std::io::{Read, Write};
-    let path = path.to_string();
-    ns.run(move || {
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
-        )?;
-        let mut resp = String::new();
-        s.read_to_string(&mut resp)?;
-        Ok(resp.lines().next().unwrap_or_default().to_string())
-    })
 }
