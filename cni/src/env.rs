@@ -159,16 +159,18 @@ fn check_ifname(name: &str) -> Result<()> {
     })
 }
 
+/// An environment made of `pairs`, for this crate's unit tests.
+#[cfg(test)]
+pub(crate) fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
 
     #[test]
     fn add_needs_netns_ifname_and_container_id() {

@@ -156,13 +156,7 @@ pub fn error_json(e: &Error, stdin: &[u8]) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use crate::env::vars;
 
     #[test]
     fn version_lists_every_supported_version() {
