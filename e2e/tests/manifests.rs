@@ -504,3 +504,30 @@ fn rbac_grants_events_create_and_patch_only() {
         );
     }
 }
+
+/// README's *A first VM* shows the example NAD and VM whole; they must be
+/// the files in `manifests/examples/`, so the front door never drifts from
+/// what the tests render and parse.
+#[test]
+fn readme_shows_the_example_nad_and_vm_as_they_are() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let section = readme
+        .split("\n## A first VM\n")
+        .nth(1)
+        .expect("README has a section 'A first VM'");
+    let section = section.split("\n## ").next().unwrap();
+    let blocks: Vec<&str> = section
+        .split("```yaml\n")
+        .skip(1)
+        .map(|b| b.split("```").next().unwrap())
+        .collect();
+    for (i, file) in ["nad.yaml", "vm.yaml"].into_iter().enumerate() {
+        let want = std::fs::read_to_string(root.join("manifests/examples").join(file)).unwrap();
+        assert_eq!(
+            blocks.get(i).copied(),
+            Some(want.as_str()),
+            "README's yaml block {i} is not manifests/examples/{file}"
+        );
+    }
+}
