@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use test_kubelet::{Daemon, PluginClient, TestKubelet, TestPodResources};
 use test_support::tap_node_lock;
+use test_support::tapnode::UNIQUE_IFINDEX_BASE;
 
 /// The tests' tap-node lock (see `tap_node_lock`), shared by every node of
 /// one test: an `flock` taken twice in one process, on two descriptors,
@@ -358,16 +359,19 @@ impl Allocation {
     }
 }
 
-/// The `/dev/tap*` nodes that exist now.
+/// The `/dev/tapN` nodes that exist now, below [`UNIQUE_IFINDEX_BASE`]: the
+/// e2e's macvtaps get kernel-chosen (or, on a second node, low fixed)
+/// ifindexes under the tap-node lock, while tests that run beside them may
+/// make and remove their own at `unique_ifindex`es at any moment.
 pub fn tap_nodes() -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir("/dev")
         .map(|rd| {
             rd.filter_map(|e| e.ok())
                 .map(|e| e.file_name().to_string_lossy().into_owned())
                 .filter(|n| {
-                    n.starts_with("tap")
-                        && n[3..].chars().all(|c| c.is_ascii_digit())
-                        && n.len() > 3
+                    n.strip_prefix("tap")
+                        .and_then(|i| i.parse::<u32>().ok())
+                        .is_some_and(|i| i < UNIQUE_IFINDEX_BASE)
                 })
                 .collect()
         })

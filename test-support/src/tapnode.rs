@@ -39,8 +39,14 @@ pub fn tap_node_lock() -> Result<nix::fcntl::Flock<std::fs::File>> {
     Ok(lock)
 }
 
+/// The lowest ifindex [`unique_ifindex`] hands out; kernel-chosen indexes
+/// in test namespaces stay far below it.
+pub const UNIQUE_IFINDEX_BASE: u32 = 100_000;
+
 /// An ifindex that no other test will pick, for a macvtap a test creates
 /// itself, so that its `/dev/tapN` never collides (see the module docs).
+/// Such tests do not take [`tap_node_lock`], so their `/dev/tapN` (at or
+/// above [`UNIQUE_IFINDEX_BASE`]) can come and go while a locked test runs.
 pub fn unique_ifindex() -> u32 {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
     let t = std::time::SystemTime::now()
@@ -50,7 +56,7 @@ pub fn unique_ifindex() -> u32 {
     let seed = t
         ^ std::process::id().wrapping_mul(2_654_435_761)
         ^ COUNTER.fetch_add(1, Ordering::SeqCst).wrapping_mul(40503);
-    100_000 + seed % 900_000_000
+    UNIQUE_IFINDEX_BASE + seed % 900_000_000
 }
 
 /// The process that created a test namespace, from its name:
