@@ -8,29 +8,126 @@
 //! in most kubelets) which devices of `macvtap.network.kubevirt.io/…`
 //! resources the pod named by `K8S_POD_NAMESPACE`/`K8S_POD_NAME` holds.
 //!
+//! The kubelet limits this API to 100 calls a second with a burst of 10 for
+//! all callers together (Multus asks too, for every pod), so a burst of pod
+//! starts meets `ResourceExhausted`; that, and `Unavailable`, are tried again
+//! after a jittered back-off ([`crate::backoff`]) for at most
+//! [`RETRY_BUDGET`], well inside the whole wait ([`TIMEOUT`]).
+//!
 //! The call is the CNI's own unary gRPC client ([`crate::grpc`]); the
 //! answer is decoded by prost with `kubelet-proto`'s messages (built
 //! without tonic), the same messages the device plugin and the test kubelet
 //! use, and only each pod's name, namespace and devices are kept.
 
+use crate::backoff::Backoff;
 use crate::config::NetConf;
 use crate::env::CniEnv;
 use crate::error::{Error, Result};
-use crate::grpc;
+use crate::grpc::{self, CallError};
 use crate::settings::NodeSettings;
 use kubelet_proto::podresources::v1::ListPodResourcesResponse;
 use macvtap_link::PodResourcesCheck;
 use macvtap_link::RESOURCE_PREFIX;
 use prost::Message;
+use std::fmt;
+use std::io::ErrorKind;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 /// The PodResources `List` method.
 pub const LIST: &str = "/v1.PodResourcesLister/List";
 
-/// How long the kubelet may take to answer (it answers from memory).
+/// How long the kubelet may take to answer (it answers from memory), all
+/// tries together.
 pub const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long after the first try a refused `List` (rate limit, unavailable)
+/// is still tried again: 200 tokens of the kubelet's bucket, and well under
+/// [`TIMEOUT`], so the last try still has seconds to be answered.
+pub const RETRY_BUDGET: Duration = Duration::from_secs(2);
+
+/// The first back-off step: the time the kubelet's bucket takes to gain a
+/// token (100 a second).
+pub const FIRST_PAUSE: Duration = Duration::from_millis(10);
+
+/// The longest back-off step.
+pub const MAX_PAUSE: Duration = Duration::from_millis(250);
+
+/// Why [`list`] brought no pod list; its `Display` is a phrase that follows
+/// "the kubelet's PodResources API at <socket>".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListFailure {
+    /// The kubelet refused every try with a status worth retrying
+    /// ([`grpc::code::RESOURCE_EXHAUSTED`], [`grpc::code::UNAVAILABLE`])
+    /// until the retry budget ran out.
+    Refused {
+        /// The last status code.
+        code: u32,
+        /// The last status message.
+        message: String,
+        /// How many tries were made.
+        tries: u32,
+        /// From the first try to giving up.
+        over: Duration,
+    },
+    /// The call failed in a way a retry would not mend (no socket, nothing
+    /// listening, no answer within [`TIMEOUT`], another status, a broken
+    /// answer).
+    Call(CallError),
+    /// The answer is no `ListPodResourcesResponse`.
+    Undecodable(String),
+}
+
+impl fmt::Display for ListFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ListFailure::Refused {
+                code,
+                message,
+                tries,
+                over,
+            } => {
+                let what = if *code == grpc::code::RESOURCE_EXHAUSTED {
+                    "refused the List by its rate limit"
+                } else {
+                    "was unavailable"
+                };
+                let status = grpc::status_text(*code, message);
+                if *tries == 1 {
+                    return write!(f, "{what} on its only try ({status})");
+                }
+                write!(
+                    f,
+                    "{what} on each of {tries} tries over {:.1} s ({status})",
+                    over.as_secs_f64()
+                )
+            }
+            ListFailure::Call(CallError::Connect { kind, detail }) => match kind {
+                ErrorKind::NotFound => {
+                    write!(f, "cannot be reached: the socket does not exist ({detail})")
+                }
+                ErrorKind::ConnectionRefused => write!(
+                    f,
+                    "cannot be reached: nothing listens on the socket ({detail})"
+                ),
+                _ => write!(f, "cannot be reached ({detail})"),
+            },
+            ListFailure::Call(CallError::Timeout) => {
+                write!(f, "did not answer within the {} s wait", TIMEOUT.as_secs())
+            }
+            ListFailure::Call(CallError::Status { code, message }) => {
+                write!(f, "failed the List ({})", grpc::status_text(*code, message))
+            }
+            ListFailure::Call(CallError::Other(msg)) => {
+                write!(f, "gave no usable answer ({msg})")
+            }
+            ListFailure::Undecodable(e) => {
+                write!(f, "gave no usable answer (undecodable List answer: {e})")
+            }
+        }
+    }
+}
 
 /// One device a pod holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,7 +177,8 @@ pub fn check_ownership(env: &CniEnv, conf: &NetConf, settings: &NodeSettings) ->
     let socket = settings.pod_resources_socket();
     let pods = match list(&socket) {
         Ok(p) => p,
-        Err(msg) => {
+        Err(failure) => {
+            let msg = failure.to_string();
             return match settings.pod_resources_check {
                 PodResourcesCheck::Enforce => Err(Error::PodResourcesUnavailable {
                     device_id: device_id.clone(),
@@ -90,10 +188,10 @@ pub fn check_ownership(env: &CniEnv, conf: &NetConf, settings: &NodeSettings) ->
                 }),
                 PodResourcesCheck::Warn => {
                     warn!(
-                        socket = %socket.display(),
                         "cannot check that device {device_id} is allocated to pod {pod}: the \
-                         kubelet's PodResources API did not answer ({msg}); going on \
-                         (podResourcesCheck is warn)"
+                         kubelet's PodResources API at {} {msg}; going on \
+                         (podResourcesCheck is warn)",
+                        socket.display()
                     );
                     Ok(())
                 }
@@ -134,11 +232,52 @@ pub fn check_ownership(env: &CniEnv, conf: &NetConf, settings: &NodeSettings) ->
     })
 }
 
-/// Asks the kubelet at `socket` for every pod's devices.
-pub fn list(socket: &Path) -> std::result::Result<Vec<PodDevices>, String> {
-    // ListPodResourcesRequest has no fields: its encoding is empty.
-    let answer = grpc::unary(socket, LIST, &[], TIMEOUT)?;
-    decode_list(&answer).map_err(|e| format!("undecodable List answer: {e}"))
+/// Asks the kubelet at `socket` for every pod's devices, within [`TIMEOUT`];
+/// a refusal worth retrying is tried again for up to [`RETRY_BUDGET`].
+pub fn list(socket: &Path) -> std::result::Result<Vec<PodDevices>, ListFailure> {
+    let start = Instant::now();
+    let deadline = start + TIMEOUT;
+    let mut backoff = Backoff::seeded_by_process(FIRST_PAUSE, MAX_PAUSE);
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let left = deadline.saturating_duration_since(Instant::now());
+        // ListPodResourcesRequest has no fields: its encoding is empty.
+        match grpc::unary(socket, LIST, &[], left) {
+            Ok(answer) => {
+                if tries > 1 {
+                    debug!(tries, waited = ?start.elapsed(), "the kubelet answered List after refusals");
+                }
+                return decode_list(&answer).map_err(ListFailure::Undecodable);
+            }
+            Err(CallError::Status { code, message }) if worth_retrying(code) => {
+                let pause = backoff.next_pause();
+                let over = start.elapsed();
+                if over + pause > RETRY_BUDGET {
+                    return Err(ListFailure::Refused {
+                        code,
+                        message,
+                        tries,
+                        over,
+                    });
+                }
+                debug!(
+                    code,
+                    tries,
+                    ?pause,
+                    "the kubelet refused List for now; trying again"
+                );
+                std::thread::sleep(pause);
+            }
+            Err(e) => return Err(ListFailure::Call(e)),
+        }
+    }
+}
+
+/// Whether a `List` refused with gRPC status `code` may succeed a moment
+/// later: the kubelet's rate limit (`ResourceExhausted`) or `Unavailable`.
+pub fn worth_retrying(code: u32) -> bool {
+    code == grpc::code::RESOURCE_EXHAUSTED || code == grpc::code::UNAVAILABLE
 }
 
 /// The devices of `namespace/name`, or `None` when the kubelet lists no
