@@ -426,39 +426,176 @@ mod tests {
         assert_eq!(decode_list(&[]).unwrap(), vec![]);
     }
 
+    /// What the stand-in answers one call with.
+    enum Answer {
+        /// `message` and gRPC status 0.
+        Message(Vec<u8>),
+        /// A trailers-only response with this status and message.
+        Status(u32, &'static str),
+    }
+
     /// A kubelet stand-in on `socket` that answers one call with `message`
     /// and gRPC status 0, framed by [`crate::grpc::frame`].
     fn answer_once(socket: &Path, message: Vec<u8>) -> std::thread::JoinHandle<()> {
+        answer_in_turn(socket, vec![Answer::Message(message)])
+    }
+
+    /// A kubelet stand-in on `socket` that answers one call per connection
+    /// with each of `answers` in turn, then stops listening.
+    fn answer_in_turn(socket: &Path, answers: Vec<Answer>) -> std::thread::JoinHandle<()> {
         use crate::grpc::frame::{self, encode_headers, flag, kind, put_frame, put_message};
         use std::io::{Read, Write};
         let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
+        let socket = socket.to_path_buf();
         std::thread::spawn(move || {
-            let (mut conn, _) = listener.accept().unwrap();
-            let mut preface = [0u8; 24];
-            conn.read_exact(&mut preface).unwrap();
-            // The request ends with its DATA frame.
-            loop {
-                let f = frame::read_frame(&mut conn, frame::MAX_FRAME)
-                    .unwrap()
-                    .unwrap();
-                if f.kind == kind::DATA && f.flags & flag::END_STREAM != 0 {
-                    break;
+            for answer in answers {
+                let (mut conn, _) = listener.accept().unwrap();
+                let mut preface = [0u8; 24];
+                conn.read_exact(&mut preface).unwrap();
+                // The request ends with its DATA frame.
+                loop {
+                    let f = frame::read_frame(&mut conn, frame::MAX_FRAME)
+                        .unwrap()
+                        .unwrap();
+                    if f.kind == kind::DATA && f.flags & flag::END_STREAM != 0 {
+                        break;
+                    }
                 }
+                let mut out = Vec::new();
+                put_frame(&mut out, kind::SETTINGS, 0, 0, &[]);
+                let end = flag::END_HEADERS | flag::END_STREAM;
+                match answer {
+                    Answer::Message(message) => {
+                        let head = encode_headers(&[
+                            (":status", "200"),
+                            ("content-type", "application/grpc"),
+                        ]);
+                        put_frame(&mut out, kind::HEADERS, flag::END_HEADERS, 1, &head);
+                        let mut body = Vec::new();
+                        put_message(&mut body, &message).unwrap();
+                        put_frame(&mut out, kind::DATA, 0, 1, &body);
+                        let trailers = encode_headers(&[("grpc-status", "0")]);
+                        put_frame(&mut out, kind::HEADERS, end, 1, &trailers);
+                    }
+                    Answer::Status(code, message) => {
+                        let code = code.to_string();
+                        let only = encode_headers(&[
+                            (":status", "200"),
+                            ("content-type", "application/grpc"),
+                            ("grpc-status", &code),
+                            ("grpc-message", message),
+                        ]);
+                        put_frame(&mut out, kind::HEADERS, end, 1, &only);
+                    }
+                }
+                conn.write_all(&out).unwrap();
+                // Until the client hangs up (it acknowledges our SETTINGS).
+                let _ = conn.read_to_end(&mut Vec::new());
             }
-            let mut out = Vec::new();
-            put_frame(&mut out, kind::SETTINGS, 0, 0, &[]);
-            let head = encode_headers(&[(":status", "200"), ("content-type", "application/grpc")]);
-            put_frame(&mut out, kind::HEADERS, flag::END_HEADERS, 1, &head);
-            let mut body = Vec::new();
-            put_message(&mut body, &message).unwrap();
-            put_frame(&mut out, kind::DATA, 0, 1, &body);
-            let trailers = encode_headers(&[("grpc-status", "0")]);
-            let end = flag::END_HEADERS | flag::END_STREAM;
-            put_frame(&mut out, kind::HEADERS, end, 1, &trailers);
-            conn.write_all(&out).unwrap();
-            // Until the client hangs up (it acknowledges our SETTINGS).
-            let _ = conn.read_to_end(&mut Vec::new());
+            // A call past the answers finds nothing listening.
+            drop(listener);
+            let _ = std::fs::remove_file(&socket);
         })
+    }
+
+    #[test]
+    fn a_list_refused_for_now_is_tried_again_until_answered() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("kubelet.sock");
+        let good = pr::ListPodResourcesResponse {
+            pod_resources: vec![pod("p", "n", &[("r/x", &["id"])])],
+        }
+        .encode_to_vec();
+        let kubelet = answer_in_turn(
+            &socket,
+            vec![
+                Answer::Status(8, "rejected by rate limit"),
+                Answer::Status(14, "starting"),
+                Answer::Status(8, "rejected by rate limit"),
+                Answer::Message(good),
+            ],
+        );
+        let started = Instant::now();
+        let pods = list(&socket).unwrap();
+        kubelet.join().unwrap();
+        assert_eq!(pods.len(), 1);
+        assert!(started.elapsed() < RETRY_BUDGET, "{:?}", started.elapsed());
+    }
+
+    #[test]
+    fn another_status_is_not_tried_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("kubelet.sock");
+        let kubelet = answer_in_turn(&socket, vec![Answer::Status(13, "broken")]);
+        let failure = list(&socket).unwrap_err();
+        kubelet.join().unwrap();
+        assert_eq!(
+            failure,
+            ListFailure::Call(CallError::Status {
+                code: 13,
+                message: "broken".into()
+            })
+        );
+        assert_eq!(
+            failure.to_string(),
+            "failed the List (gRPC status 13 (internal): broken)"
+        );
+    }
+
+    #[test]
+    fn each_failure_reads_as_what_happened() {
+        let refused = |code, tries| ListFailure::Refused {
+            code,
+            message: "rejected by rate limit".into(),
+            tries,
+            over: Duration::from_millis(1950),
+        };
+        assert_eq!(
+            refused(8, 12).to_string(),
+            "refused the List by its rate limit on each of 12 tries over 1.9 s \
+             (gRPC status 8 (resource exhausted): rejected by rate limit)"
+        );
+        assert_eq!(
+            refused(8, 1).to_string(),
+            "refused the List by its rate limit on its only try \
+             (gRPC status 8 (resource exhausted): rejected by rate limit)"
+        );
+        assert!(
+            refused(14, 3)
+                .to_string()
+                .starts_with("was unavailable on each of 3 tries")
+        );
+        assert_eq!(
+            ListFailure::Call(CallError::Timeout).to_string(),
+            "did not answer within the 5 s wait"
+        );
+        let connect = |kind| {
+            ListFailure::Call(CallError::Connect {
+                kind,
+                detail: "os error".into(),
+            })
+            .to_string()
+        };
+        assert_eq!(
+            connect(ErrorKind::NotFound),
+            "cannot be reached: the socket does not exist (os error)"
+        );
+        assert_eq!(
+            connect(ErrorKind::ConnectionRefused),
+            "cannot be reached: nothing listens on the socket (os error)"
+        );
+    }
+
+    #[test]
+    fn a_missing_socket_is_named_as_such() {
+        let dir = tempfile::tempdir().unwrap();
+        let failure = list(&dir.path().join("kubelet.sock")).unwrap_err();
+        assert!(
+            failure
+                .to_string()
+                .starts_with("cannot be reached: the socket does not exist"),
+            "{failure}"
+        );
     }
 
     /// [`check_ownership`] of device `dataplaneMvp1` for pod
