@@ -201,7 +201,7 @@ pub enum Error {
     /// settings say to refuse then.
     #[error(
         "cannot check that device {device_id} is allocated to pod {pod}: the kubelet's \
-         PodResources API at {socket} did not answer ({msg}); podResourcesCheck is enforce"
+         PodResources API at {socket} {msg}; podResourcesCheck is enforce"
     )]
     PodResourcesUnavailable {
         /// The device ID from the config.
@@ -210,7 +210,8 @@ pub enum Error {
         pod: String,
         /// The socket asked.
         socket: String,
-        /// What went wrong.
+        /// What went wrong, as a phrase that follows the socket
+        /// (`podresources::ListFailure`), e.g. `did not answer within the 5 s wait`.
         msg: String,
     },
     /// A failure that left nothing behind and may go away on a retry.

@@ -11,6 +11,7 @@
 
 pub mod add;
 pub mod args;
+pub mod backoff;
 pub mod check;
 pub mod config;
 pub mod del;

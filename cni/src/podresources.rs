@@ -8,29 +8,126 @@
 //! in most kubelets) which devices of `macvtap.network.kubevirt.io/…`
 //! resources the pod named by `K8S_POD_NAMESPACE`/`K8S_POD_NAME` holds.
 //!
+//! The kubelet limits this API to 100 calls a second with a burst of 10 for
+//! all callers together (Multus asks too, for every pod), so a burst of pod
+//! starts meets `ResourceExhausted`; that, and `Unavailable`, are tried again
+//! after a jittered back-off ([`crate::backoff`]) for at most
+//! [`RETRY_BUDGET`], well inside the whole wait ([`TIMEOUT`]).
+//!
 //! The call is the CNI's own unary gRPC client ([`crate::grpc`]); the
 //! answer is decoded by prost with `kubelet-proto`'s messages (built
 //! without tonic), the same messages the device plugin and the test kubelet
 //! use, and only each pod's name, namespace and devices are kept.
 
+use crate::backoff::Backoff;
 use crate::config::NetConf;
 use crate::env::CniEnv;
 use crate::error::{Error, Result};
-use crate::grpc;
+use crate::grpc::{self, CallError};
 use crate::settings::NodeSettings;
 use kubelet_proto::podresources::v1::ListPodResourcesResponse;
 use macvtap_link::PodResourcesCheck;
 use macvtap_link::RESOURCE_PREFIX;
 use prost::Message;
+use std::fmt;
+use std::io::ErrorKind;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 /// The PodResources `List` method.
 pub const LIST: &str = "/v1.PodResourcesLister/List";
 
-/// How long the kubelet may take to answer (it answers from memory).
+/// How long the kubelet may take to answer (it answers from memory), all
+/// tries together.
 pub const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long after the first try a refused `List` (rate limit, unavailable)
+/// is still tried again: 200 tokens of the kubelet's bucket, and well under
+/// [`TIMEOUT`], so the last try still has seconds to be answered.
+pub const RETRY_BUDGET: Duration = Duration::from_secs(2);
+
+/// The first back-off step: the time the kubelet's bucket takes to gain a
+/// token (100 a second).
+pub const FIRST_PAUSE: Duration = Duration::from_millis(10);
+
+/// The longest back-off step.
+pub const MAX_PAUSE: Duration = Duration::from_millis(250);
+
+/// Why [`list`] brought no pod list; its `Display` is a phrase that follows
+/// "the kubelet's PodResources API at <socket>".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListFailure {
+    /// The kubelet refused every try with a status worth retrying
+    /// ([`grpc::code::RESOURCE_EXHAUSTED`], [`grpc::code::UNAVAILABLE`])
+    /// until the retry budget ran out.
+    Refused {
+        /// The last status code.
+        code: u32,
+        /// The last status message.
+        message: String,
+        /// How many tries were made.
+        tries: u32,
+        /// From the first try to giving up.
+        over: Duration,
+    },
+    /// The call failed in a way a retry would not mend (no socket, nothing
+    /// listening, no answer within [`TIMEOUT`], another status, a broken
+    /// answer).
+    Call(CallError),
+    /// The answer is no `ListPodResourcesResponse`.
+    Undecodable(String),
+}
+
+impl fmt::Display for ListFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ListFailure::Refused {
+                code,
+                message,
+                tries,
+                over,
+            } => {
+                let what = if *code == grpc::code::RESOURCE_EXHAUSTED {
+                    "refused the List by its rate limit"
+                } else {
+                    "was unavailable"
+                };
+                let status = grpc::status_text(*code, message);
+                if *tries == 1 {
+                    return write!(f, "{what} on its only try ({status})");
+                }
+                write!(
+                    f,
+                    "{what} on each of {tries} tries over {:.1} s ({status})",
+                    over.as_secs_f64()
+                )
+            }
+            ListFailure::Call(CallError::Connect { kind, detail }) => match kind {
+                ErrorKind::NotFound => {
+                    write!(f, "cannot be reached: the socket does not exist ({detail})")
+                }
+                ErrorKind::ConnectionRefused => write!(
+                    f,
+                    "cannot be reached: nothing listens on the socket ({detail})"
+                ),
+                _ => write!(f, "cannot be reached ({detail})"),
+            },
+            ListFailure::Call(CallError::Timeout) => {
+                write!(f, "did not answer within the {} s wait", TIMEOUT.as_secs())
+            }
+            ListFailure::Call(CallError::Status { code, message }) => {
+                write!(f, "failed the List ({})", grpc::status_text(*code, message))
+            }
+            ListFailure::Call(CallError::Other(msg)) => {
+                write!(f, "gave no usable answer ({msg})")
+            }
+            ListFailure::Undecodable(e) => {
+                write!(f, "gave no usable answer (undecodable List answer: {e})")
+            }
+        }
+    }
+}
 
 /// One device a pod holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,7 +177,8 @@ pub fn check_ownership(env: &CniEnv, conf: &NetConf, settings: &NodeSettings) ->
     let socket = settings.pod_resources_socket();
     let pods = match list(&socket) {
         Ok(p) => p,
-        Err(msg) => {
+        Err(failure) => {
+            let msg = failure.to_string();
             return match settings.pod_resources_check {
                 PodResourcesCheck::Enforce => Err(Error::PodResourcesUnavailable {
                     device_id: device_id.clone(),
@@ -90,10 +188,10 @@ pub fn check_ownership(env: &CniEnv, conf: &NetConf, settings: &NodeSettings) ->
                 }),
                 PodResourcesCheck::Warn => {
                     warn!(
-                        socket = %socket.display(),
                         "cannot check that device {device_id} is allocated to pod {pod}: the \
-                         kubelet's PodResources API did not answer ({msg}); going on \
-                         (podResourcesCheck is warn)"
+                         kubelet's PodResources API at {} {msg}; going on \
+                         (podResourcesCheck is warn)",
+                        socket.display()
                     );
                     Ok(())
                 }
@@ -134,11 +232,52 @@ pub fn check_ownership(env: &CniEnv, conf: &NetConf, settings: &NodeSettings) ->
     })
 }
 
-/// Asks the kubelet at `socket` for every pod's devices.
-pub fn list(socket: &Path) -> std::result::Result<Vec<PodDevices>, String> {
-    // ListPodResourcesRequest has no fields: its encoding is empty.
-    let answer = grpc::unary(socket, LIST, &[], TIMEOUT)?;
-    decode_list(&answer).map_err(|e| format!("undecodable List answer: {e}"))
+/// Asks the kubelet at `socket` for every pod's devices, within [`TIMEOUT`];
+/// a refusal worth retrying is tried again for up to [`RETRY_BUDGET`].
+pub fn list(socket: &Path) -> std::result::Result<Vec<PodDevices>, ListFailure> {
+    let start = Instant::now();
+    let deadline = start + TIMEOUT;
+    let mut backoff = Backoff::seeded_by_process(FIRST_PAUSE, MAX_PAUSE);
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let left = deadline.saturating_duration_since(Instant::now());
+        // ListPodResourcesRequest has no fields: its encoding is empty.
+        match grpc::unary(socket, LIST, &[], left) {
+            Ok(answer) => {
+                if tries > 1 {
+                    debug!(tries, waited = ?start.elapsed(), "the kubelet answered List after refusals");
+                }
+                return decode_list(&answer).map_err(ListFailure::Undecodable);
+            }
+            Err(CallError::Status { code, message }) if worth_retrying(code) => {
+                let pause = backoff.next_pause();
+                let over = start.elapsed();
+                if over + pause > RETRY_BUDGET {
+                    return Err(ListFailure::Refused {
+                        code,
+                        message,
+                        tries,
+                        over,
+                    });
+                }
+                debug!(
+                    code,
+                    tries,
+                    ?pause,
+                    "the kubelet refused List for now; trying again"
+                );
+                std::thread::sleep(pause);
+            }
+            Err(e) => return Err(ListFailure::Call(e)),
+        }
+    }
+}
+
+/// Whether a `List` refused with gRPC status `code` may succeed a moment
+/// later: the kubelet's rate limit (`ResourceExhausted`) or `Unavailable`.
+pub fn worth_retrying(code: u32) -> bool {
+    code == grpc::code::RESOURCE_EXHAUSTED || code == grpc::code::UNAVAILABLE
 }
 
 /// The devices of `namespace/name`, or `None` when the kubelet lists no
@@ -287,39 +426,176 @@ mod tests {
         assert_eq!(decode_list(&[]).unwrap(), vec![]);
     }
 
+    /// What the stand-in answers one call with.
+    enum Answer {
+        /// `message` and gRPC status 0.
+        Message(Vec<u8>),
+        /// A trailers-only response with this status and message.
+        Status(u32, &'static str),
+    }
+
     /// A kubelet stand-in on `socket` that answers one call with `message`
     /// and gRPC status 0, framed by [`crate::grpc::frame`].
     fn answer_once(socket: &Path, message: Vec<u8>) -> std::thread::JoinHandle<()> {
+        answer_in_turn(socket, vec![Answer::Message(message)])
+    }
+
+    /// A kubelet stand-in on `socket` that answers one call per connection
+    /// with each of `answers` in turn, then stops listening.
+    fn answer_in_turn(socket: &Path, answers: Vec<Answer>) -> std::thread::JoinHandle<()> {
         use crate::grpc::frame::{self, encode_headers, flag, kind, put_frame, put_message};
         use std::io::{Read, Write};
         let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
+        let socket = socket.to_path_buf();
         std::thread::spawn(move || {
-            let (mut conn, _) = listener.accept().unwrap();
-            let mut preface = [0u8; 24];
-            conn.read_exact(&mut preface).unwrap();
-            // The request ends with its DATA frame.
-            loop {
-                let f = frame::read_frame(&mut conn, frame::MAX_FRAME)
-                    .unwrap()
-                    .unwrap();
-                if f.kind == kind::DATA && f.flags & flag::END_STREAM != 0 {
-                    break;
+            for answer in answers {
+                let (mut conn, _) = listener.accept().unwrap();
+                let mut preface = [0u8; 24];
+                conn.read_exact(&mut preface).unwrap();
+                // The request ends with its DATA frame.
+                loop {
+                    let f = frame::read_frame(&mut conn, frame::MAX_FRAME)
+                        .unwrap()
+                        .unwrap();
+                    if f.kind == kind::DATA && f.flags & flag::END_STREAM != 0 {
+                        break;
+                    }
                 }
+                let mut out = Vec::new();
+                put_frame(&mut out, kind::SETTINGS, 0, 0, &[]);
+                let end = flag::END_HEADERS | flag::END_STREAM;
+                match answer {
+                    Answer::Message(message) => {
+                        let head = encode_headers(&[
+                            (":status", "200"),
+                            ("content-type", "application/grpc"),
+                        ]);
+                        put_frame(&mut out, kind::HEADERS, flag::END_HEADERS, 1, &head);
+                        let mut body = Vec::new();
+                        put_message(&mut body, &message).unwrap();
+                        put_frame(&mut out, kind::DATA, 0, 1, &body);
+                        let trailers = encode_headers(&[("grpc-status", "0")]);
+                        put_frame(&mut out, kind::HEADERS, end, 1, &trailers);
+                    }
+                    Answer::Status(code, message) => {
+                        let code = code.to_string();
+                        let only = encode_headers(&[
+                            (":status", "200"),
+                            ("content-type", "application/grpc"),
+                            ("grpc-status", &code),
+                            ("grpc-message", message),
+                        ]);
+                        put_frame(&mut out, kind::HEADERS, end, 1, &only);
+                    }
+                }
+                conn.write_all(&out).unwrap();
+                // Until the client hangs up (it acknowledges our SETTINGS).
+                let _ = conn.read_to_end(&mut Vec::new());
             }
-            let mut out = Vec::new();
-            put_frame(&mut out, kind::SETTINGS, 0, 0, &[]);
-            let head = encode_headers(&[(":status", "200"), ("content-type", "application/grpc")]);
-            put_frame(&mut out, kind::HEADERS, flag::END_HEADERS, 1, &head);
-            let mut body = Vec::new();
-            put_message(&mut body, &message).unwrap();
-            put_frame(&mut out, kind::DATA, 0, 1, &body);
-            let trailers = encode_headers(&[("grpc-status", "0")]);
-            let end = flag::END_HEADERS | flag::END_STREAM;
-            put_frame(&mut out, kind::HEADERS, end, 1, &trailers);
-            conn.write_all(&out).unwrap();
-            // Until the client hangs up (it acknowledges our SETTINGS).
-            let _ = conn.read_to_end(&mut Vec::new());
+            // A call past the answers finds nothing listening.
+            drop(listener);
+            let _ = std::fs::remove_file(&socket);
         })
+    }
+
+    #[test]
+    fn a_list_refused_for_now_is_tried_again_until_answered() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("kubelet.sock");
+        let good = pr::ListPodResourcesResponse {
+            pod_resources: vec![pod("p", "n", &[("r/x", &["id"])])],
+        }
+        .encode_to_vec();
+        let kubelet = answer_in_turn(
+            &socket,
+            vec![
+                Answer::Status(8, "rejected by rate limit"),
+                Answer::Status(14, "starting"),
+                Answer::Status(8, "rejected by rate limit"),
+                Answer::Message(good),
+            ],
+        );
+        let started = Instant::now();
+        let pods = list(&socket).unwrap();
+        kubelet.join().unwrap();
+        assert_eq!(pods.len(), 1);
+        assert!(started.elapsed() < RETRY_BUDGET, "{:?}", started.elapsed());
+    }
+
+    #[test]
+    fn another_status_is_not_tried_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("kubelet.sock");
+        let kubelet = answer_in_turn(&socket, vec![Answer::Status(13, "broken")]);
+        let failure = list(&socket).unwrap_err();
+        kubelet.join().unwrap();
+        assert_eq!(
+            failure,
+            ListFailure::Call(CallError::Status {
+                code: 13,
+                message: "broken".into()
+            })
+        );
+        assert_eq!(
+            failure.to_string(),
+            "failed the List (gRPC status 13 (internal): broken)"
+        );
+    }
+
+    #[test]
+    fn each_failure_reads_as_what_happened() {
+        let refused = |code, tries| ListFailure::Refused {
+            code,
+            message: "rejected by rate limit".into(),
+            tries,
+            over: Duration::from_millis(1950),
+        };
+        assert_eq!(
+            refused(8, 12).to_string(),
+            "refused the List by its rate limit on each of 12 tries over 1.9 s \
+             (gRPC status 8 (resource exhausted): rejected by rate limit)"
+        );
+        assert_eq!(
+            refused(8, 1).to_string(),
+            "refused the List by its rate limit on its only try \
+             (gRPC status 8 (resource exhausted): rejected by rate limit)"
+        );
+        assert!(
+            refused(14, 3)
+                .to_string()
+                .starts_with("was unavailable on each of 3 tries")
+        );
+        assert_eq!(
+            ListFailure::Call(CallError::Timeout).to_string(),
+            "did not answer within the 5 s wait"
+        );
+        let connect = |kind| {
+            ListFailure::Call(CallError::Connect {
+                kind,
+                detail: "os error".into(),
+            })
+            .to_string()
+        };
+        assert_eq!(
+            connect(ErrorKind::NotFound),
+            "cannot be reached: the socket does not exist (os error)"
+        );
+        assert_eq!(
+            connect(ErrorKind::ConnectionRefused),
+            "cannot be reached: nothing listens on the socket (os error)"
+        );
+    }
+
+    #[test]
+    fn a_missing_socket_is_named_as_such() {
+        let dir = tempfile::tempdir().unwrap();
+        let failure = list(&dir.path().join("kubelet.sock")).unwrap_err();
+        assert!(
+            failure
+                .to_string()
+                .starts_with("cannot be reached: the socket does not exist"),
+            "{failure}"
+        );
     }
 
     /// [`check_ownership`] of device `dataplaneMvp1` for pod

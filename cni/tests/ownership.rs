@@ -9,6 +9,8 @@ mod common;
 
 use common::kubelet::{PodResourcesKubelet, settings_file};
 use common::{Sandbox, netconf};
+use macvtap_cni::podresources::RETRY_BUDGET;
+use std::time::Instant;
 use test_kubelet::{Code, TokenBucket};
 
 const DP: &str = "macvtap.network.kubevirt.io/dataplane";
@@ -125,7 +127,10 @@ fn an_unreachable_kubelet_refuses_in_enforce_and_warns_in_warn() {
         ],
     );
     let msg = run.fails_with(11);
-    assert!(msg.contains("pod-resources/kubelet.sock"), "{msg}");
+    assert!(
+        msg.contains("pod-resources/kubelet.sock cannot be reached: the socket does not exist"),
+        "{msg}"
+    );
     assert!(msg.contains("enforce"), "{msg}");
     assert_eq!(sb.node_links(), before);
 
@@ -140,7 +145,9 @@ fn an_unreachable_kubelet_refuses_in_enforce_and_warns_in_warn() {
     );
     run.ok();
     assert!(
-        run.stderr.contains("did not answer") && run.stderr.contains("podResourcesCheck is warn"),
+        run.stderr
+            .contains("pod-resources/kubelet.sock cannot be reached: the socket does not exist")
+            && run.stderr.contains("podResourcesCheck is warn"),
         "{}",
         run.stderr
     );
@@ -148,10 +155,11 @@ fn an_unreachable_kubelet_refuses_in_enforce_and_warns_in_warn() {
 }
 
 /// ADD of a device the kubelet allocated to the pod, while the kubelet
-/// cannot answer as `why` says: enforce refuses with code 11 (try again
-/// later) naming the socket, `why` and the mode, and leaves the host as it
-/// was; warn warns with `why` and hands the link over.
-fn enforce_refuses_and_warn_goes_on(kubelet: &PodResourcesKubelet, why: &str) {
+/// cannot answer as `why` says (each part follows the socket's path in
+/// the message): enforce refuses with code 11 (try again later) naming the
+/// socket, `why` and the mode, and leaves the host as it was; warn warns
+/// with `why` and hands the link over.
+fn enforce_refuses_and_warn_goes_on(kubelet: &PodResourcesKubelet, why: &[&str]) {
     let sb = Sandbox::new();
     kubelet.add_pod("tenant-a", "vm", &[(DP, &["dataplaneMvp6"])]);
     let index = sb.allocate("dataplaneMvp6");
@@ -171,10 +179,11 @@ fn enforce_refuses_and_warn_goes_on(kubelet: &PodResourcesKubelet, why: &str) {
     let msg = add("enforce").fails_with(11);
     for part in [
         "cannot check that device dataplaneMvp6 is allocated to pod tenant-a/vm",
-        "pod-resources/kubelet.sock did not answer",
-        why,
         "podResourcesCheck is enforce",
-    ] {
+    ]
+    .iter()
+    .chain(why)
+    {
         assert!(msg.contains(part), "{part:?} in {msg}");
     }
     assert_eq!(sb.node_links(), before, "the host is untouched");
@@ -182,11 +191,9 @@ fn enforce_refuses_and_warn_goes_on(kubelet: &PodResourcesKubelet, why: &str) {
 
     let run = add("warn");
     run.ok();
-    assert!(
-        run.stderr.contains(why) && run.stderr.contains("podResourcesCheck is warn"),
-        "{}",
-        run.stderr
-    );
+    for part in ["podResourcesCheck is warn"].iter().chain(why) {
+        assert!(run.stderr.contains(part), "{part:?} in {}", run.stderr);
+    }
     assert_handed_over(&sb, "dataplaneMvp6", index);
 }
 
@@ -195,9 +202,32 @@ fn a_kubelet_rate_limit_refusal_refuses_in_enforce_and_warns_in_warn() {
     let kubelet = PodResourcesKubelet::start();
     // The kubelet's bucket (100/s, burst 10) spent by other callers.
     kubelet.set_rate_limit(TokenBucket::new(0.0, 0));
+    let started = Instant::now();
     enforce_refuses_and_warn_goes_on(
         &kubelet,
-        "gRPC status 8 (resource exhausted): rejected by rate limit",
+        &[
+            "pod-resources/kubelet.sock refused the List by its rate limit on each of",
+            "(gRPC status 8 (resource exhausted): rejected by rate limit)",
+        ],
+    );
+    // Both ADDs tried again for the whole budget before they gave up.
+    assert!(
+        started.elapsed() >= 2 * RETRY_BUDGET.mul_f64(0.9),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn an_unavailable_kubelet_is_tried_again_then_refuses_in_enforce_and_warns_in_warn() {
+    let kubelet = PodResourcesKubelet::start();
+    kubelet.fail(Code::Unavailable);
+    enforce_refuses_and_warn_goes_on(
+        &kubelet,
+        &[
+            "pod-resources/kubelet.sock was unavailable on each of",
+            "(gRPC status 14 (unavailable): the test made the PodResources API fail)",
+        ],
     );
 }
 
@@ -205,14 +235,21 @@ fn a_kubelet_rate_limit_refusal_refuses_in_enforce_and_warns_in_warn() {
 fn a_failing_kubelet_refuses_in_enforce_and_warns_in_warn() {
     let kubelet = PodResourcesKubelet::start();
     kubelet.fail(Code::Internal);
-    enforce_refuses_and_warn_goes_on(&kubelet, "gRPC status 13 (internal)");
+    // Not a refusal for now: not tried again.
+    enforce_refuses_and_warn_goes_on(
+        &kubelet,
+        &["pod-resources/kubelet.sock failed the List (gRPC status 13 (internal)"],
+    );
 }
 
 #[test]
 fn a_hanging_kubelet_refuses_in_enforce_and_warns_in_warn() {
     let kubelet = PodResourcesKubelet::start();
     kubelet.hang();
-    enforce_refuses_and_warn_goes_on(&kubelet, "no answer within the timeout");
+    enforce_refuses_and_warn_goes_on(
+        &kubelet,
+        &["pod-resources/kubelet.sock did not answer within the 5 s wait"],
+    );
     assert_eq!(
         kubelet.held(),
         2,

@@ -242,6 +242,7 @@ mod tests {
             Duration::from_secs(5),
         )
         .unwrap_err();
+        let err = err.to_string();
         assert!(err.contains("gRPC status 12 (unimplemented)"), "{err}");
 
         drop(relay);

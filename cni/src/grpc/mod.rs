@@ -11,11 +11,13 @@
 //! HEADERS (with CONTINUATION, padding and priority), DATA, trailers,
 //! RST_STREAM and GOAWAY. The gRPC status comes from the trailers (or a
 //! trailers-only response), the message from the one length-prefixed DATA
-//! message.
+//! message. A failed call says why as a [`CallError`], so a caller can tell
+//! a refusal it may retry from a missing socket or a silent server.
 
 pub mod frame;
 
 use frame::{MAX_FRAME, PREFACE, encode_headers, flag, kind, put_frame, put_message, setting};
+use std::fmt;
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -24,21 +26,81 @@ use std::time::{Duration, Instant};
 /// The largest response body accepted (Multus accepts the same from this API).
 pub const MAX_RESPONSE: usize = 16 * 1024 * 1024;
 
+/// gRPC status codes a caller treats on purpose.
+pub mod code {
+    /// `RESOURCE_EXHAUSTED`: the kubelet's rate limit refused the call.
+    pub const RESOURCE_EXHAUSTED: u32 = 8;
+    /// `UNAVAILABLE`: the server cannot take the call now.
+    pub const UNAVAILABLE: u32 = 14;
+}
+
+/// Why a unary call brought no answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallError {
+    /// The socket could not be connected: `kind` is `NotFound` when it does
+    /// not exist, `ConnectionRefused` when nothing listens on it.
+    Connect {
+        /// The connect error's kind.
+        kind: ErrorKind,
+        /// The connect error as the OS words it.
+        detail: String,
+    },
+    /// No answer came before the deadline.
+    Timeout,
+    /// The server answered a gRPC status other than OK.
+    Status {
+        /// The status code, e.g. [`code::RESOURCE_EXHAUSTED`].
+        code: u32,
+        /// The status message, percent-decoded; may be empty.
+        message: String,
+    },
+    /// Any other failure (HTTP/2, HTTP, framing), as a sentence.
+    Other(String),
+}
+
+impl fmt::Display for CallError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CallError::Connect { detail, .. } => write!(f, "cannot connect: {detail}"),
+            CallError::Timeout => f.write_str("no answer within the timeout"),
+            CallError::Status { code, message } => {
+                write!(f, "the server answered {}", status_text(*code, message))
+            }
+            CallError::Other(s) => f.write_str(s),
+        }
+    }
+}
+
+impl From<String> for CallError {
+    fn from(s: String) -> Self {
+        CallError::Other(s)
+    }
+}
+
+impl From<&str> for CallError {
+    fn from(s: &str) -> Self {
+        CallError::Other(s.to_string())
+    }
+}
+
 const STREAM: u32 = 1;
 const MAX_WINDOW: u32 = 0x7fff_ffff;
 const DEFAULT_WINDOW: u32 = 65_535;
 
 /// Calls `method` (e.g. `/v1.PodResourcesLister/List`) on the gRPC server at
-/// `socket` with the encoded `request`; returns the encoded response, or a
-/// sentence saying what went wrong. Gives up after `timeout`.
+/// `socket` with the encoded `request`; returns the encoded response, or
+/// what went wrong. Gives up after `timeout`.
 pub fn unary(
     socket: &Path,
     method: &str,
     request: &[u8],
     timeout: Duration,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, CallError> {
     let deadline = Instant::now() + timeout;
-    let mut conn = UnixStream::connect(socket).map_err(|e| format!("cannot connect: {e}"))?;
+    let mut conn = UnixStream::connect(socket).map_err(|e| CallError::Connect {
+        kind: e.kind(),
+        detail: e.to_string(),
+    })?;
     conn.set_write_timeout(Some(timeout))
         .map_err(|e| format!("setting a timeout: {e}"))?;
     let mut out = Vec::with_capacity(256 + request.len());
@@ -75,7 +137,7 @@ pub fn unary(
     read_response(&mut conn, deadline)
 }
 
-fn read_response(conn: &mut UnixStream, deadline: Instant) -> Result<Vec<u8>, String> {
+fn read_response(conn: &mut UnixStream, deadline: Instant) -> Result<Vec<u8>, CallError> {
     let mut decoder = hpack::Decoder::new();
     let mut block: Vec<u8> = Vec::new();
     let mut block_ends_stream = false;
@@ -118,7 +180,7 @@ fn read_response(conn: &mut UnixStream, deadline: Instant) -> Result<Vec<u8>, St
             kind::DATA if stream == STREAM => {
                 let data = frame::strip_padding(&payload, flags, false)?;
                 if body.len() + data.len() > MAX_RESPONSE + 5 {
-                    return Err(format!("the response is larger than {MAX_RESPONSE} bytes"));
+                    return Err(format!("the response is larger than {MAX_RESPONSE} bytes").into());
                 }
                 body.extend_from_slice(data);
                 if flags & flag::END_STREAM != 0 {
@@ -129,13 +191,15 @@ fn read_response(conn: &mut UnixStream, deadline: Instant) -> Result<Vec<u8>, St
                 return Err(format!(
                     "the server reset the call (HTTP/2 error {})",
                     u32_at(&payload, 0).unwrap_or(0)
-                ));
+                )
+                .into());
             }
             kind::GOAWAY => {
                 return Err(format!(
                     "the server closed the connection (HTTP/2 error {})",
                     u32_at(&payload, 4).unwrap_or(0)
-                ));
+                )
+                .into());
             }
             kind::PUSH_PROMISE => {
                 return Err("the server pushed a stream although push is off".into());
@@ -155,22 +219,22 @@ fn read_response(conn: &mut UnixStream, deadline: Instant) -> Result<Vec<u8>, St
             if block_ends_stream {
                 // Trailers, or a trailers-only response.
                 check_grpc_status(&fields)?;
-                return grpc_message(&body);
+                return Ok(grpc_message(&body)?);
             }
         }
     }
 }
 
 /// The next frame of the answer, read by `deadline`.
-fn read_frame(conn: &mut UnixStream, deadline: Instant) -> Result<frame::Frame, String> {
+fn read_frame(conn: &mut UnixStream, deadline: Instant) -> Result<frame::Frame, CallError> {
     match frame::read_frame(&mut ByDeadline { conn, deadline }, MAX_FRAME) {
         Ok(Some(f)) => Ok(f),
         Ok(None) => Err("the server closed the connection mid-answer".into()),
         Err(e) => Err(match e.kind() {
             ErrorKind::UnexpectedEof => "the server closed the connection mid-answer".into(),
-            ErrorKind::WouldBlock | ErrorKind::TimedOut => "no answer within the timeout".into(),
-            ErrorKind::InvalidData => format!("the server sent {e}"),
-            _ => format!("reading the answer: {e}"),
+            ErrorKind::WouldBlock | ErrorKind::TimedOut => CallError::Timeout,
+            ErrorKind::InvalidData => format!("the server sent {e}").into(),
+            _ => format!("reading the answer: {e}").into(),
         }),
     }
 }
@@ -221,38 +285,49 @@ fn check_response_headers(fields: &[(Vec<u8>, Vec<u8>)]) -> Result<(), String> {
     }
 }
 
-fn check_grpc_status(fields: &[(Vec<u8>, Vec<u8>)]) -> Result<(), String> {
+fn check_grpc_status(fields: &[(Vec<u8>, Vec<u8>)]) -> Result<(), CallError> {
     let status = header(fields, "grpc-status").ok_or("the answer has no grpc-status")?;
     if status == b"0" {
         return Ok(());
     }
+    let code = std::str::from_utf8(status)
+        .ok()
+        .and_then(|s| s.parse::<u32>().ok())
+        .ok_or_else(|| {
+            format!(
+                "the answer's grpc-status {:?} is not a number",
+                String::from_utf8_lossy(status)
+            )
+        })?;
     let message = header(fields, "grpc-message")
         .map(percent_decode)
         .unwrap_or_default();
-    Err(format!(
-        "the server answered gRPC status {} ({}){}",
-        String::from_utf8_lossy(status),
-        grpc_code_name(status),
-        if message.is_empty() {
-            String::new()
-        } else {
-            format!(": {message}")
-        }
-    ))
+    Err(CallError::Status { code, message })
 }
 
-fn grpc_code_name(status: &[u8]) -> &'static str {
-    match status {
-        b"1" => "cancelled",
-        b"2" => "unknown",
-        b"3" => "invalid argument",
-        b"4" => "deadline exceeded",
-        b"5" => "not found",
-        b"7" => "permission denied",
-        b"8" => "resource exhausted",
-        b"12" => "unimplemented",
-        b"13" => "internal",
-        b"14" => "unavailable",
+/// A gRPC status as people read it: `gRPC status 8 (resource exhausted):
+/// rejected by rate limit`.
+pub fn status_text(code: u32, message: &str) -> String {
+    let name = grpc_code_name(code);
+    if message.is_empty() {
+        format!("gRPC status {code} ({name})")
+    } else {
+        format!("gRPC status {code} ({name}): {message}")
+    }
+}
+
+fn grpc_code_name(code: u32) -> &'static str {
+    match code {
+        1 => "cancelled",
+        2 => "unknown",
+        3 => "invalid argument",
+        4 => "deadline exceeded",
+        5 => "not found",
+        7 => "permission denied",
+        8 => "resource exhausted",
+        12 => "unimplemented",
+        13 => "internal",
+        14 => "unavailable",
         _ => "error",
     }
 }
@@ -310,9 +385,20 @@ mod tests {
         assert!(check_grpc_status(&f("0", "")).is_ok());
         let e = check_grpc_status(&f("12", "method%20List%20not%20implemented")).unwrap_err();
         assert_eq!(
-            e,
+            e.to_string(),
             "the server answered gRPC status 12 (unimplemented): method List not implemented"
         );
+        assert_eq!(
+            check_grpc_status(&f("8", "rejected%20by%20rate%20limit")).unwrap_err(),
+            CallError::Status {
+                code: code::RESOURCE_EXHAUSTED,
+                message: "rejected by rate limit".into()
+            }
+        );
+        assert!(matches!(
+            check_grpc_status(&f("x", "")).unwrap_err(),
+            CallError::Other(_)
+        ));
     }
 
     #[test]
