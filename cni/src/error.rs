@@ -40,6 +40,29 @@ pub const CODE_IPAM_NO_ERROR_JSON: u32 = 108;
 /// Ours: the kubelet says the pod does not hold the device.
 pub const CODE_DEVICE_NOT_ALLOCATED: u32 = 109;
 
+/// Every code the plugin answers with itself, in order: those of
+/// [`Error::code`], with 108 for an IPAM plugin that failed without error
+/// JSON (an IPAM plugin's own code is passed on besides).
+pub const CODES: &[u32] = &[
+    CODE_INCOMPATIBLE_VERSION,
+    CODE_CONTAINER_UNKNOWN,
+    CODE_INVALID_ENV,
+    CODE_IO,
+    CODE_DECODE,
+    CODE_INVALID_CONFIG,
+    CODE_TRY_AGAIN,
+    CODE_NO_DEVICE_ID,
+    CODE_DEVICE_LINK_MISSING,
+    CODE_NOT_MACVTAP,
+    CODE_MTU_TOO_LARGE,
+    CODE_LINK,
+    CODE_IFINDEX_CHANGED,
+    CODE_CHECK_FAILED,
+    CODE_ROLLBACK_FAILED,
+    CODE_IPAM_NO_ERROR_JSON,
+    CODE_DEVICE_NOT_ALLOCATED,
+];
+
 /// Result of the CNI plugin.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -257,5 +280,126 @@ impl Error {
             Error::Ipam { code, .. } => *code == CODE_TRY_AGAIN,
             _ => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    /// One error of each variant; the `match` fails to compile when a
+    /// variant is added, so that its code is checked against [`CODES`].
+    fn one_of_each() -> Vec<Error> {
+        let link = || LinkError::Socket(std::io::Error::from_raw_os_error(1));
+        let sysctl = LinkError::Sysctl {
+            key: "net/ipv6/conf/net1/disable_ipv6".into(),
+            netns: "/run/netns/pod".into(),
+            source: std::io::Error::from_raw_os_error(13),
+        };
+        let all = vec![
+            Error::IncompatibleVersion { msg: "m".into() },
+            Error::ContainerUnknown {
+                netns: "n".into(),
+                container_id: "c".into(),
+                source: link(),
+            },
+            Error::InvalidEnv {
+                var: "CNI_IFNAME",
+                msg: "m".into(),
+            },
+            Error::Io {
+                what: "w".into(),
+                source: std::io::Error::from_raw_os_error(5),
+            },
+            Error::Decode("m".into()),
+            Error::InvalidConfig("m".into()),
+            Error::NoDeviceId,
+            Error::DeviceLinkMissing {
+                device_id: "d".into(),
+                link: "l".into(),
+            },
+            Error::NotMacvtap {
+                device_id: "d".into(),
+                link: "l".into(),
+                kind: "veth".into(),
+            },
+            Error::MtuTooLarge {
+                mtu: 9000,
+                lower_mtu: 1500,
+                lower: "eth0".into(),
+                link: "l".into(),
+            },
+            Error::IfindexChanged("m".into()),
+            Error::MacInUse {
+                mac: "02:00:00:00:00:01".into(),
+                ifname: "net1".into(),
+                lower: "eth0".into(),
+            },
+            Error::Link(link()),
+            Error::Link(sysctl),
+            Error::CheckFailed("m".into()),
+            Error::Ipam {
+                plugin: "host-local".into(),
+                code: CODE_IPAM_NO_ERROR_JSON,
+                msg: "m".into(),
+            },
+            Error::RollbackFailed {
+                cause: Box::new(Error::NoDeviceId),
+                rollback: "r".into(),
+            },
+            Error::LogFileRefused {
+                path: "p".into(),
+                dir: "d".into(),
+                reason: "r".into(),
+            },
+            Error::NodeSettings("m".into()),
+            Error::DeviceNotAllocated {
+                device_id: "d".into(),
+                pod: "ns/p".into(),
+                held: "h".into(),
+            },
+            Error::PodResourcesUnavailable {
+                device_id: "d".into(),
+                pod: "ns/p".into(),
+                socket: "s".into(),
+                msg: "m".into(),
+            },
+            Error::TryAgain(Box::new(Error::NoDeviceId)),
+        ];
+        for e in &all {
+            match e {
+                Error::IncompatibleVersion { .. }
+                | Error::ContainerUnknown { .. }
+                | Error::InvalidEnv { .. }
+                | Error::Io { .. }
+                | Error::Decode(_)
+                | Error::InvalidConfig(_)
+                | Error::NoDeviceId
+                | Error::DeviceLinkMissing { .. }
+                | Error::NotMacvtap { .. }
+                | Error::MtuTooLarge { .. }
+                | Error::IfindexChanged(_)
+                | Error::MacInUse { .. }
+                | Error::Link(_)
+                | Error::CheckFailed(_)
+                | Error::Ipam { .. }
+                | Error::RollbackFailed { .. }
+                | Error::LogFileRefused { .. }
+                | Error::NodeSettings(_)
+                | Error::DeviceNotAllocated { .. }
+                | Error::PodResourcesUnavailable { .. }
+                | Error::TryAgain(_) => {}
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn codes_lists_every_code_the_errors_map_to() {
+        let made: BTreeSet<u32> = one_of_each().iter().map(Error::code).collect();
+        let listed: BTreeSet<u32> = CODES.iter().copied().collect();
+        assert_eq!(made, listed);
+        assert_eq!(listed.len(), CODES.len(), "a code is listed twice");
     }
 }

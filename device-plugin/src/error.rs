@@ -5,6 +5,59 @@ use std::path::PathBuf;
 /// Result of the device plugin library.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// One kind of Allocate refusal as the kubelet gets it: the gRPC code, and
+/// words that only its message holds (the message itself begins with the
+/// resource or device it is about).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refusal {
+    /// The status code.
+    pub code: tonic::Code,
+    /// Words of the message that tell this refusal from the others; empty
+    /// for [`INTERNAL`], which takes every other failure.
+    pub words: &'static str,
+}
+
+/// Refused: the kubelet asked for a device ID the resource does not have.
+pub const UNKNOWN_DEVICE: Refusal = Refusal {
+    code: tonic::Code::InvalidArgument,
+    words: "has no device",
+};
+/// Refused: the resource's NIC does not exist.
+pub const LOWER_DEVICE_MISSING: Refusal = Refusal {
+    code: tonic::Code::FailedPrecondition,
+    words: "cannot get a macvtap: its NIC",
+};
+/// Refused: a bridge, bond, team or OVS owns the resource's NIC.
+pub const LOWER_DEVICE_ENSLAVED: Refusal = Refusal {
+    code: tonic::Code::FailedPrecondition,
+    words: crate::master::NEEDS_FREE_NIC,
+};
+/// Refused: another device (ipvlan, macsec) holds the NIC's receive path.
+pub const LOWER_DEVICE_BUSY: Refusal = Refusal {
+    code: tonic::Code::FailedPrecondition,
+    words: "another device holds its receive path (EBUSY)",
+};
+/// Refused: the device's `/dev/tapN` never appeared, for a reason found on
+/// the node (its `/dev` is not devtmpfs).
+pub const TAP_NODE_MISSING: Refusal = Refusal {
+    code: tonic::Code::FailedPrecondition,
+    words: "did not appear",
+};
+/// Failed: any other error (the kernel refused an operation on the link).
+pub const INTERNAL: Refusal = Refusal {
+    code: tonic::Code::Internal,
+    words: "",
+};
+/// Every kind of Allocate refusal, with the words of its message.
+pub const ALLOCATE_REFUSALS: &[Refusal] = &[
+    UNKNOWN_DEVICE,
+    LOWER_DEVICE_MISSING,
+    LOWER_DEVICE_ENSLAVED,
+    LOWER_DEVICE_BUSY,
+    TAP_NODE_MISSING,
+    INTERNAL,
+];
+
 /// Everything that can go wrong in the device plugin. Variants name the
 /// resource, device ID, link or path they are about.
 #[derive(Debug, thiserror::Error)]
@@ -38,9 +91,9 @@ pub enum Error {
     },
     /// A device ID that this resource does not own.
     #[error(
-        "resource {resource} has no device {device_id:?} (its {capacity} devices are {}): the \
-         kubelet may hold an allocation made before the resource's capacity was lowered or its \
-         name changed",
+        "resource {resource} {} {device_id:?} (its {capacity} devices are {}): the kubelet may \
+         hold an allocation made before the resource's capacity was lowered or its name changed",
+        UNKNOWN_DEVICE.words,
         device_range(resource, *capacity)
     )]
     UnknownDevice {
@@ -53,8 +106,9 @@ pub enum Error {
     },
     /// The resource's lower NIC is not there.
     #[error(
-        "resource {resource} cannot get a macvtap: its NIC {lower} does not exist on this node \
-         (it was renamed or removed, or lowerDevice is misspelled in the configuration)"
+        "resource {resource} {} {lower} does not exist on this node (it was renamed or removed, \
+         or lowerDevice is misspelled in the configuration)",
+        LOWER_DEVICE_MISSING.words
     )]
     LowerDeviceMissing {
         /// The resource.
@@ -74,9 +128,9 @@ pub enum Error {
     /// The kernel refused a macvtap on the lower NIC as busy, and no master
     /// owns it (an ipvlan or macsec link on it takes its receive path too).
     #[error(
-        "resource {resource} cannot get a macvtap: the kernel refuses one on {lower} because \
-         another device holds its receive path (EBUSY), such as an ipvlan or macsec link on it; \
-         use a NIC that nothing else owns"
+        "resource {resource} cannot get a macvtap: the kernel refuses one on {lower} because {}, \
+         such as an ipvlan or macsec link on it; use a NIC that nothing else owns",
+        LOWER_DEVICE_BUSY.words
     )]
     LowerDeviceBusy {
         /// The resource.
@@ -95,7 +149,7 @@ pub enum Error {
         source: macvtap_link::Error,
     },
     /// A device's tap node never appeared, for a reason found on the node.
-    #[error("device {device_id} (macvtap {link}): {node} did not appear: {cause}")]
+    #[error("device {device_id} (macvtap {link}): {node} {}: {cause}", TAP_NODE_MISSING.words)]
     TapNodeMissing {
         /// The device ID.
         device_id: String,
@@ -222,13 +276,21 @@ impl Error {
     /// The gRPC code this error is reported to the kubelet with.
     pub fn grpc_code(&self) -> tonic::Code {
         match self {
-            Error::UnknownDevice { .. } => tonic::Code::InvalidArgument,
-            Error::LowerDeviceMissing { .. }
-            | Error::LowerDeviceEnslaved { .. }
-            | Error::LowerDeviceBusy { .. } => tonic::Code::FailedPrecondition,
-            Error::TapNodeMissing { .. } => tonic::Code::FailedPrecondition,
             Error::Config { .. } => tonic::Code::InvalidArgument,
-            _ => tonic::Code::Internal,
+            _ => self.refusal().code,
+        }
+    }
+
+    /// The kind of Allocate refusal this error is, one of
+    /// [`ALLOCATE_REFUSALS`].
+    pub fn refusal(&self) -> Refusal {
+        match self {
+            Error::UnknownDevice { .. } => UNKNOWN_DEVICE,
+            Error::LowerDeviceMissing { .. } => LOWER_DEVICE_MISSING,
+            Error::LowerDeviceEnslaved { .. } => LOWER_DEVICE_ENSLAVED,
+            Error::LowerDeviceBusy { .. } => LOWER_DEVICE_BUSY,
+            Error::TapNodeMissing { .. } => TAP_NODE_MISSING,
+            _ => INTERNAL,
         }
     }
 
@@ -285,6 +347,58 @@ mod tests {
         );
         // The status the kubelet gets carries the same sentence.
         assert_eq!(e.to_status().message(), e.to_string());
+    }
+
+    #[test]
+    fn every_refusal_has_its_code_and_only_its_own_words() {
+        let resource = String::from("macvtap.network.kubevirt.io/dp");
+        let refused = [
+            Error::UnknownDevice {
+                device_id: "dpMvp7".into(),
+                resource: resource.clone(),
+                capacity: 4,
+            },
+            Error::LowerDeviceMissing {
+                resource: resource.clone(),
+                lower: "eth1".into(),
+            },
+            Error::LowerDeviceEnslaved {
+                resource: resource.clone(),
+                owner: crate::master::Owner {
+                    link: "eth1".into(),
+                    master: "br0".into(),
+                    kind: Some("bridge".into()),
+                },
+            },
+            Error::LowerDeviceBusy {
+                resource,
+                lower: "eth1".into(),
+            },
+            Error::TapNodeMissing {
+                device_id: "dpMvp0".into(),
+                link: "dpMvp0".into(),
+                node: "/dev/tap7".into(),
+                cause: "/dev is a tmpfs mount".into(),
+            },
+            Error::Task("the Allocate task failed: cancelled".into()),
+        ];
+        let kinds: Vec<Refusal> = refused.iter().map(Error::refusal).collect();
+        assert_eq!(kinds, ALLOCATE_REFUSALS);
+        for e in &refused {
+            let status = e.to_status();
+            assert_eq!(status.code(), e.refusal().code, "{e}");
+            for other in ALLOCATE_REFUSALS {
+                if other.words.is_empty() {
+                    continue;
+                }
+                assert_eq!(
+                    status.message().contains(other.words),
+                    *other == e.refusal(),
+                    "{e} / {:?}",
+                    other.words
+                );
+            }
+        }
     }
 
     #[test]

@@ -20,6 +20,33 @@ use tracing::{debug, info, warn};
 
 /// The `reportingController` of our Events.
 pub const CONTROLLER: &str = "macvtap.network.kubevirt.io/device-plugin";
+/// Event reason: a resource's NIC went down or vanished.
+pub const NIC_DOWN: &str = "MacvtapNICDown";
+/// Event reason: a master took a resource's NIC.
+pub const NIC_ENSLAVED: &str = "MacvtapNICEnslaved";
+/// Event reason: a resource's NIC is up again.
+pub const NIC_UP: &str = "MacvtapNICUp";
+/// Event reason: a config reload added a resource.
+pub const RESOURCE_ADDED: &str = "MacvtapResourceAdded";
+/// Event reason: a config reload removed a resource.
+pub const RESOURCE_REMOVED: &str = "MacvtapResourceRemoved";
+/// Event reason: registration keeps failing.
+pub const REGISTRATION_FAILING: &str = "MacvtapRegistrationFailing";
+/// Event reason: a leaked macvtap was deleted.
+pub const LEAKED_LINK_REMOVED: &str = "MacvtapLeakedLinkRemoved";
+/// Event reason: an Allocate was refused.
+pub const ALLOCATE_FAILED: &str = "MacvtapAllocateFailed";
+/// Every reason of our Events, in [`NodeEvent`]'s order.
+pub const REASONS: &[&str] = &[
+    NIC_DOWN,
+    NIC_ENSLAVED,
+    NIC_UP,
+    RESOURCE_ADDED,
+    RESOURCE_REMOVED,
+    REGISTRATION_FAILING,
+    LEAKED_LINK_REMOVED,
+    ALLOCATE_FAILED,
+];
 /// How many Events may wait for the publisher before new ones are dropped.
 const QUEUE: usize = 256;
 /// The API server refuses a longer `note`.
@@ -96,16 +123,29 @@ pub enum NodeEvent {
 }
 
 impl NodeEvent {
+    /// The Event's reason, one of [`REASONS`].
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::NicDown { .. } => NIC_DOWN,
+            Self::NicEnslaved { .. } => NIC_ENSLAVED,
+            Self::NicUp { .. } => NIC_UP,
+            Self::ResourceAdded { .. } => RESOURCE_ADDED,
+            Self::ResourceRemoved { .. } => RESOURCE_REMOVED,
+            Self::RegistrationFailing { .. } => REGISTRATION_FAILING,
+            Self::LeakedLinkRemoved { .. } => LEAKED_LINK_REMOVED,
+            Self::AllocateRefused { .. } => ALLOCATE_FAILED,
+        }
+    }
+
     /// The Event as the recorder posts it: type, reason, action and note.
     pub fn to_event(&self) -> Event {
-        let (type_, reason, action, note) = match self {
+        let (type_, action, note) = match self {
             Self::NicDown {
                 resource,
                 nic,
                 devices,
             } => (
                 EventType::Warning,
-                "MacvtapNICDown",
                 "MarkUnhealthy",
                 format!("NIC {nic} is down or gone: {devices} devices of {resource} are Unhealthy"),
             ),
@@ -115,7 +155,6 @@ impl NodeEvent {
                 why,
             } => (
                 EventType::Warning,
-                "MacvtapNICEnslaved",
                 "MarkUnhealthy",
                 format!("{devices} devices of {resource} are Unhealthy: {why}"),
             ),
@@ -125,7 +164,6 @@ impl NodeEvent {
                 devices,
             } => (
                 EventType::Normal,
-                "MacvtapNICUp",
                 "MarkHealthy",
                 format!("NIC {nic} is up: {devices} devices of {resource} are Healthy again"),
             ),
@@ -135,13 +173,11 @@ impl NodeEvent {
                 devices,
             } => (
                 EventType::Normal,
-                "MacvtapResourceAdded",
                 "Reload",
                 format!("Config reload added {resource}: {devices} devices on NIC {nic}"),
             ),
             Self::ResourceRemoved { resource } => (
                 EventType::Normal,
-                "MacvtapResourceRemoved",
                 "Reload",
                 format!("Config reload removed {resource}"),
             ),
@@ -151,7 +187,6 @@ impl NodeEvent {
                 error,
             } => (
                 EventType::Warning,
-                "MacvtapRegistrationFailing",
                 "Register",
                 format!(
                     "Registering {resource} with the kubelet failed {failures} times in a row: {error}"
@@ -159,20 +194,18 @@ impl NodeEvent {
             ),
             Self::LeakedLinkRemoved { link, ifindex } => (
                 EventType::Normal,
-                "MacvtapLeakedLinkRemoved",
                 "Reclaim",
                 format!("Removed macvtap {link} (/dev/tap{ifindex}): no pod holds its device"),
             ),
             Self::AllocateRefused { resource, error } => (
                 EventType::Warning,
-                "MacvtapAllocateFailed",
                 "Allocate",
                 format!("Allocate of {resource} refused: {error}"),
             ),
         };
         Event {
             type_,
-            reason: reason.into(),
+            reason: self.reason().into(),
             note: Some(truncate(note, NOTE_MAX)),
             action: action.into(),
             secondary: None,
@@ -237,7 +270,10 @@ impl EventSink {
         if let Some(tx) = &self.tx
             && let Err(mpsc::error::TrySendError::Full(ev)) = tx.try_send(ev)
         {
-            debug!(reason = %ev.to_event().reason, "the Event queue is full; dropping an Event");
+            debug!(
+                reason = ev.reason(),
+                "the Event queue is full; dropping an Event"
+            );
         }
     }
 
@@ -360,6 +396,72 @@ mod tests {
             "{}",
             note.len()
         );
+    }
+
+    /// One Event of each variant; the `match` fails to compile when a
+    /// variant is added, so that its reason is checked against [`REASONS`].
+    fn one_of_each() -> Vec<NodeEvent> {
+        let (resource, nic) = (String::from("r"), String::from("eth1"));
+        let all = vec![
+            NodeEvent::NicDown {
+                resource: resource.clone(),
+                nic: nic.clone(),
+                devices: 1,
+            },
+            NodeEvent::NicEnslaved {
+                resource: resource.clone(),
+                devices: 1,
+                why: "w".into(),
+            },
+            NodeEvent::NicUp {
+                resource: resource.clone(),
+                nic: nic.clone(),
+                devices: 1,
+            },
+            NodeEvent::ResourceAdded {
+                resource: resource.clone(),
+                nic,
+                devices: 1,
+            },
+            NodeEvent::ResourceRemoved {
+                resource: resource.clone(),
+            },
+            NodeEvent::RegistrationFailing {
+                resource: resource.clone(),
+                failures: 3,
+                error: "e".into(),
+            },
+            NodeEvent::LeakedLinkRemoved {
+                link: "mvt0".into(),
+                ifindex: 7,
+            },
+            NodeEvent::AllocateRefused {
+                resource,
+                error: "e".into(),
+            },
+        ];
+        for ev in &all {
+            match ev {
+                NodeEvent::NicDown { .. }
+                | NodeEvent::NicEnslaved { .. }
+                | NodeEvent::NicUp { .. }
+                | NodeEvent::ResourceAdded { .. }
+                | NodeEvent::ResourceRemoved { .. }
+                | NodeEvent::RegistrationFailing { .. }
+                | NodeEvent::LeakedLinkRemoved { .. }
+                | NodeEvent::AllocateRefused { .. } => {}
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn reasons_lists_the_reason_of_every_event_once() {
+        let posted: Vec<String> = one_of_each()
+            .iter()
+            .map(|ev| ev.to_event().reason)
+            .collect();
+        assert_eq!(posted, REASONS);
     }
 
     fn removed() -> NodeEvent {

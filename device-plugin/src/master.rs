@@ -60,13 +60,17 @@ impl Owner {
     }
 }
 
+/// Why a NIC with a master cannot carry a macvtap, as every message about
+/// one says it.
+pub const NEEDS_FREE_NIC: &str = "a macvtap needs a NIC that no bridge, bond or OVS owns";
+
 impl fmt::Display for Owner {
     /// The whole story, e.g. `nicA is a port of bridge br0, and a macvtap
     /// needs a NIC that no bridge, bond or OVS owns; use br0 as lowerDevice`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{}, and a macvtap needs a NIC that no bridge, bond or OVS owns; {}",
+            "{}, and {NEEDS_FREE_NIC}; {}",
             self.relation(),
             self.fix()
         )
