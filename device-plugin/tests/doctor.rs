@@ -157,8 +157,8 @@ async fn a_healthy_node_is_all_ok() {
     assert_eq!(
         nic,
         format!(
-            "{DP} on NIC eth1 (bridge mode, 4 devices): NIC eth1 is up and no master owns it; \
-             pods hold 1 of its devices"
+            "{DP} on NIC eth1 (bridge mode, 4 devices), pods hold 1 of them: NIC eth1 is up and \
+             no master owns it"
         )
     );
     one(&findings, "kubelet-socket", "ok");

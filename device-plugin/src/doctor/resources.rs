@@ -123,7 +123,7 @@ pub fn check_resources(
         let pods = match allocated {
             Some(_) => {
                 let n = held.get(cfg.name.as_str()).copied().unwrap_or(0);
-                format!("; pods hold {n} of its devices")
+                format!(", pods hold {n} of them")
             }
             None => String::new(),
         };
@@ -131,13 +131,13 @@ pub fn check_resources(
             NicHealth::Healthy => Finding::ok(
                 "nic",
                 format!(
-                    "{cfg}: NIC {} is up and no master owns it{pods}",
+                    "{cfg}{pods}: NIC {} is up and no master owns it",
                     cfg.lower_device
                 ),
             ),
             unhealthy => Finding::problem(
                 "nic",
-                format!("{cfg}: {unhealthy}, so its devices are Unhealthy{pods}"),
+                format!("{cfg}{pods}: its devices are Unhealthy because {unhealthy}"),
             ),
         });
         if let Some(&n) = held.get(cfg.name.as_str()).filter(|&&n| n > cfg.capacity) {
@@ -228,8 +228,8 @@ mod tests {
         assert_eq!(f[0].level, Level::Ok);
         assert_eq!(
             f[0].message,
-            "macvtap.network.kubevirt.io/eth1 on NIC eth1 (bridge mode, 100 devices): NIC eth1 \
-             is up and no master owns it; pods hold 2 of its devices"
+            "macvtap.network.kubevirt.io/eth1 on NIC eth1 (bridge mode, 100 devices), pods hold \
+             2 of them: NIC eth1 is up and no master owns it"
         );
         let f = check_resources(&cfg, &[nic(2, "eth1", false)], None);
         assert_eq!(f[0].level, Level::Problem);
