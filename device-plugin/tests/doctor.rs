@@ -332,7 +332,7 @@ async fn no_kubelet_socket_is_a_problem() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_node_says_everything_wrong() {
-    let s = Sandbox::new("docbroken").await;
+    let mut s = Sandbox::new("docbroken").await;
     s.node.ns.add_nic("eth2").unwrap();
     s.node
         .ns
@@ -348,6 +348,15 @@ async fn a_broken_node_says_everything_wrong() {
         "--resource=name=dp,lowerDevice=eth1",
         "--resource=name=uplink,lowerDevice=eth2",
     ];
+    // The daemon serves both, their devices Unhealthy.
+    s.node.start_daemon(&args, &[]);
+    for r in [DP, "macvtap.network.kubevirt.io/uplink"] {
+        s.node
+            .kubelet()
+            .wait_for_registration(r, 0, DEADLINE)
+            .await
+            .unwrap();
+    }
     let (code, text) = s.doctor_as(&args, "text").await;
     assert_eq!(code, 1);
     let problems: Vec<&str> = text.lines().filter(|l| l.starts_with("problem")).collect();
@@ -367,5 +376,6 @@ async fn a_broken_node_says_everything_wrong() {
         problems.iter().any(|l| l.contains("no CNI binary")),
         "{text}"
     );
+    assert_eq!(problems.len(), 3, "nothing else is wrong: {text}");
     assert!(Path::new(&s.node.dir.path()).is_dir());
 }
