@@ -10,6 +10,7 @@
 //! created 0600, and only if it is a regular file of ours with one link.
 
 use crate::error::{Error, Result};
+use macvtap_link::admin_only;
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat, openat2};
 use nix::sys::stat::Mode;
@@ -125,25 +126,6 @@ fn open_dir(dir: &Path) -> std::result::Result<File, String> {
         .map_err(|e| format!("cannot stat the log directory: {e}"))?;
     admin_only(&meta).map_err(|why| format!("the log directory {why}"))?;
     Ok(file)
-}
-
-/// Checks that only the plugin's user (root) can change a file or directory
-/// the node's administrator controls: it is that user's, and neither its
-/// group nor others may write it. Says why not, as a phrase after its name.
-pub(crate) fn admin_only(meta: &std::fs::Metadata) -> std::result::Result<(), String> {
-    if meta.uid() != nix::unistd::geteuid().as_raw() {
-        return Err(format!(
-            "belongs to uid {}, not to the plugin's user",
-            meta.uid()
-        ));
-    }
-    if meta.mode() & 0o022 != 0 {
-        return Err(format!(
-            "has mode {:o}: others may write it",
-            meta.mode() & 0o7777
-        ));
-    }
-    Ok(())
 }
 
 /// `openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`: no component may

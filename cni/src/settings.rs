@@ -17,8 +17,8 @@
 //! error for ADD (a security setting must not silently fall back) and a
 //! warning for every other command.
 
-use crate::logfile::{DEFAULT_LOG_DIR, LOG_DIR_ENV, admin_only};
-use macvtap_link::{CNI_SETTINGS_FILE, NodeSettingsFile, PodResourcesCheck};
+use crate::logfile::{DEFAULT_LOG_DIR, LOG_DIR_ENV};
+use macvtap_link::{CNI_SETTINGS_FILE, NodeSettingsFile, PodResourcesCheck, admin_only};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 

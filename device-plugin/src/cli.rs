@@ -80,6 +80,34 @@ pub enum Command {
     /// Copy the CNI binary into the host's CNI bin dir, atomically (the
     /// DaemonSet's init container runs this).
     InstallCni(InstallArgs),
+    /// Check this node (NICs, kubelet, the daemon, the installed CNI, the
+    /// kernel) and say what is wrong, one sentence per finding; exits 1 when
+    /// anything is a problem. Takes the daemon's flags for what it checks.
+    Doctor(DoctorArgs),
+}
+
+/// How `doctor` prints its findings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// One line per finding: level, then a sentence.
+    Text,
+    /// A JSON array of `{"level","check","message"}` objects, for tooling.
+    Json,
+}
+
+/// Flags of `doctor`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DoctorArgs {
+    /// The host's CNI bin dir, where the container runtime finds CNI plugins
+    /// (as mounted where `doctor` runs).
+    #[arg(long, value_name = "DIR", default_value = "/opt/cni/bin")]
+    pub cni_bin_dir: PathBuf,
+    /// The CNI's file name in that dir (install-cni's `--name`).
+    #[arg(long, value_name = "NAME", default_value = "macvtap")]
+    pub cni_name: String,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub output: Output,
 }
 
 /// Flags of `install-cni`.
@@ -200,5 +228,18 @@ mod tests {
         assert_eq!(a.discover_kinds, ["veth", "bond"]);
         assert_eq!(a.options().unwrap().metrics_addr, None);
         assert!(Args::try_parse_from(["x", "--log-format", "xml"]).is_err());
+    }
+
+    #[test]
+    fn doctor_takes_the_daemon_flags() {
+        let a = Args::try_parse_from(["x", "--resource", "eth1", "doctor", "--output", "json"])
+            .unwrap();
+        assert_eq!(a.resources, ["eth1"]);
+        let Some(Command::Doctor(d)) = a.command else {
+            panic!("{a:?}")
+        };
+        assert_eq!(d.output, Output::Json);
+        assert_eq!(d.cni_bin_dir, PathBuf::from("/opt/cni/bin"));
+        assert_eq!(d.cni_name, "macvtap");
     }
 }

@@ -17,7 +17,8 @@
 //! lost links), [`host`] (the kernel handle Allocate, reclaim and heal share),
 //! [`events`] (Kubernetes Events on the Node), [`metrics`], [`procstat`] and
 //! [`http`] (observability), [`options`] (what the daemon is told, from
-//! [`cli`]), [`daemon`] (the loop tying them together).
+//! [`cli`]), [`daemon`] (the loop tying them together), [`doctor`] (the
+//! `doctor` subcommand's checks of a node).
 
 pub mod allocate;
 pub mod cli;
@@ -25,6 +26,7 @@ pub mod config;
 pub mod daemon;
 pub mod devices;
 pub mod discovery;
+pub mod doctor;
 pub mod error;
 pub mod events;
 pub mod fswatch;

@@ -1,8 +1,8 @@
 //! `macvtap-deviceplugin`: parse flags, set up logging, run the daemon.
 
 use clap::Parser;
-use macvtap_deviceplugin::cli::{Args, Command};
-use macvtap_deviceplugin::{daemon, install, logging};
+use macvtap_deviceplugin::cli::{Args, Command, DoctorArgs, Output};
+use macvtap_deviceplugin::{daemon, doctor, install, logging};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -18,6 +18,9 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         };
+    }
+    if let Some(Command::Doctor(d)) = &args.command {
+        return run_doctor(&args, d);
     }
     // Sockets and any other file the daemon creates are for root only,
     // whatever umask the runtime started us with (see kubelet_proto::transport::bind_unix).
@@ -45,5 +48,41 @@ fn main() -> ExitCode {
             tracing::error!(error = %e, "macvtap-deviceplugin failed");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `doctor`: checks the node, prints the findings, exits 1 on a problem.
+fn run_doctor(args: &Args, d: &DoctorArgs) -> ExitCode {
+    let opts = match args.options() {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::error!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let target = doctor::Target {
+        cni_bin_dir: d.cni_bin_dir.clone(),
+        cni_name: d.cni_name.clone(),
+        dev_dir: "/dev".into(),
+        proc_dir: "/proc".into(),
+    };
+    let findings = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r.block_on(doctor::run(&opts, &target)),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    match d.output {
+        Output::Text => print!("{}", doctor::render_text(&findings)),
+        Output::Json => println!("{}", doctor::render_json(&findings)),
+    }
+    if doctor::has_problem(&findings) {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
     }
 }

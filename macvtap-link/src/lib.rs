@@ -36,4 +36,4 @@ pub use linux::Linux;
 pub use netlink::Handle;
 pub use netns::Netns;
 pub use op::Op;
-pub use settings::{CNI_SETTINGS_FILE, NodeSettingsFile, PodResourcesCheck};
+pub use settings::{CNI_SETTINGS_FILE, NodeSettingsFile, PodResourcesCheck, admin_only};

@@ -7,11 +7,13 @@
 //! ```
 //!
 //! Every key is optional (the CNI fills in defaults); an unknown key or a
-//! relative path makes the file invalid.
+//! relative path makes the file invalid. [`admin_only`] is the ownership
+//! rule the CNI holds the file (and its log directory) to.
 
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
@@ -109,6 +111,25 @@ impl NodeSettingsFile {
         }
         Ok(())
     }
+}
+
+/// Checks that only the plugin's user (root) can change a file or directory
+/// the node's administrator controls: it is that user's, and neither its
+/// group nor others may write it. Says why not, as a phrase after its name.
+pub fn admin_only(meta: &std::fs::Metadata) -> std::result::Result<(), String> {
+    if meta.uid() != nix::unistd::geteuid().as_raw() {
+        return Err(format!(
+            "belongs to uid {}, not to the plugin's user",
+            meta.uid()
+        ));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(format!(
+            "has mode {:o}: others may write it",
+            meta.mode() & 0o7777
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

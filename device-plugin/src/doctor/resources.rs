@@ -1,0 +1,266 @@
+//! Each resource the daemon serves: its lower NIC (present, up, free), its
+//! mode and capacity, the devices pods hold per the kubelet's PodResources
+//! API, and the macvtap links on the node that no pod holds.
+
+use super::Finding;
+use crate::config::{ResourceConfig, Resources};
+use crate::discovery;
+use crate::health::{NicHealth, nic_health};
+use crate::options::{Options, load_config};
+use crate::reclaim::{go_era_leaked_links, leaked_links};
+use macvtap_link::device::parse_device_id;
+use macvtap_link::{Handle, Link, Links};
+use std::collections::{BTreeMap, HashSet};
+
+/// The resources found and what was said of them.
+#[derive(Debug, Clone, Default)]
+pub struct Gathered {
+    /// The resources the daemon serves with these options on this node.
+    pub configs: Vec<ResourceConfig>,
+    /// The findings.
+    pub findings: Vec<Finding>,
+}
+
+/// Loads the configuration `opts` names, lists the links of the calling
+/// thread's namespace and checks every resource; `allocated` is the device
+/// IDs pods hold, when the kubelet could be asked.
+pub fn gather(opts: &Options, allocated: Option<&HashSet<String>>) -> Gathered {
+    let resolved = match load_config(opts) {
+        Ok((r, _)) => r,
+        Err(e) => {
+            return Gathered {
+                configs: Vec::new(),
+                findings: vec![Finding::problem(
+                    "config",
+                    format!("the configuration is invalid, so the daemon serves nothing: {e}"),
+                )],
+            };
+        }
+    };
+    let links = match Handle::current().and_then(|h| h.list_links()) {
+        Ok(l) => l,
+        Err(e) => {
+            return Gathered {
+                configs: Vec::new(),
+                findings: vec![Finding::problem(
+                    "links",
+                    format!("the node's links cannot be listed: {e}"),
+                )],
+            };
+        }
+    };
+    let mut findings = vec![Finding::ok(
+        "config",
+        format!(
+            "the configuration comes from {}: {}",
+            resolved.source, resolved.resources
+        ),
+    )];
+    let configs = configured(
+        &resolved.resources,
+        &links,
+        &opts.discover_kinds,
+        &mut findings,
+    );
+    findings.extend(check_resources(&configs, &links, allocated));
+    if let Some(allocated) = allocated {
+        findings.extend(check_leaked(
+            &configs,
+            &links,
+            allocated,
+            opts.reclaim_grace,
+        ));
+    }
+    Gathered { configs, findings }
+}
+
+/// The resources `resources` makes on a node with `links`: the static list,
+/// or what auto-discovery advertises (each NIC it leaves out is said, as an
+/// `ok` finding, into `findings`).
+pub fn configured(
+    resources: &Resources,
+    links: &[Link],
+    discover_kinds: &[String],
+    findings: &mut Vec<Finding>,
+) -> Vec<ResourceConfig> {
+    match resources {
+        Resources::Static(list) => list.clone(),
+        Resources::AutoDiscover => {
+            let plan = discovery::plan(links, discover_kinds);
+            for (nic, why) in &plan.left_out {
+                findings.push(Finding::ok(
+                    "discovery",
+                    format!("auto-discovery leaves {nic} out: {why}"),
+                ));
+            }
+            plan.advertise
+                .iter()
+                .map(|n| ResourceConfig::for_nic(n))
+                .collect()
+        }
+    }
+}
+
+/// One finding per resource: its NIC's health (a problem unless healthy),
+/// and how many of its devices pods hold when `allocated` is known; a
+/// problem when there is no resource at all.
+pub fn check_resources(
+    configs: &[ResourceConfig],
+    links: &[Link],
+    allocated: Option<&HashSet<String>>,
+) -> Vec<Finding> {
+    if configs.is_empty() {
+        return vec![Finding::problem(
+            "nic",
+            "no resource to serve: configure one (--resource, --config or DP_MACVTAP_CONF) or \
+             give the node a NIC that auto-discovery finds",
+        )];
+    }
+    let held = allocated.map(held_per_resource).unwrap_or_default();
+    let mut out = Vec::new();
+    for cfg in configs {
+        let health = nic_health(&cfg.lower_device, links);
+        let pods = match allocated {
+            Some(_) => {
+                let n = held.get(cfg.name.as_str()).copied().unwrap_or(0);
+                format!(", pods hold {n} of them")
+            }
+            None => String::new(),
+        };
+        out.push(match &health {
+            NicHealth::Healthy => Finding::ok(
+                "nic",
+                format!(
+                    "{cfg}{pods}: NIC {} is up and no master owns it",
+                    cfg.lower_device
+                ),
+            ),
+            unhealthy => Finding::problem(
+                "nic",
+                format!("{cfg}{pods}: its devices are Unhealthy because {unhealthy}"),
+            ),
+        });
+        if let Some(&n) = held.get(cfg.name.as_str()).filter(|&&n| n > cfg.capacity) {
+            out.push(Finding::warning(
+                "capacity",
+                format!(
+                    "pods hold {n} devices of {} but it advertises only {}",
+                    cfg.resource_name(),
+                    cfg.capacity
+                ),
+            ));
+        }
+    }
+    out
+}
+
+/// How many devices pods hold, per resource name suffix.
+fn held_per_resource(allocated: &HashSet<String>) -> BTreeMap<&str, u32> {
+    let mut held = BTreeMap::new();
+    for (resource, _) in allocated.iter().filter_map(|id| parse_device_id(id)) {
+        *held.entry(resource).or_insert(0) += 1;
+    }
+    held
+}
+
+/// A warning for each macvtap on the node that looks leaked by the
+/// reclaimer's rules (held by no pod, per `allocated`), or one `ok`.
+pub fn check_leaked(
+    configs: &[ResourceConfig],
+    links: &[Link],
+    allocated: &HashSet<String>,
+    grace: std::time::Duration,
+) -> Vec<Finding> {
+    let lowers: HashSet<String> = configs.iter().map(|c| c.lower_device.clone()).collect();
+    let mut leaked = leaked_links(links, &lowers, allocated);
+    for l in go_era_leaked_links(links, configs, allocated) {
+        if !leaked.iter().any(|k| k.index == l.index) {
+            leaked.push(l);
+        }
+    }
+    if leaked.is_empty() {
+        return vec![Finding::ok(
+            "leaked-links",
+            "every macvtap of ours on the node is held by a pod",
+        )];
+    }
+    leaked
+        .iter()
+        .map(|l| {
+            let lower = l
+                .lower_index
+                .and_then(|i| links.iter().find(|n| n.index == i))
+                .map_or_else(|| "an unknown NIC".to_string(), |n| n.name.clone());
+            Finding::warning(
+                "leaked-links",
+                format!(
+                    "macvtap {} on {lower} is held by no pod; the running daemon deletes it \
+                     once it has looked so for {} s (--reclaim-grace)",
+                    l.name,
+                    grace.as_secs()
+                ),
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::doctor::Level;
+
+    fn nic(index: u32, name: &str, up: bool) -> Link {
+        Link {
+            index,
+            name: name.into(),
+            oper_state: if up { "up" } else { "down" }.into(),
+            flags: u32::from(up),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn each_nic_state_is_one_sentence() {
+        let cfg = [ResourceConfig::for_nic("eth1")];
+        let allocated: HashSet<String> = ["eth1Mvp0".to_string(), "eth1Mvp3".to_string()].into();
+        let f = check_resources(&cfg, &[nic(2, "eth1", true)], Some(&allocated));
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].level, Level::Ok);
+        assert_eq!(
+            f[0].message,
+            "macvtap.network.kubevirt.io/eth1 on NIC eth1 (bridge mode, 100 devices), pods hold \
+             2 of them: NIC eth1 is up and no master owns it"
+        );
+        let f = check_resources(&cfg, &[nic(2, "eth1", false)], None);
+        assert_eq!(f[0].level, Level::Problem);
+        assert!(f[0].message.contains("lower NIC eth1 is down"), "{f:?}");
+        let f = check_resources(&cfg, &[], None);
+        assert!(
+            f[0].message.contains("lower NIC eth1 does not exist"),
+            "{f:?}"
+        );
+        let br = Link {
+            kind: Some("bridge".into()),
+            ..nic(3, "br0", true)
+        };
+        let port = Link {
+            master: Some(3),
+            ..nic(2, "eth1", true)
+        };
+        let f = check_resources(&cfg, &[port, br], None);
+        assert_eq!(f[0].level, Level::Problem);
+        assert!(f[0].message.contains("use br0 as lowerDevice"), "{f:?}");
+        assert_eq!(check_resources(&[], &[], None)[0].level, Level::Problem);
+    }
+
+    #[test]
+    fn more_held_than_advertised_is_a_warning() {
+        let cfg = [ResourceConfig {
+            capacity: 1,
+            ..ResourceConfig::for_nic("eth1")
+        }];
+        let allocated: HashSet<String> = ["eth1Mvp0".to_string(), "eth1Mvp1".to_string()].into();
+        let f = check_resources(&cfg, &[nic(2, "eth1", true)], Some(&allocated));
+        assert_eq!(f[1].level, Level::Warning, "{f:?}");
+    }
+}
