@@ -552,6 +552,7 @@ fn the_base_daemonset_translates_as_containerd_translates_it() {
             "/sys",
             "/sys/fs/cgroup",
             "/dev",
+            "/host/cni-bin",
             "/etc/hosts",
             "/tmp/termination-log",
             "/etc/hostname",
@@ -565,6 +566,12 @@ fn the_base_daemonset_translates_as_containerd_translates_it() {
     let dev = &dp["mounts"][3];
     assert_eq!(dev["source"], "/dev", "the real /dev");
     assert_eq!(dev["options"], json!(["rbind", "rprivate", "ro"]));
+    let cni_bin = &dp["mounts"][4];
+    assert_eq!(
+        cni_bin["options"],
+        json!(["rbind", "rprivate", "ro"]),
+        "the installed CNI, read only, for doctor"
+    );
     let caps = json!(["CAP_NET_ADMIN"]);
     for set in ["bounding", "effective", "permitted"] {
         assert_eq!(dp["process"]["capabilities"][set], caps, "{set}");
