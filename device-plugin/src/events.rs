@@ -327,20 +327,15 @@ async fn publish(
     reference: ObjectReference,
     mut rx: mpsc::Receiver<NodeEvent>,
 ) {
-    // One recorder per kind of Event (type, reason, action: the key the
-    // recorder aggregates repeats by), so that one can be started afresh
-    // without forgetting the others' series.
-    let mut recorders: HashMap<(String, String, String), Recorder> = HashMap::new();
+    // One recorder per kind of Event, so that one can be started afresh
+    // without forgetting the others' series. The reason names the kind: each
+    // reason has one type and one action (see `NodeEvent::to_event`).
+    let mut recorders: HashMap<&'static str, Recorder> = HashMap::new();
     let mut failing = false;
     while let Some(ev) = rx.recv().await {
         let event = ev.to_event();
-        let key = (
-            format!("{:?}", event.type_),
-            event.reason.clone(),
-            event.action.clone(),
-        );
         let recorder = recorders
-            .entry(key)
+            .entry(ev.reason())
             .or_insert_with(|| Recorder::new(client.clone(), reporter.clone()));
         let mut result = recorder.publish(&event, &reference).await;
         if let Err(kube::Error::Api(status)) = &result
