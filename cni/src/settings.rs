@@ -18,15 +18,14 @@
 //! warning for every other command.
 
 use crate::logfile::{DEFAULT_LOG_DIR, LOG_DIR_ENV};
-use macvtap_link::{CNI_SETTINGS_FILE, NodeSettingsFile, PodResourcesCheck, admin_only};
+use macvtap_link::{
+    CNI_SETTINGS_FILE, DEFAULT_KUBELET_DIR, NodeSettingsFile, PodResourcesCheck, admin_only,
+};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// The environment variable that names another settings file.
 pub const SETTINGS_ENV: &str = "MACVTAP_CNI_SETTINGS";
-
-/// The kubelet's root directory unless the settings say otherwise.
-pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet";
 
 /// The node's settings, with defaults filled in.
 #[derive(Debug, Clone)]

@@ -14,7 +14,8 @@ pub const SUPPORTED_VERSIONS: [&str; 7] = [
 /// versions), for stderr.
 pub fn about() -> String {
     format!(
-        "CNI macvtap plugin v{}\nCNI protocol versions supported: {}",
+        "{}{}\nCNI protocol versions supported: {}",
+        macvtap_link::CNI_ABOUT_PREFIX,
         env!("CARGO_PKG_VERSION"),
         SUPPORTED_VERSIONS.join(", ")
     )

@@ -36,4 +36,7 @@ pub use linux::Linux;
 pub use netlink::Handle;
 pub use netns::Netns;
 pub use op::Op;
-pub use settings::{CNI_SETTINGS_FILE, NodeSettingsFile, PodResourcesCheck, admin_only};
+pub use settings::{
+    CNI_ABOUT_PREFIX, CNI_SETTINGS_FILE, DEFAULT_KUBELET_DIR, NodeSettingsFile, PodResourcesCheck,
+    admin_only,
+};

@@ -20,6 +20,14 @@ use std::str::FromStr;
 /// The settings file's name beside the installed CNI binary.
 pub const CNI_SETTINGS_FILE: &str = "macvtap.settings.json";
 
+/// The kubelet's root directory the CNI uses when the file names none.
+pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet";
+
+/// How the CNI's first line run by hand (no `CNI_COMMAND`) begins; its
+/// version follows (`CNI macvtap plugin v0.1.0`). The device plugin's
+/// `doctor` reads the installed CNI's version from it.
+pub const CNI_ABOUT_PREFIX: &str = "CNI macvtap plugin v";
+
 /// What the CNI's ADD does when it cannot ask the kubelet whether a device
 /// is the pod's own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

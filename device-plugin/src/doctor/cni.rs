@@ -5,7 +5,10 @@
 
 use super::{Finding, TIMEOUT};
 use crate::options::Options;
-use macvtap_link::{CNI_SETTINGS_FILE, NodeSettingsFile, admin_only};
+use macvtap_link::{
+    CNI_ABOUT_PREFIX, CNI_SETTINGS_FILE, DEFAULT_KUBELET_DIR, NodeSettingsFile, PodResourcesCheck,
+    admin_only,
+};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -13,10 +16,6 @@ use std::sync::mpsc;
 
 /// This daemon's version, which the installed CNI should have too.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
-
-/// The start of what the CNI prints on stderr when run by hand, before its
-/// version (`CNI macvtap plugin v0.1.0`).
-const ABOUT_PREFIX: &str = "CNI macvtap plugin v";
 
 /// The binary `bin_dir/name`, its version, and the settings file beside it.
 pub fn check_cni(opts: &Options, bin_dir: &Path, name: &str) -> Vec<Finding> {
@@ -115,7 +114,7 @@ fn installed_version(bin: &Path) -> Result<String, String> {
         ));
     }
     first
-        .strip_prefix(ABOUT_PREFIX)
+        .strip_prefix(CNI_ABOUT_PREFIX)
         .map(str::to_string)
         .ok_or_else(|| format!("it said {first:?}"))
 }
@@ -132,8 +131,10 @@ pub fn check_settings(path: &Path, kubelet_dir: &Path) -> Finding {
                 CHECK,
                 format!(
                     "there is no node settings file {}, so the CNI uses its defaults \
-                     (kubeletDir /var/lib/kubelet, podResourcesCheck warn); install-cni writes it",
-                    path.display()
+                     (kubeletDir {}, podResourcesCheck {}); install-cni writes it",
+                    path.display(),
+                    DEFAULT_KUBELET_DIR,
+                    PodResourcesCheck::default()
                 ),
             );
         }
@@ -175,7 +176,7 @@ pub fn check_settings(path: &Path, kubelet_dir: &Path) -> Finding {
     let named = file
         .kubelet_dir
         .clone()
-        .unwrap_or_else(|| PathBuf::from("/var/lib/kubelet"));
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_KUBELET_DIR));
     if named != kubelet_dir {
         return Finding::warning(
             CHECK,
