@@ -5,6 +5,7 @@
 
 pub mod bench;
 pub mod cpio;
+pub mod gobuild;
 pub mod guest;
 pub mod icmp;
 pub mod kubelet_socket;

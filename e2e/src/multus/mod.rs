@@ -2,9 +2,10 @@
 //! container runtime runs it, with what it needs around it; one file per
 //! job:
 //!
-//! - [`go_build`]: [`build`] compiles Multus once from its source tarball
-//!   (in `../shared/peers/` beside the checkout or in `$MACVTAP_PEERS_DIR`)
-//!   with Go 1.23 into `target/e2e-multus/` and caches it.
+//! - [`build`] compiles Multus once from its source tarball (in
+//!   `../shared/peers/` beside the checkout or in `$MACVTAP_PEERS_DIR`)
+//!   with Go 1.23 into `target/e2e-multus/` and caches it
+//!   ([`crate::gobuild`], which builds the Go project we replace too).
 //! - the fake Kubernetes API server the thin plugin talks to is
 //!   `test_kubelet::FakeApiServer` (GET pod, GET NAD, PUT pod status, POST
 //!   events).
@@ -14,16 +15,22 @@
 //!   as containerd does, recording each delegate it runs
 //!   ([`DelegateCall`]).
 
-pub mod go_build;
 pub mod host_pod_resources;
 pub mod runner;
 
-pub use go_build::{GO, PEERS_ENV, build, peers_beside_checkout, tarball};
 pub use host_pod_resources::{HOST_POD_RESOURCES, HostPodResources};
 pub use runner::{DelegateCall, Multus, MultusRun, Pod};
 
 use std::io::Write;
 use std::process::{Command, Stdio};
+
+/// Builds Multus once (cached under `target/e2e-multus/`) and returns the
+/// path of its thin plugin.
+pub fn build() -> anyhow::Result<std::path::PathBuf> {
+    let mut bins = crate::gobuild::build(&crate::gobuild::MULTUS)?;
+    bins.pop()
+        .ok_or_else(|| anyhow::anyhow!("the Multus build named no binary"))
+}
 
 /// The Multus release the e2e runs.
 pub const VERSION: &str = "v4.2.2";
