@@ -7,6 +7,7 @@ pub mod bench;
 pub mod cpio;
 pub mod gobuild;
 pub mod guest;
+pub mod host_kubelet;
 pub mod icmp;
 pub mod kubelet_socket;
 pub mod manifests;
