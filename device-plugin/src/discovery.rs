@@ -122,6 +122,32 @@ impl Discovery {
             .collect()
     }
 
+    /// Whether a change of the links `changed` (their old and new states)
+    /// can change what discovery finds among `links` (the state after): one
+    /// of them is or was a NIC, or is a master above a NIC.
+    pub fn concerned_by(&self, changed: &[&Link], links: &[Link]) -> bool {
+        if changed.iter().any(|l| is_nic(l, &self.extra_kinds)) {
+            return true;
+        }
+        let is_changed = |index: u32| changed.iter().any(|c| c.index == index);
+        links
+            .iter()
+            .filter(|l| is_nic(l, &self.extra_kinds))
+            .any(|nic| {
+                let mut master = nic.master;
+                for _ in 0..MAX_MASTER_DEPTH {
+                    let Some(m) = master else {
+                        return false;
+                    };
+                    if is_changed(m) {
+                        return true;
+                    }
+                    master = links.iter().find(|l| l.index == m).and_then(|l| l.master);
+                }
+                false
+            })
+    }
+
     /// The left-out links of `plan` not yet logged with this reason; forgets
     /// links no longer left out.
     fn newly_left_out(&self, plan: &Plan) -> Vec<(String, String)> {
@@ -350,6 +376,30 @@ mod tests {
             &[("eth0", "a"), ("a", "b"), ("b", "a")],
         );
         assert!(advertised(&links, &[]).is_empty());
+    }
+
+    #[test]
+    fn discovery_is_concerned_by_nics_and_masters_above_them_only() {
+        let links = layout(
+            &[
+                ("eth0", None),
+                ("bond0", Some("bond")),
+                ("br0", Some("bridge")),
+                ("cni0", Some("bridge")),
+                ("veth1", Some("veth")),
+            ],
+            &[("eth0", "bond0"), ("bond0", "br0"), ("veth1", "cni0")],
+        );
+        let d = Discovery::new(Vec::new());
+        let by = |name: &str| links.iter().find(|l| l.name == name).unwrap();
+        assert!(d.concerned_by(&[by("eth0")], &links));
+        assert!(d.concerned_by(&[by("br0")], &links), "two masters up");
+        assert!(!d.concerned_by(&[by("veth1")], &links));
+        assert!(!d.concerned_by(&[by("cni0")], &links), "holds no NIC");
+        // With veth counted as NICs, both are.
+        let d = Discovery::new(vec!["veth".into()]);
+        assert!(d.concerned_by(&[by("veth1")], &links));
+        assert!(d.concerned_by(&[by("cni0")], &links));
     }
 
     #[test]

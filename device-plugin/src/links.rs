@@ -1,81 +1,259 @@
-//! The node's links as a watch channel, refreshed on netlink link events.
+//! The node's links, kept current from netlink link events.
 //!
 //! A dedicated thread blocks on a `RTNLGRP_LINK` subscription (see
-//! [`macvtap_link::monitor`]) and re-reads the link list after every batch of
-//! events, so health and auto-discovery react within milliseconds and nothing
-//! polls. The daemon never changes namespace, so the thread's sockets belong
-//! to the namespace the daemon was started in (the host's).
+//! [`macvtap_link::monitor`]). Each event carries its link's whole state,
+//! so the thread applies it to its [`LinkTable`] and sends the daemon only
+//! what changed ([`LinkUpdate::Changes`]); it reads every link again only
+//! at start and after lost events ([`LinkUpdate::Resync`]). Health and
+//! auto-discovery thus react within milliseconds, nothing polls, and a
+//! node's churn of unrelated links costs no dump. The daemon never changes
+//! namespace, so the thread's sockets belong to the namespace the daemon
+//! was started in (the host's).
 
 use crate::error::Result;
 use macvtap_link::monitor::{LinkEvent, LinkMonitor};
 use macvtap_link::{Handle, Link, Links};
-use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::mpsc;
 use tracing::{debug, error, warn};
 
 /// How long to pause after a failed read of link events, so a lasting
 /// error does not spin.
 const ERROR_PAUSE: Duration = Duration::from_millis(200);
 
-/// A snapshot of every link of the namespace, as the link watcher last read
-/// it (not to be confused with [`macvtap_link::Links`], a namespace's link
+/// What the link watcher sends the daemon.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkUpdate {
+    /// Every link, read again because events were lost.
+    Resync(Vec<Link>),
+    /// The links that appeared, changed or vanished, in the kernel's order.
+    Changes(Vec<LinkDelta>),
+}
+
+/// One link's change: its state before (`None` if it is new) and after
+/// (`None` if it vanished).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkDelta {
+    /// The link as it was.
+    pub before: Option<Link>,
+    /// The link as it is now.
+    pub after: Option<Link>,
+}
+
+impl LinkDelta {
+    /// Both states of the link, the old one first (one or two links).
+    pub fn states(&self) -> impl Iterator<Item = &Link> {
+        self.before.iter().chain(self.after.iter())
+    }
+}
+
+/// Every link of a namespace, in ifindex order, kept by applying events
+/// (not to be confused with [`macvtap_link::Links`], a namespace's link
 /// operations).
-pub type LinkSnapshot = Arc<Vec<Link>>;
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LinkTable {
+    links: Vec<Link>,
+}
+
+impl LinkTable {
+    /// A table of `links` (as a dump gives them, in any order).
+    pub fn new(mut links: Vec<Link>) -> Self {
+        links.sort_by_key(|l| l.index);
+        Self { links }
+    }
+
+    /// The links, in ifindex order.
+    pub fn links(&self) -> &[Link] {
+        &self.links
+    }
+
+    /// The link named `name`, if there is one.
+    pub fn by_name(&self, name: &str) -> Option<&Link> {
+        self.links.iter().find(|l| l.name == name)
+    }
+
+    /// Applies one event; returns what it changed, or `None` when it
+    /// changed nothing this table holds (or is [`LinkEvent::Overrun`]).
+    pub fn apply(&mut self, event: &LinkEvent) -> Option<LinkDelta> {
+        let delta = match event {
+            LinkEvent::Changed(l) => {
+                let before = self.get(l.index).cloned();
+                if before.as_ref() == Some(l) {
+                    return None;
+                }
+                LinkDelta {
+                    before,
+                    after: Some(l.clone()),
+                }
+            }
+            LinkEvent::Removed(l) => LinkDelta {
+                before: Some(self.get(l.index)?.clone()),
+                after: None,
+            },
+            LinkEvent::Overrun => return None,
+        };
+        self.apply_delta(&delta);
+        Some(delta)
+    }
+
+    /// Applies a change that [`LinkTable::apply`] returned (on another
+    /// copy of the table).
+    pub fn apply_delta(&mut self, delta: &LinkDelta) {
+        let index = match (&delta.after, &delta.before) {
+            (Some(l), _) | (None, Some(l)) => l.index,
+            (None, None) => return,
+        };
+        let at = self.links.binary_search_by_key(&index, |l| l.index);
+        match (at, &delta.after) {
+            (Ok(i), Some(l)) => self.links[i] = l.clone(),
+            (Err(i), Some(l)) => self.links.insert(i, l.clone()),
+            (Ok(i), None) => {
+                self.links.remove(i);
+            }
+            (Err(_), None) => {}
+        }
+    }
+
+    fn get(&self, index: u32) -> Option<&Link> {
+        let at = self.links.binary_search_by_key(&index, |l| l.index).ok()?;
+        self.links.get(at)
+    }
+}
 
 /// Subscribes to link events, reads the links once, and starts the thread
-/// that keeps the returned channel current. The thread ends when every
-/// receiver is gone.
-pub fn spawn_link_watcher() -> Result<watch::Receiver<LinkSnapshot>> {
+/// that sends every later change on the returned channel. The thread ends
+/// when the receiver is gone.
+pub fn spawn_link_watcher() -> Result<(LinkTable, mpsc::UnboundedReceiver<LinkUpdate>)> {
     // Subscribe before the first read so no change can fall between them.
     let monitor = LinkMonitor::current()?;
     let handle = Handle::current()?;
-    let (tx, rx) = watch::channel(Arc::new(handle.list_links()?));
+    let table = LinkTable::new(handle.list_links()?);
+    let (tx, rx) = mpsc::unbounded_channel();
+    let own = table.clone();
     let spawned = std::thread::Builder::new()
         .name("link-events".into())
-        .spawn(move || watch_links(monitor, handle, tx));
+        .spawn(move || watch_links(monitor, handle, own, tx));
     if let Err(e) = spawned {
         return Err(crate::error::Error::Task(format!(
             "starting the link event thread: {e}"
         )));
     }
-    Ok(rx)
+    Ok((table, rx))
 }
 
-fn watch_links(monitor: LinkMonitor, handle: Handle, tx: watch::Sender<LinkSnapshot>) {
+fn watch_links(
+    monitor: LinkMonitor,
+    handle: Handle,
+    mut table: LinkTable,
+    tx: mpsc::UnboundedSender<LinkUpdate>,
+) {
     loop {
-        match monitor.recv() {
+        let update = match monitor.recv() {
+            Ok(events) if events.contains(&LinkEvent::Overrun) => {
+                warn!("link events were lost; re-reading all links");
+                resync(&handle, &mut table, &tx)
+            }
             Ok(events) => {
-                for ev in &events {
-                    match ev {
-                        LinkEvent::Changed { name, flags, .. } => {
-                            debug!(ifname = %name, flags, "link changed")
-                        }
-                        LinkEvent::Removed { name, .. } => debug!(ifname = %name, "link removed"),
-                        LinkEvent::Overrun => warn!("link events were lost; re-reading all links"),
+                let deltas: Vec<LinkDelta> = events.iter().filter_map(|e| table.apply(e)).collect();
+                for d in &deltas {
+                    match (&d.before, &d.after) {
+                        (_, Some(l)) => debug!(ifname = %l.name, flags = l.flags, "link changed"),
+                        (Some(l), None) => debug!(ifname = %l.name, "link removed"),
+                        (None, None) => {}
                     }
                 }
+                if deltas.is_empty() {
+                    continue;
+                }
+                Some(LinkUpdate::Changes(deltas))
             }
             Err(e) => {
+                // What the socket held may be lost: read everything again.
                 error!(error = %e, "reading link events");
+                std::thread::sleep(ERROR_PAUSE);
+                resync(&handle, &mut table, &tx)
+            }
+        };
+        let Some(update) = update else {
+            return;
+        };
+        if tx.send(update).is_err() {
+            return;
+        }
+    }
+}
+
+/// Reads every link again into `table`, retrying until it works; `None`
+/// when the daemon is gone meanwhile.
+fn resync(
+    handle: &Handle,
+    table: &mut LinkTable,
+    tx: &mpsc::UnboundedSender<LinkUpdate>,
+) -> Option<LinkUpdate> {
+    loop {
+        match handle.list_links() {
+            Ok(links) => {
+                *table = LinkTable::new(links);
+                return Some(LinkUpdate::Resync(table.links.clone()));
+            }
+            Err(e) => {
+                error!(error = %e, "listing links");
+                if tx.is_closed() {
+                    return None;
+                }
                 std::thread::sleep(ERROR_PAUSE);
             }
         }
-        match handle.list_links() {
-            Ok(links) => {
-                tx.send_if_modified(|cur| {
-                    if **cur == links {
-                        false
-                    } else {
-                        *cur = Arc::new(links);
-                        true
-                    }
-                });
-                if tx.is_closed() {
-                    return;
-                }
-            }
-            Err(e) => error!(error = %e, "listing links"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(index: u32, name: &str, flags: u32) -> Link {
+        Link {
+            index,
+            name: name.into(),
+            flags,
+            ..Default::default()
         }
+    }
+
+    #[test]
+    fn events_are_applied_and_only_real_changes_reported() {
+        let mut t = LinkTable::new(vec![link(3, "eth1", 1), link(1, "lo", 9)]);
+        let mut copy = t.clone();
+        assert_eq!(t.links()[0].name, "lo", "ifindex order");
+        // A message that says what the table knows changes nothing.
+        assert_eq!(t.apply(&LinkEvent::Changed(link(3, "eth1", 1))), None);
+        let down = t.apply(&LinkEvent::Changed(link(3, "eth1", 0))).unwrap();
+        assert_eq!(down.before, Some(link(3, "eth1", 1)));
+        assert_eq!(down.after, Some(link(3, "eth1", 0)));
+        let new = t.apply(&LinkEvent::Changed(link(2, "veth0", 0))).unwrap();
+        assert_eq!(new.before, None);
+        let gone = t.apply(&LinkEvent::Removed(link(1, "lo", 9))).unwrap();
+        assert_eq!(gone.after, None);
+        // A removal of a link the table never had changes nothing.
+        assert_eq!(t.apply(&LinkEvent::Removed(link(7, "x", 0))), None);
+        assert_eq!(t.apply(&LinkEvent::Overrun), None);
+        let names: Vec<_> = t.links().iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(names, ["veth0", "eth1"]);
+        assert_eq!(t.by_name("eth1"), Some(&link(3, "eth1", 0)));
+        // Another copy that applies the deltas ends up the same.
+        for d in [&down, &new, &gone] {
+            copy.apply_delta(d);
+        }
+        assert_eq!(copy, t);
+    }
+
+    #[test]
+    fn a_rename_is_one_change_of_both_names() {
+        let mut t = LinkTable::new(vec![link(4, "eth1", 1)]);
+        let d = t.apply(&LinkEvent::Changed(link(4, "uplink", 1))).unwrap();
+        let names: Vec<_> = d.states().map(|l| l.name.as_str()).collect();
+        assert_eq!(names, ["eth1", "uplink"]);
+        assert_eq!(t.by_name("eth1"), None);
+        assert_eq!(t.links().len(), 1);
     }
 }

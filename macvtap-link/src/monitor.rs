@@ -1,16 +1,17 @@
 //! Link events: a netlink socket subscribed to `RTNLGRP_LINK`.
 //!
 //! The kernel sends a message on this socket whenever a link of the
-//! namespace appears, changes (up/down, carrier, rename) or vanishes. Readers
-//! use the events as a trigger and re-read the links they care about, so a
-//! lost event (socket overrun) only costs one extra re-read.
+//! namespace appears, changes (up/down, carrier, rename, master) or
+//! vanishes. Each message carries the link's whole state, decoded here into
+//! the same [`Link`] a dump gives, so readers apply events to what they know
+//! and re-read every link only after [`LinkEvent::Overrun`] (lost messages).
 
 use crate::error::{Error, Result};
+use crate::link::Link;
 use crate::netlink::open_socket;
 use crate::netns::Netns;
 use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
 use netlink_packet_route::RouteNetlinkMessage;
-use netlink_packet_route::link::{LinkAttribute, LinkMessage};
 use netlink_sys::{Socket, SocketAddr};
 use nix::errno::Errno;
 use std::path::{Path, PathBuf};
@@ -18,25 +19,17 @@ use std::path::{Path, PathBuf};
 /// The rtnetlink multicast group of link notifications (`RTNLGRP_LINK`).
 const RTNLGRP_LINK: u32 = 1;
 
+/// How many datagrams one [`LinkMonitor::recv`] takes at most, so a
+/// lasting storm still yields batches to act on.
+pub const MAX_BATCH: usize = 256;
+
 /// One link notification.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LinkEvent {
-    /// A link appeared or changed (`RTM_NEWLINK`).
-    Changed {
-        /// Interface index.
-        index: u32,
-        /// Interface name (empty if the kernel did not say).
-        name: String,
-        /// Interface flags (`IFF_*`) after the change.
-        flags: u32,
-    },
-    /// A link vanished (`RTM_DELLINK`).
-    Removed {
-        /// Interface index.
-        index: u32,
-        /// Interface name (empty if the kernel did not say).
-        name: String,
-    },
+    /// A link appeared or changed (`RTM_NEWLINK`): its whole state after the change.
+    Changed(Link),
+    /// A link vanished (`RTM_DELLINK`): its last state.
+    Removed(Link),
     /// The socket overflowed and events were lost; re-read everything.
     Overrun,
 }
@@ -76,25 +69,36 @@ impl LinkMonitor {
         &self.netns
     }
 
-    /// Blocks until the kernel sends notifications and returns them (at least
-    /// one event per call).
+    /// Blocks until the kernel sends notifications and returns them, with
+    /// every further one already queued (at most [`MAX_BATCH`] messages), so
+    /// a burst is handled as one batch. At least one event per call; a batch
+    /// that lost messages ends with [`LinkEvent::Overrun`].
     pub fn recv(&self) -> Result<Vec<LinkEvent>> {
         let mut rx = Vec::with_capacity(64 * 1024);
-        loop {
+        let mut events = Vec::new();
+        let mut received = 0;
+        while events.is_empty() || received < MAX_BATCH {
+            // Block only while nothing is in hand.
+            let flags = if events.is_empty() {
+                0
+            } else {
+                nix::libc::MSG_DONTWAIT
+            };
             rx.clear();
-            match self.socket.recv(&mut rx, 0) {
+            match self.socket.recv(&mut rx, flags) {
                 Ok(_) => {}
                 Err(e) if e.raw_os_error() == Some(Errno::ENOBUFS as i32) => {
-                    return Ok(vec![LinkEvent::Overrun]);
+                    events.push(LinkEvent::Overrun);
+                    return Ok(events);
                 }
                 Err(e) if e.raw_os_error() == Some(Errno::EINTR as i32) => continue,
+                Err(e) if e.raw_os_error() == Some(Errno::EAGAIN as i32) => break,
                 Err(e) => return Err(Error::Socket(e)),
             }
-            let events = parse_events(&rx, &self.netns)?;
-            if !events.is_empty() {
-                return Ok(events);
-            }
+            received += 1;
+            events.extend(parse_events(&rx, &self.netns)?);
         }
+        Ok(events)
     }
 }
 
@@ -116,31 +120,14 @@ fn parse_events(buf: &[u8], netns: &Path) -> Result<Vec<LinkEvent>> {
         offset += (len + 3) & !3;
         match msg.payload {
             NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(l)) => {
-                out.push(LinkEvent::Changed {
-                    index: l.header.index,
-                    name: link_name(&l),
-                    flags: l.header.flags.bits(),
-                });
+                out.push(LinkEvent::Changed(Link::from_message(&l)));
             }
             NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelLink(l)) => {
-                out.push(LinkEvent::Removed {
-                    index: l.header.index,
-                    name: link_name(&l),
-                });
+                out.push(LinkEvent::Removed(Link::from_message(&l)));
             }
             NetlinkPayload::Overrun(_) => out.push(LinkEvent::Overrun),
             _ => {}
         }
     }
     Ok(out)
-}
-
-fn link_name(l: &LinkMessage) -> String {
-    l.attributes
-        .iter()
-        .find_map(|a| match a {
-            LinkAttribute::IfName(n) => Some(n.clone()),
-            _ => None,
-        })
-        .unwrap_or_default()
 }

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use macvtap_link::monitor::{LinkEvent, LinkMonitor};
+use macvtap_link::{Handle, Link, Links};
 use std::sync::mpsc;
 use std::time::Duration;
 use test_support::TestNs;
@@ -33,11 +34,33 @@ fn monitor_reports_links_appearing_changing_and_vanishing() {
     };
     ns.ip(&["link", "add", "m0", "type", "veth", "peer", "name", "m1"])
         .unwrap();
-    wait_for(&|e| matches!(e, LinkEvent::Changed { name, .. } if name == "m0"));
+    wait_for(&|e| matches!(e, LinkEvent::Changed(l) if l.name == "m0"));
     ns.ip(&["link", "set", "m0", "up"]).unwrap();
-    wait_for(
-        &|e| matches!(e, LinkEvent::Changed { name, flags, .. } if name == "m0" && flags & 1 == 1),
+    let LinkEvent::Changed(up) =
+        wait_for(&|e| matches!(e, LinkEvent::Changed(l) if l.name == "m0" && l.is_up()))
+    else {
+        unreachable!()
+    };
+    // The event carries the link's whole state, decoded as a dump decodes it.
+    let dumped: Link = Handle::in_netns(&netns)
+        .unwrap()
+        .list_links()
+        .unwrap()
+        .into_iter()
+        .find(|l| l.name == "m0")
+        .unwrap();
+    assert_eq!(up.index, dumped.index);
+    assert_eq!(up.kind.as_deref(), Some("veth"));
+    assert_eq!(
+        (up.mtu, up.mac, up.flags),
+        (dumped.mtu, dumped.mac, dumped.flags)
     );
+    assert_eq!(up.txqueuelen, dumped.txqueuelen);
     ns.ip(&["link", "del", "m0"]).unwrap();
-    wait_for(&|e| matches!(e, LinkEvent::Removed { name, .. } if name == "m0"));
+    let LinkEvent::Removed(gone) =
+        wait_for(&|e| matches!(e, LinkEvent::Removed(l) if l.name == "m0"))
+    else {
+        unreachable!()
+    };
+    assert_eq!(gone.index, dumped.index);
 }

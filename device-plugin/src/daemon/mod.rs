@@ -6,8 +6,8 @@
 //! hands it to that kind's handler (`on_signal`, `on_links`,
 //! `on_fs_events`, `on_stream_event`, `on_registration_done`, `on_timer`).
 //! It reacts to:
-//! - link snapshots from [`crate::links`] (health, NUMA, auto-discovery:
-//!   `reconcile.rs`);
+//! - link changes from [`crate::links`] (health, NUMA, auto-discovery of
+//!   the resources they touch: `reconcile.rs`);
 //! - inotify events on one [`DirWatcher`]: in the device-plugins directory
 //!   (a new `kubelet.sock` means a restarted kubelet: re-serve where our
 //!   socket was deleted, and register again: `kubelet.rs`), in the config
@@ -47,7 +47,7 @@ use crate::events::EventSink;
 use crate::fswatch::{DirWatcher, FsEvent};
 use crate::heal::Assignments;
 use crate::health::HealthLog;
-use crate::links::{LinkSnapshot, spawn_link_watcher};
+use crate::links::{LinkTable, LinkUpdate, spawn_link_watcher};
 use crate::metrics::Metrics;
 use crate::options::{Options, load_config};
 use crate::reclaim::{AllocationClock, Reclaimer, reclaim_loop, tap_node_deleted, watch_tap_nodes};
@@ -78,7 +78,7 @@ const SHUTDOWN_WAIT: Duration = Duration::from_millis(300);
 struct Inputs {
     sigterm: Signal,
     sigint: Signal,
-    links: watch::Receiver<LinkSnapshot>,
+    links: mpsc::UnboundedReceiver<LinkUpdate>,
     fs: mpsc::UnboundedReceiver<Vec<FsEvent>>,
     streams: mpsc::UnboundedReceiver<StreamEvent>,
     registrations: mpsc::UnboundedReceiver<RegistrationDone>,
@@ -88,8 +88,8 @@ struct Inputs {
 enum Input {
     /// SIGTERM or SIGINT, by name.
     Signal(&'static str),
-    /// A new snapshot of the node's links.
-    Links(LinkSnapshot),
+    /// Links that changed, or all of them read again.
+    Links(LinkUpdate),
     /// A batch of inotify events.
     Fs(Vec<FsEvent>),
     /// A ListAndWatch stream opened or ended.
@@ -107,12 +107,9 @@ impl Inputs {
         tokio::select! {
             _ = self.sigterm.recv() => Ok(Input::Signal("SIGTERM")),
             _ = self.sigint.recv() => Ok(Input::Signal("SIGINT")),
-            changed = self.links.changed() => match changed {
-                Ok(()) => Ok(Input::Links(self.links.borrow_and_update().clone())),
-                Err(_) => Err(Error::Task(
-                    "the thread reading link events stopped, so NIC health would go stale".into(),
-                )),
-            },
+            update = self.links.recv() => update.map(Input::Links).ok_or_else(|| {
+                Error::Task("the thread reading link events stopped, so NIC health would go stale".into())
+            }),
             batch = self.fs.recv() => batch
                 .map(Input::Fs)
                 .ok_or_else(|| {
@@ -132,8 +129,8 @@ struct Daemon {
     plugins: BTreeMap<String, Plugin>,
     resolved: Resolved,
     file_text: Option<String>,
-    /// The latest snapshot of the node's links.
-    links: LinkSnapshot,
+    /// The node's links, as the link events left them.
+    links: LinkTable,
     configs_tx: watch::Sender<Vec<ResourceConfig>>,
     registrations: mpsc::UnboundedSender<RegistrationDone>,
     next_attempt: u64,
@@ -198,7 +195,7 @@ impl Daemon {
             .map_err(|e| Error::Task(format!("cannot handle SIGTERM: {e}")))?;
         let sigint = signal(SignalKind::interrupt())
             .map_err(|e| Error::Task(format!("cannot handle SIGINT: {e}")))?;
-        let mut links_rx = spawn_link_watcher()?;
+        let (links, links_rx) = spawn_link_watcher()?;
         let plugin_wd = Some(fs.watch_dir(&plugin_dir)?);
 
         let (configs_tx, configs_rx) = watch::channel(Vec::new());
@@ -217,7 +214,6 @@ impl Daemon {
         let tap_nodes = watch_tap_nodes(&fs, &dev_dir).map(|wd| (wd, tap_gone_tx));
         tasks.push(spawn_reclaim(&opts, &ctx, configs_rx, dev_dir, tap_gone));
         let (reg_tx, reg_rx) = mpsc::unbounded_channel();
-        let links = links_rx.borrow_and_update().clone();
         let discovery = Discovery::new(opts.discover_kinds.clone());
         let mut d = Daemon {
             opts,

@@ -1,7 +1,9 @@
 //! Links and configuration → plugins: which resources are wanted (the
 //! configured ones, or what auto-discovery finds), and for each its
 //! devices, health and NUMA node; health changes are logged, counted and
-//! posted as Events.
+//! posted as Events. A change of some links revisits only the resources
+//! it touches (their NIC or the NIC's master), and runs discovery again
+//! only when it concerns a NIC or a master above one.
 
 use super::plugin::Plugin;
 use super::{Daemon, RESTART_WAIT};
@@ -9,17 +11,30 @@ use crate::config::{ResourceConfig, Resources};
 use crate::devices::device_list;
 use crate::events::NodeEvent;
 use crate::health::{NicHealth, nic_health};
-use crate::links::LinkSnapshot;
+use crate::links::{LinkTable, LinkUpdate};
 use crate::server::ResourceState;
 use crate::topology::numa_node;
+use macvtap_link::Link;
 use tokio::time::Instant;
 use tracing::info;
 
 impl Daemon {
-    /// A new link snapshot: health, NUMA and auto-discovered resources follow it.
-    pub(super) fn on_links(&mut self, links: LinkSnapshot) {
-        self.links = links;
-        self.reconcile();
+    /// Links changed: health, NUMA and auto-discovered resources follow,
+    /// for the resources the change touches (all of them after a resync).
+    pub(super) fn on_links(&mut self, update: LinkUpdate) {
+        match update {
+            LinkUpdate::Resync(links) => {
+                self.links = LinkTable::new(links);
+                self.reconcile();
+            }
+            LinkUpdate::Changes(deltas) => {
+                for d in &deltas {
+                    self.links.apply_delta(d);
+                }
+                let changed: Vec<&Link> = deltas.iter().flat_map(|d| d.states()).collect();
+                self.reconcile_changed(Some(&changed));
+            }
+        }
     }
 
     /// The resources wanted now, each with whether auto-discovery made it.
@@ -29,7 +44,7 @@ impl Daemon {
             Resources::AutoDiscover => {
                 let mut found: Vec<(ResourceConfig, bool)> = self
                     .discovery
-                    .discover(&self.links)
+                    .discover(self.links.links())
                     .into_iter()
                     .map(|c| (c, true))
                     .collect();
@@ -44,9 +59,34 @@ impl Daemon {
         }
     }
 
+    /// The resources wanted after the links `changed` did: the plugins as
+    /// they are when auto-discovery cannot find anything new in that change.
+    fn wanted_after(&self, changed: &[&Link]) -> Vec<(ResourceConfig, bool)> {
+        if matches!(self.resolved.resources, Resources::AutoDiscover)
+            && !self.discovery.concerned_by(changed, self.links.links())
+        {
+            return self
+                .plugins
+                .values()
+                .map(|p| (p.config(), p.discovered))
+                .collect();
+        }
+        self.wanted()
+    }
+
     /// Brings the plugins in line with the configuration and the links.
     pub(super) fn reconcile(&mut self) {
-        let wanted = self.wanted();
+        self.reconcile_changed(None);
+    }
+
+    /// Brings the plugins in line with the configuration and the links;
+    /// with `changed` (links that changed), revisits only the resources
+    /// that it touches, that are new or whose configuration differs.
+    fn reconcile_changed(&mut self, changed: Option<&[&Link]>) {
+        let wanted = match changed {
+            Some(c) => self.wanted_after(c),
+            None => self.wanted(),
+        };
         let gone: Vec<String> = self
             .plugins
             .keys()
@@ -58,10 +98,27 @@ impl Daemon {
         }
         let now = Instant::now();
         for (cfg, discovered) in wanted {
-            self.apply_resource(cfg, discovered, now);
+            let revisit = match (changed, self.plugins.get(&cfg.name)) {
+                (Some(c), Some(p)) => {
+                    p.discovered != discovered
+                        || p.config() != cfg
+                        || touches_nic(&self.links, &cfg.lower_device, c)
+                }
+                _ => true,
+            };
+            if revisit {
+                self.apply_resource(cfg, discovered, now);
+            }
         }
         let configs: Vec<ResourceConfig> = self.plugins.values().map(|p| p.config()).collect();
-        self.configs_tx.send_replace(configs);
+        self.configs_tx.send_if_modified(|cur| {
+            if *cur == configs {
+                false
+            } else {
+                *cur = configs;
+                true
+            }
+        });
     }
 
     /// Stops serving a resource that is no longer wanted.
@@ -86,9 +143,9 @@ impl Daemon {
     /// Publishes a wanted resource's devices, health and NUMA node, adding
     /// its plugin if it is new.
     fn apply_resource(&mut self, cfg: ResourceConfig, discovered: bool, now: Instant) {
-        let links = self.links.clone();
-        let lower = links.iter().find(|l| l.name == cfg.lower_device);
-        let health = nic_health(&cfg.lower_device, &links);
+        let links = self.links.links();
+        let lower = self.links.by_name(&cfg.lower_device);
+        let health = nic_health(&cfg.lower_device, links);
         let healthy = health.is_healthy();
         let numa = lower.and_then(|_| numa_node(&self.opts.sysfs, &cfg.lower_device));
         let state = ResourceState {
@@ -152,5 +209,55 @@ impl Daemon {
                 devices,
             },
         });
+    }
+}
+
+/// Whether a change of the links `changed` (their old and new states)
+/// touches NIC `lower` among `links` (the state after): the NIC is one of
+/// them, or its master is.
+fn touches_nic(links: &LinkTable, lower: &str, changed: &[&Link]) -> bool {
+    changed.iter().any(|l| l.name == lower)
+        || links
+            .by_name(lower)
+            .and_then(|nic| nic.master)
+            .is_some_and(|m| changed.iter().any(|l| l.index == m))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(index: u32, name: &str, master: Option<u32>) -> Link {
+        Link {
+            index,
+            name: name.into(),
+            master,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_change_touches_the_nic_and_its_master_only() {
+        let links = LinkTable::new(vec![
+            link(2, "eth1", Some(5)),
+            link(3, "eth2", None),
+            link(5, "br0", None),
+            link(9, "veth9", Some(5)),
+        ]);
+        let touches = |l: &Link| {
+            ["eth1", "eth2", "gone"]
+                .into_iter()
+                .filter(|n| touches_nic(&links, n, &[l]))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(touches(&link(2, "eth1", None)), ["eth1"]);
+        assert_eq!(touches(&link(5, "br0", None)), ["eth1"], "eth1's master");
+        assert!(
+            touches(&link(9, "veth9", Some(5))).is_empty(),
+            "a sibling port"
+        );
+        assert!(touches(&link(11, "veth11", None)).is_empty());
+        // A NIC that is gone is touched by its own name (its old state).
+        assert_eq!(touches(&link(7, "gone", None)), ["gone"]);
     }
 }
