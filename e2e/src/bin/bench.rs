@@ -2,7 +2,7 @@
 //! `BENCHMARKS.md` and `benchmarks.svg`. Use `hack/bench.sh`.
 
 use anyhow::{Context, Result};
-use macvtap_e2e::bench::{cni, datapath, dp, migration, plot, report::Report, sizes};
+use macvtap_e2e::bench::{churn, cni, datapath, dp, migration, plot, report::Report, sizes};
 use std::path::PathBuf;
 use test_kubelet::TestPodResources;
 
@@ -72,6 +72,19 @@ async fn main() -> Result<()> {
             .unwrap_or(60);
         let bin = root.join("target/static/macvtap-deviceplugin");
         panels.extend(dp::all(&bin, n.max(500), idle, &mut report).await?);
+    }
+    if want("churn") {
+        let cycles: usize = std::env::var("BENCH_CHURN_CYCLES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(100);
+        churn::compare(
+            &root.join("target/static/macvtap-deviceplugin"),
+            &[10, 100, 500, 2000],
+            cycles,
+            &mut report,
+        )
+        .await?;
     }
     if want("sizes") {
         sizes::table(&root, &plugins, &mut report)?;
