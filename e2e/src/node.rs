@@ -35,7 +35,11 @@ pub const GUEST_IP: &str = "192.0.2.2/24";
 pub const WAIT: Duration = Duration::from_secs(10);
 
 /// Path of one of the workspace's binaries, next to the running executable
-/// (`target/<profile>/`); built with cargo if it is not there yet.
+/// (`target/<profile>/`). It is built with cargo when it is missing or older
+/// than a source file of its crate or of the workspace crates it links
+/// (`macvtap-link`, `proto`), so a run of `-p macvtap-e2e` alone never
+/// drives a stale binary. A current binary is left alone: rebuilding it with
+/// other features while other tests run it would swap it under them.
 pub fn binary(package: &str, name: &str) -> Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let mut dir = exe.parent().context("exe has no dir")?.to_path_buf();
@@ -43,7 +47,19 @@ pub fn binary(package: &str, name: &str) -> Result<PathBuf> {
         dir.pop();
     }
     let path = dir.join(name);
-    if !path.exists() {
+    let crate_dir = match package {
+        "macvtap-cni" => "cni",
+        "macvtap-deviceplugin" => "device-plugin",
+        other => other,
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let sources = [crate_dir, "macvtap-link", "proto"].map(|d| root.join(d));
+    let built = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
+    let stale = match built {
+        None => true,
+        Some(built) => sources.iter().any(|d| newer_than(d, built)),
+    };
+    if stale {
         let release = dir.ends_with("release");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut cmd = Command::new(cargo);
@@ -52,7 +68,10 @@ pub fn binary(package: &str, name: &str) -> Result<PathBuf> {
             cmd.arg("--release");
         }
         let status = cmd.status().context("running cargo build")?;
-        ensure!(status.success(), "cargo build -p {package} failed");
+        ensure!(
+            status.success(),
+            "cargo build -p {package} --bin {name} failed"
+        );
     }
     ensure!(
         path.exists(),
@@ -60,6 +79,21 @@ pub fn binary(package: &str, name: &str) -> Result<PathBuf> {
         path.display()
     );
     Ok(path)
+}
+
+/// Whether a file under `dir` (skipping `target`) was modified after `t`.
+fn newer_than(dir: &Path, t: std::time::SystemTime) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        let Ok(ft) = e.file_type() else { return false };
+        if ft.is_dir() {
+            e.file_name() != "target" && newer_than(&e.path(), t)
+        } else {
+            e.metadata().and_then(|m| m.modified()).is_ok_and(|m| m > t)
+        }
+    })
 }
 
 /// The NIC, the peer host, the kubelet dir, the test kubelet and the daemon.
@@ -456,4 +490,23 @@ pub fn run_cni(call: &CniCall) -> Result<String> {
         String::from_utf8_lossy(&out.stderr).trim()
     );
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::SystemTime;
+
+    #[test]
+    fn a_source_newer_than_the_binary_is_seen_and_target_is_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("src/sub")).unwrap();
+        std::fs::create_dir_all(dir.path().join("target")).unwrap();
+        let before = SystemTime::now() - Duration::from_secs(60);
+        std::fs::write(dir.path().join("target/new"), "").unwrap();
+        assert!(!newer_than(dir.path(), SystemTime::now() + Duration::from_secs(60)));
+        assert!(!newer_than(dir.path(), before), "target/ was read");
+        std::fs::write(dir.path().join("src/sub/lib.rs"), "").unwrap();
+        assert!(newer_than(dir.path(), before));
+    }
 }
