@@ -34,6 +34,11 @@ pub const GUEST_IP: &str = "192.0.2.2/24";
 /// latency target).
 pub const WAIT: Duration = Duration::from_secs(10);
 
+/// How long [`run_cni`] lets a plugin run before it kills it (a deadline
+/// for a hung plugin, not a latency target: the CNI's own longest wait is
+/// its 5 s PodResources budget).
+pub const CNI_DEADLINE: Duration = Duration::from_secs(60);
+
 /// Path of one of the workspace's binaries, next to the running executable
 /// (`target/<profile>/`). It is built with cargo when it is missing or older
 /// than a source file of its crate or of the workspace crates it links
@@ -480,7 +485,22 @@ pub fn run_cni(call: &CniCall) -> Result<String> {
         .take()
         .context("the plugin's stdin")?
         .write_all(call.conf.as_bytes())?;
-    let out = child.wait_with_output()?;
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id())?);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = match rx.recv_timeout(CNI_DEADLINE) {
+        Ok(out) => out?,
+        Err(_) => {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            anyhow::bail!(
+                "{} {} did not finish within {CNI_DEADLINE:?}; killed it",
+                call.cni.display(),
+                call.command
+            );
+        }
+    };
     ensure!(
         out.status.success(),
         "{} {} failed: {} {}",
@@ -504,7 +524,10 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("target")).unwrap();
         let before = SystemTime::now() - Duration::from_secs(60);
         std::fs::write(dir.path().join("target/new"), "").unwrap();
-        assert!(!newer_than(dir.path(), SystemTime::now() + Duration::from_secs(60)));
+        assert!(!newer_than(
+            dir.path(),
+            SystemTime::now() + Duration::from_secs(60)
+        ));
         assert!(!newer_than(dir.path(), before), "target/ was read");
         std::fs::write(dir.path().join("src/sub/lib.rs"), "").unwrap();
         assert!(newer_than(dir.path(), before));
