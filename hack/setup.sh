@@ -23,6 +23,7 @@ packages=(
   libvirt-clients               # virsh
   iperf3                        # data path benchmarks
   runc                          # runs the DaemonSet's containers as a node's runtime does
+  strace                        # the soak and crash tests kill the CNI at a chosen netlink send (fault injection)
   podman                        # builds the image from the static binaries (hack/build-image.sh --prebuilt)
 )
 # Go 1.23 builds the real Multus (v4.2.2) that the node e2e runs; Debian

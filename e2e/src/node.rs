@@ -319,6 +319,22 @@ impl Node {
         Ok(())
     }
 
+    /// Kills the daemon with SIGKILL (a crash, an OOM kill) and waits for
+    /// it to be gone; its sockets stay behind, as a killed process leaves them.
+    pub fn kill_device_plugin(&mut self) -> Result<()> {
+        let Some(mut d) = self.daemon.take() else {
+            return Ok(());
+        };
+        d.signal(nix::sys::signal::Signal::SIGKILL)?;
+        d.wait_exit(WAIT).context("after SIGKILL")?;
+        Ok(())
+    }
+
+    /// The running daemon's process ID.
+    pub fn device_plugin_pid(&self) -> Option<u32> {
+        self.daemon.as_ref().map(|d| d.pid())
+    }
+
     /// Waits for `resource` to register and for the kubelet to list
     /// `capacity` healthy devices, and returns a client of the plugin socket.
     pub async fn plugin(&self, resource: &str, capacity: usize) -> Result<PluginClient> {
@@ -456,9 +472,27 @@ pub struct CniCall<'a> {
 /// Runs `call` and returns the plugin's stdout (the result); a failure
 /// carries its stdout and stderr.
 pub fn run_cni(call: &CniCall) -> Result<String> {
+    let out = run_cni_output(call, &[])?;
+    ensure!(
+        out.status.success(),
+        "{} {} failed: {} {}",
+        call.cni.display(),
+        call.command,
+        String::from_utf8_lossy(&out.stdout).trim(),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs `call` with `wrapper` (a program and its arguments, e.g. `strace`
+/// injecting a kill; empty for none) in front of the plugin, and returns
+/// how it ended, failed or not. A plugin still running after
+/// [`CNI_DEADLINE`] is killed and reported as an error.
+pub fn run_cni_output(call: &CniCall, wrapper: &[&str]) -> Result<std::process::Output> {
     use std::io::Write;
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", call.node_ns])
+        .args(wrapper)
         .arg(call.cni)
         .env_clear()
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
@@ -490,8 +524,8 @@ pub fn run_cni(call: &CniCall) -> Result<String> {
     std::thread::spawn(move || {
         let _ = tx.send(child.wait_with_output());
     });
-    let out = match rx.recv_timeout(CNI_DEADLINE) {
-        Ok(out) => out?,
+    match rx.recv_timeout(CNI_DEADLINE) {
+        Ok(out) => Ok(out?),
         Err(_) => {
             let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
             anyhow::bail!(
@@ -500,16 +534,7 @@ pub fn run_cni(call: &CniCall) -> Result<String> {
                 call.command
             );
         }
-    };
-    ensure!(
-        out.status.success(),
-        "{} {} failed: {} {}",
-        call.cni.display(),
-        call.command,
-        String::from_utf8_lossy(&out.stdout).trim(),
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
 }
 
 #[cfg(test)]

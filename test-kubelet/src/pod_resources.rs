@@ -252,6 +252,15 @@ impl TestPodResources {
         });
     }
 
+    /// Removes pod `namespace/name` added by [`TestPodResources::add_pod`],
+    /// as the kubelet forgets a deleted pod; whether it was there.
+    pub fn remove_pod(&self, namespace: &str, name: &str) -> bool {
+        let mut others = self.others.lock().unwrap_or_else(|e| e.into_inner());
+        let before = others.len();
+        others.retain(|p| !(p.namespace == namespace && p.name == name));
+        others.len() != before
+    }
+
     /// Reports `ids` of `resource_name` as allocated to the test pod
     /// ([`TEST_POD`] or the one [`TestPodResources::set_pod`] named).
     pub fn set_allocated(&self, resource_name: &str, ids: &[&str]) {
