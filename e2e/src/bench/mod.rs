@@ -9,4 +9,5 @@ pub mod migration;
 pub mod plot;
 pub mod report;
 pub mod sizes;
+pub mod soak;
 pub mod stats;

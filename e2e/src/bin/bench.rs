@@ -2,7 +2,7 @@
 //! `BENCHMARKS.md` and `benchmarks.svg`. Use `hack/bench.sh`.
 
 use anyhow::{Context, Result};
-use macvtap_e2e::bench::{cni, datapath, dp, migration, plot, report::Report, sizes};
+use macvtap_e2e::bench::{cni, datapath, dp, migration, plot, report::Report, sizes, soak};
 use std::path::PathBuf;
 use test_kubelet::TestPodResources;
 
@@ -94,6 +94,14 @@ async fn main() -> Result<()> {
             .and_then(|v| v.parse().ok())
             .unwrap_or(6);
         migration::compare(&root.join("target/static"), per_variant.max(5), &mut report).await?;
+    }
+    if want("soak") {
+        let lifecycles: usize = std::env::var("BENCH_SOAK_LIFECYCLES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1000);
+        let seed = std::env::var("SOAK_SEED").ok().and_then(|v| v.parse().ok());
+        soak::soak(lifecycles, seed, &mut report).await?;
     }
     // A subset run must not overwrite the full report.
     let out = if only.is_empty() {
