@@ -10,6 +10,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+use common::dhcp::wait_until;
 use common::kill::run_traced;
 use common::*;
 use serde_json::{Value, json};
@@ -124,17 +125,81 @@ fn assert_state_after(sb: &Sandbox, point: &Point, index: u32) {
     }
 }
 
-/// Runs `point.command` in a fresh sandbox (after a good ADD for DEL),
-/// traced, killed at `kill_at` if given.
-fn traced_run(point: &Point, kill_at: Option<usize>) -> (Sandbox, u32, common::kill::Traced) {
-    let sb = Sandbox::new();
+/// The number of the `recvfrom` to kill `command` at, right after its
+/// `setlink`-th link change: from a dry run of `command`, traced, in a fresh
+/// sandbox that `prepare` brought to the state the killed run starts from.
+fn kill_point(prepare: &dyn Fn(&Sandbox) -> u32, command: &str, setlink: usize) -> usize {
+    let dry = Sandbox::new();
+    prepare(&dry);
+    let traced = run_traced(
+        &dry.node.name,
+        &dry.cni_env(command, &[]),
+        conf().to_string().as_bytes(),
+        None,
+    );
+    traced.run.ok();
+    assert!(traced.setlinks() >= setlink, "{command}:\n{}", traced.log);
+    traced.recv_after_setlink(setlink)
+}
+
+/// Runs `command` in `sb`, killed on entry of its `kill_at`-th `recvfrom`,
+/// and asserts that it died right after its `setlink`-th link change.
+fn run_killed(sb: &Sandbox, command: &str, kill_at: usize, setlink: usize) {
+    let traced = run_traced(
+        &sb.node.name,
+        &sb.cni_env(command, &[]),
+        conf().to_string().as_bytes(),
+        Some(kill_at),
+    );
+    traced.assert_killed_after_setlink(setlink);
+}
+
+/// The device's link made as the device plugin's Allocate makes it.
+fn allocated(sb: &Sandbox) -> u32 {
+    sb.allocate(DEVICE)
+}
+
+/// The device's link allocated and handed to the pod by a good ADD.
+fn added(sb: &Sandbox) -> u32 {
     let index = sb.allocate(DEVICE);
-    if point.command == "DEL" {
-        sb.cni("ADD", &conf(), &[]).ok();
-    }
-    let env = sb.cni_env(point.command, &[]);
-    let traced = run_traced(&sb.node.name, &env, conf().to_string().as_bytes(), kill_at);
-    (sb, index, traced)
+    sb.cni("ADD", &conf(), &[]).ok();
+    index
+}
+
+/// Runs ADD in a new sandbox (new namespace and container ID) and asserts
+/// it has the device's link with the ifindex the kubelet handed out, and
+/// that only `lo` and the NIC are on the node, both up as before.
+fn add_in_a_new_sandbox(sb: &Sandbox, index: u32, ctx: &str) -> TestNs {
+    let pod2 = TestNs::new("pod2").unwrap();
+    let path = pod2.path();
+    let result = sb
+        .cni(
+            "ADD",
+            &conf(),
+            &[("CNI_NETNS", &path), ("CNI_CONTAINERID", "ctr-new")],
+        )
+        .ok()
+        .json();
+    assert_eq!(result["interfaces"][0]["sandbox"], path.as_str(), "{ctx}");
+    let link = seen(&pod2.link_json("net1").unwrap().expect(ctx));
+    assert_eq!(link.index, u64::from(index), "{ctx}: /dev/tapN changed");
+    assert!(link.up && link.promisc, "{ctx}");
+    assert_eq!(link.mac, MAC, "{ctx}");
+    assert_eq!(tap_owner(index), Some((107, 107)), "{ctx}");
+    // Nothing is left on the node: no macvtap, nothing up but its NIC.
+    let node: Vec<(String, bool)> = sb
+        .node
+        .links_json()
+        .unwrap()
+        .iter()
+        .map(|l| (l["ifname"].as_str().unwrap().to_string(), seen(l).up))
+        .collect();
+    assert_eq!(
+        node,
+        [("lo".to_string(), true), ("lower0".to_string(), true)],
+        "{ctx}: the node's links"
+    );
+    pod2
 }
 
 #[test]
@@ -168,14 +233,14 @@ fn a_cni_killed_after_a_link_change_is_cleared_by_del_and_a_new_add() {
     ];
     for point in &points {
         let ctx = point.what;
-        // The dry run: where the chosen change is among the answers.
-        let (_, _, dry) = traced_run(point, None);
-        dry.run.ok();
-        assert!(dry.setlinks() >= point.setlink, "{ctx}:\n{}", dry.log);
-        let kill_at = dry.recv_after_setlink(point.setlink);
-
-        let (sb, index, killed) = traced_run(point, Some(kill_at));
-        killed.assert_killed_after_setlink(point.setlink);
+        let prepare: &dyn Fn(&Sandbox) -> u32 = match point.command {
+            "ADD" => &allocated,
+            _ => &added,
+        };
+        let kill_at = kill_point(prepare, point.command, point.setlink);
+        let sb = Sandbox::new();
+        let index = prepare(&sb);
+        run_killed(&sb, point.command, kill_at, point.setlink);
         assert_state_after(&sb, point, index);
 
         // The runtime's next steps. DEL with the same arguments (a killed
@@ -184,36 +249,59 @@ fn a_cni_killed_after_a_link_change_is_cleared_by_del_and_a_new_add() {
         let left: Vec<String> = sb.pod.links().unwrap();
         assert_eq!(left, ["lo"], "{ctx}: left in the namespace about to go");
         sh(&["ip", "netns", "del", &sb.pod.name]).unwrap();
-        // A new sandbox: new namespace, new container ID, the same device.
-        let pod2 = TestNs::new("pod2").unwrap();
-        let path = pod2.path();
-        let result = sb
-            .cni(
-                "ADD",
-                &conf(),
-                &[("CNI_NETNS", &path), ("CNI_CONTAINERID", "ctr-new")],
-            )
-            .ok()
-            .json();
-        assert_eq!(result["interfaces"][0]["sandbox"], path.as_str(), "{ctx}");
-        let link = seen(&pod2.link_json("net1").unwrap().expect(ctx));
-        assert_eq!(link.index, u64::from(index), "{ctx}: /dev/tapN changed");
-        assert!(link.up && link.promisc, "{ctx}");
-        assert_eq!(link.mac, MAC, "{ctx}");
-        assert_eq!(tap_owner(index), Some((107, 107)), "{ctx}");
-        // Nothing is left on the node: no macvtap, nothing up but its NIC.
-        let node: Vec<(String, bool)> = sb
-            .node
-            .links_json()
-            .unwrap()
-            .iter()
-            .map(|l| (l["ifname"].as_str().unwrap().to_string(), seen(l).up))
-            .collect();
-        assert_eq!(
-            node,
-            [("lo".to_string(), true), ("lower0".to_string(), true)],
-            "{ctx}: the node's links"
-        );
+        let pod2 = add_in_a_new_sandbox(&sb, index, ctx);
         pod2.delete_macvtaps().unwrap();
     }
+}
+
+/// What the fake kernel models, on the real one: a namespace removed with
+/// the macvtap in it destroys the macvtap and its `/dev/tapN`. containerd
+/// does that after a failed ADD whose DEL failed too, here an ADD killed
+/// after its move and a DEL killed before its move back. The pod still
+/// holds the device: its new sandbox's ADD fails with 101 naming it, until
+/// the device plugin makes the link again at the ifindex handed out.
+#[test]
+fn a_namespace_removed_with_the_link_in_it_loses_it_until_the_device_plugin_heals() {
+    let add_kill = kill_point(&allocated, "ADD", 1);
+    let killed_add = move |sb: &Sandbox| {
+        let index = allocated(sb);
+        run_killed(sb, "ADD", add_kill, 1);
+        index
+    };
+    // After DEL's second link change (the fresh MAC), before its move back.
+    let del_kill = kill_point(&killed_add, "DEL", 2);
+    let sb = Sandbox::new();
+    let index = killed_add(&sb);
+    run_killed(&sb, "DEL", del_kill, 2);
+    assert!(sb.link(&sb.pod, "net1").is_some(), "the link is in the pod");
+    let tap = format!("/dev/tap{index}");
+    assert!(std::path::Path::new(&tap).exists());
+
+    sh(&["ip", "netns", "del", &sb.pod.name]).unwrap();
+    // The kernel destroys a dead namespace's links in the background.
+    wait_until(&format!("{tap} to vanish with the namespace"), || {
+        !std::path::Path::new(&tap).exists()
+    });
+    let name = macvtap_link::link_name_for_device(DEVICE);
+    assert!(
+        sb.link(&sb.node, &name).is_none(),
+        "not given back to the host"
+    );
+
+    let pod2 = TestNs::new("pod2").unwrap();
+    let path = pod2.path();
+    let msg = sb
+        .cni(
+            "ADD",
+            &conf(),
+            &[("CNI_NETNS", &path), ("CNI_CONTAINERID", "ctr-new")],
+        )
+        .fails_with(101);
+    assert!(msg.contains(DEVICE), "{msg}");
+    drop(pod2);
+
+    // The device plugin's heal: the link again, at the ifindex handed out.
+    sb.allocate_at(DEVICE, index);
+    let pod2 = add_in_a_new_sandbox(&sb, index, "after the heal");
+    pod2.delete_macvtaps().unwrap();
 }
