@@ -76,6 +76,7 @@ fn ok(out: (i32, Option<Value>), what: &str) {
 /// a new namespace; then asserts what [`assert_recovered`] asserts.
 fn runtime_recovers(node: &Node, conf: &str, context: &str) {
     ok(node.cni("DEL", conf), &format!("{context}: DEL"));
+    assert_host_side_clean(node, context);
     // Nothing may stay in a namespace that goes: the kernel destroys a
     // macvtap there, and with it the /dev/tapN the pod holds.
     assert_eq!(
@@ -90,6 +91,28 @@ fn runtime_recovers(node: &Node, conf: &str, context: &str) {
         &format!("{context}: ADD in the new sandbox"),
     );
     assert_recovered(node, conf, context);
+}
+
+/// The device's link, when it is on the host, is down, not promiscuous,
+/// with its ifindex and without the pod's MAC (a later pod given the device
+/// must not inherit it), and nothing else but the NIC is there.
+fn assert_host_side_clean(node: &Node, context: &str) {
+    for l in node.kernel.links_of(HOST) {
+        if l.name == "lower0" {
+            continue;
+        }
+        assert_eq!(
+            l.name, node.orig.name,
+            "{context}: a stray link on the node"
+        );
+        assert_eq!(l.index, node.orig.index, "{context}");
+        assert!(!l.is_up() && !l.is_promisc(), "{context}: {l:?}");
+        assert_ne!(
+            l.mac_string(),
+            MAC,
+            "{context}: the pod's MAC is on the node"
+        );
+    }
 }
 
 /// The new sandbox holds the device's link with the ifindex the kubelet
@@ -164,6 +187,7 @@ fn add_killed_after_any_kernel_call_is_cleared_by_del_and_a_new_add() {
             );
             let node = Node::new();
             dies(&node, "ADD", &conf(ipam), point, &context);
+            assert_host_side_clean(&node, &context);
             runtime_recovers(&node, &conf(ipam), &context);
         }
     }
@@ -198,6 +222,7 @@ fn add_killed_during_its_rollback_is_cleared_by_del_and_a_new_add() {
                 let node = Node::new();
                 node.kernel.fail(failing.0, failing.1, Errno::EIO);
                 dies(&node, "ADD", &conf(ipam), point, &context);
+                assert_host_side_clean(&node, &context);
                 runtime_recovers(&node, &conf(ipam), &context);
                 runs += 1;
             }
@@ -229,11 +254,7 @@ fn del_killed_after_any_kernel_call_is_cleared_by_the_next_del_and_a_new_add() {
             dies(&node, "DEL", &conf(ipam), point, &context);
             // The old sandbox's link is in the pod or back on the host,
             // never on the host with the pod's MAC, promiscuous or up.
-            if let Some(on_host) = node.kernel.link(HOST, &node.orig.name) {
-                assert_eq!(on_host.index, node.orig.index, "{context}");
-                assert!(!on_host.is_up() && !on_host.is_promisc(), "{context}");
-                assert_ne!(on_host.mac_string(), MAC, "{context}");
-            }
+            assert_host_side_clean(&node, &context);
             runtime_recovers(&node, &conf(ipam), &context);
         }
     }
