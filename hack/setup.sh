@@ -23,9 +23,8 @@ packages=(
   libvirt-clients               # virsh
   iperf3                        # data path benchmarks
   runc                          # runs the DaemonSet's containers as a node's runtime does
-  strace                        # the soak and crash tests kill the CNI at a chosen netlink send (fault injection)
+  strace                        # kills the real CNI at a chosen netlink send (cni/tests/crash.rs, the soak)
   podman                        # builds the image from the static binaries (hack/build-image.sh --prebuilt)
-  strace                        # kills the real CNI with SIGKILL right after a chosen netlink request (cni/tests/crash.rs)
 )
 # Go 1.23 builds the real Multus (v4.2.2) that the node e2e runs; Debian
 # bookworm has it only in bookworm-backports. The suite is added on the
