@@ -335,6 +335,7 @@ mod tests {
     fn the_xml_check_catches_what_breaks_a_file() {
         for bad in [
             "<svg><text>a</svg>",
+            "<svg><g></g>",
             "<svg><text>a < b</text></svg>",
             "<svg><text>a & b</text></svg>",
             "<svg x=1/>",
