@@ -179,7 +179,8 @@ fn run_rounds(
             v.walls.push(b.wall_ms);
             v.adds.extend(b.adds.ms);
             v.retries.push(b.add_retries);
-            v.add_refused.push(b.refused - b.multus_refused);
+            v.add_refused
+                .push(b.refused.saturating_sub(b.multus_refused));
             v.multus_refused.push(b.multus_refused);
             v.failures.extend(b.add_failures);
             give_back(plugin, &node, &pods)?;
