@@ -1,6 +1,7 @@
 //! Benchmarks: our binaries against the kernel's floor and the reference
 //! implementations, in one interleaved run. `hack/bench.sh` runs them.
 
+pub mod burst;
 pub mod cni;
 pub mod datapath;
 pub mod dp;

@@ -2,7 +2,7 @@
 //! `BENCHMARKS.md` and `benchmarks.svg`. Use `hack/bench.sh`.
 
 use anyhow::{Context, Result};
-use macvtap_e2e::bench::{cni, datapath, dp, migration, plot, report::Report, sizes, soak};
+use macvtap_e2e::bench::{burst, cni, datapath, dp, migration, plot, report::Report, sizes, soak};
 use std::path::PathBuf;
 use test_kubelet::TestPodResources;
 
@@ -65,6 +65,13 @@ async fn main() -> Result<()> {
     if want("concurrent") {
         cni::concurrent(&plugins, 64, &mut report)?;
     }
+    if want("burst") {
+        let rounds = std::env::var("BENCH_BURSTS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(5);
+        panels.push(burst::compare(&plugins.ours, rounds, &mut report).await?);
+    }
     if want("dp") {
         let idle: u64 = std::env::var("BENCH_IDLE_SECS")
             .ok()
@@ -113,7 +120,9 @@ async fn main() -> Result<()> {
     let svg = plot::cdf_svg(&panels);
     std::fs::write(out.join("benchmarks.svg"), svg).context("writing benchmarks.svg")?;
     let mut md = report.markdown().to_string();
-    md.push_str("\n![latency distributions](benchmarks.svg)\n");
+    md.push_str(
+        "\n![latency distributions](benchmarks.svg)\n\nThe figure: the cumulative distribution of each latency series above, one panel per group of series, on a log ms axis (drawn with `plotters`).\n",
+    );
     std::fs::write(out.join("BENCHMARKS.md"), md).context("writing BENCHMARKS.md")?;
     println!("\nwrote {}/BENCHMARKS.md and benchmarks.svg", out.display());
     Ok(())
