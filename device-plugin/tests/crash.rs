@@ -13,6 +13,7 @@
 mod common;
 
 use common::{DEADLINE, Node, TestNs, daemon_bin, wait_log};
+use macvtap_deviceplugin::assignment_file;
 use macvtap_link::tapdev::{open_tap_node, tap_dev_in_netns};
 use macvtap_link::{Link, Netns, link_name_for_device};
 use nix::sys::signal::Signal;
@@ -160,8 +161,7 @@ fn tap_of(resp: &kubelet_proto::v1beta1::AllocateResponse) -> String {
     resp.container_responses[0].devices[0].host_path.clone()
 }
 
-/// Killed after the macvtap is made and before the answer (at its sysfs
-/// read, which follows the link's creation): the kubelet gets no answer
+/// Killed after the macvtap is made and before the answer: the kubelet gets no answer
 /// (it does not retry; the pod that replaces the refused one asks again),
 /// and the restarted daemon answers that later Allocate of the same device
 /// with the left-over link and a valid `/dev/tapN`.
@@ -169,7 +169,15 @@ fn tap_of(resp: &kubelet_proto::v1beta1::AllocateResponse) -> String {
 async fn killed_between_the_link_and_the_answer_a_later_allocate_works() {
     let (mut node, _pr) = node("crasha", &[]).await;
     let name = link_name_for_device("dpMvp1");
-    let strace = kill_at_open(&[format!("/sys/class/net/{name}/ifindex")]);
+    // Its sysfs read follows the link's creation; the flush of the record's
+    // directory comes after the link too, and still before the answer.
+    let record_dir = assignment_file::path_in(&node.plugin_dir())
+        .parent()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    let strace = kill_at_open(&[format!("/sys/class/net/{name}/ifindex"), record_dir]);
     let strace: Vec<&str> = strace.iter().map(String::as_str).collect();
     start(&mut node, &flags("1h", "1h"), Some(&strace)).await;
 
