@@ -30,12 +30,18 @@ use tracing::{info, warn};
 #[derive(Debug, Clone, Default)]
 pub struct Assignments {
     inner: Arc<Mutex<Record>>,
+    /// Held while the file is written: the number of the last change the
+    /// file holds. Allocates that change the record while a write is under
+    /// way share the next write (one `fsync` for all of them).
+    written: Arc<Mutex<u64>>,
 }
 
 #[derive(Debug, Default)]
 struct Record {
     by_device: HashMap<String, Assigned>,
     file: Option<PathBuf>,
+    /// How many changes were made.
+    changes: u64,
 }
 
 /// Where a device's macvtap was when it was handed out.
@@ -72,7 +78,9 @@ impl Assignments {
             inner: Arc::new(Mutex::new(Record {
                 by_device,
                 file: Some(path),
+                changes: 0,
             })),
+            written: Arc::new(Mutex::new(0)),
         }
     }
 
@@ -125,25 +133,37 @@ impl Assignments {
         self.len() == 0
     }
 
-    /// Applies `change` (true when it changed something) and writes the
-    /// file when it did, under the lock, so that writes land in order.
+    /// Applies `change` (true when it changed something) and, when it did,
+    /// returns once the file holds it (written by this call, or by another
+    /// that started after the change).
     fn update(&self, change: impl FnOnce(&mut HashMap<String, Assigned>) -> bool) {
-        let mut r = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if !change(&mut r.by_device) {
+        let mine = {
+            let mut r = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            if !change(&mut r.by_device) || r.file.is_none() {
+                return;
+            }
+            r.changes += 1;
+            r.changes
+        };
+        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        if *written >= mine {
             return;
         }
-        let Some(path) = &r.file else {
-            return;
-        };
-        let text =
-            assignment_file::render(r.by_device.iter().map(|(id, at)| assignment_file::Entry {
-                device_id: id,
-                resource: &at.resource,
-                ifindex: at.ifindex,
+        let (path, text, now) = {
+            let r = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            let text = assignment_file::render(r.by_device.iter().map(|(id, at)| {
+                assignment_file::Entry {
+                    device_id: id,
+                    resource: &at.resource,
+                    ifindex: at.ifindex,
+                }
             }));
-        if let Err(e) = assignment_file::save(path, &text) {
-            warn!(error = %e,
-                "cannot write the record of handed-out devices: a daemon restarted later will not heal the lost links of devices handed out since");
+            (r.file.clone().unwrap_or_default(), text, r.changes)
+        };
+        match assignment_file::save(&path, &text) {
+            Ok(()) => *written = now,
+            Err(e) => warn!(error = %e,
+                "cannot write the record of handed-out devices: a daemon restarted later will not heal the lost links of devices handed out since"),
         }
     }
 }
@@ -329,6 +349,26 @@ mod tests {
         assert!(!path.exists());
         c.assigned("dpMvp1", "dp", 46);
         assert!(path.exists());
+    }
+
+    #[test]
+    fn concurrent_allocates_all_land_in_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("assignments.json");
+        let a = Assignments::persisted(path.clone());
+        std::thread::scope(|s| {
+            for t in 0..8u32 {
+                let a = a.clone();
+                s.spawn(move || {
+                    for i in 0..5 {
+                        a.assigned(&format!("dpMvp{}", t * 5 + i), "dp", 100 + t * 5 + i);
+                    }
+                });
+            }
+        });
+        let b = Assignments::persisted(path);
+        assert_eq!(b.len(), 40);
+        assert_eq!(b.get("dpMvp39").unwrap().ifindex, 139);
     }
 
     #[test]
