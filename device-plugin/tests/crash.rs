@@ -295,7 +295,8 @@ async fn killed_during_a_heal_the_held_link_stays_and_only_the_unheld_one_goes()
 
 /// A daemon restarted (SIGKILL, then a new process) after it handed out a
 /// device still heals that device's lost link at its ifindex, from the
-/// record the previous process left.
+/// record the previous process left, which a kubelet restart in between
+/// (deleting what it deletes in the device-plugins directory) leaves alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_daemon_heals_a_lost_link_it_handed_out_before() {
     let (mut node, _pr) = node("crashd", &["dpMvp0"]).await;
@@ -305,6 +306,8 @@ async fn a_restarted_daemon_heals_a_lost_link_it_handed_out_before() {
     let index = link_of(&node, "dpMvp0").unwrap().index;
     node.daemon().signal(Signal::SIGKILL).unwrap();
     wait_killed(&mut node);
+    let kubelet = node.kubelet.take().unwrap();
+    node.kubelet = Some(kubelet.restart().await.unwrap());
 
     start(&mut node, &flags("1h", "1h"), None).await;
     lose_link(&node, "dpMvp0", "crashdpod").await;
