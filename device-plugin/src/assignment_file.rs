@@ -71,7 +71,7 @@ struct FileEntry {
 }
 
 #[derive(Serialize, Deserialize)]
-struct File {
+struct RecordFile {
     version: u32,
     devices: Vec<FileEntry>,
 }
@@ -91,7 +91,7 @@ pub struct Parsed {
 /// [`MAX_ENTRIES`]; text that is not a record of this version gives none.
 pub fn parse(text: &[u8]) -> Parsed {
     let mut out = Parsed::default();
-    let file: File = match serde_json::from_slice(text) {
+    let file: RecordFile = match serde_json::from_slice(text) {
         Ok(f) => f,
         Err(e) => {
             out.dropped
@@ -150,7 +150,7 @@ pub fn render<'a>(entries: impl IntoIterator<Item = Entry<'a>>) -> Vec<u8> {
         })
         .collect();
     devices.sort_by(|a, b| a.device_id.cmp(&b.device_id));
-    let mut text = serde_json::to_vec(&File {
+    let mut text = serde_json::to_vec(&RecordFile {
         version: VERSION,
         devices,
     })
