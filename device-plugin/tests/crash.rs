@@ -101,6 +101,14 @@ fn wait_killed(node: &mut Node) {
 /// strace arguments that kill the daemon at its first `openat` of any of
 /// `paths`.
 fn kill_at_open(paths: &[String]) -> Vec<String> {
+    let found = std::process::Command::new("strace")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        found,
+        "NOT RUN: strace is missing (hack/setup.sh installs it); these tests kill the daemon with it"
+    );
     let mut a: Vec<String> = vec!["-e".into(), "trace=openat".into()];
     for p in paths {
         a.extend(["-P".to_string(), p.clone()]);
