@@ -40,6 +40,7 @@ mod reload;
 
 pub use registration::STREAM_WAIT;
 
+use crate::assignment_file;
 use crate::config::{Resolved, ResourceConfig};
 use crate::discovery::Discovery;
 use crate::error::{Error, Result};
@@ -208,7 +209,7 @@ impl Daemon {
             events,
             streams: streams_tx,
             clock: AllocationClock::default(),
-            assignments: Assignments::default(),
+            assignments: Assignments::persisted(assignment_file::path_in(&plugin_dir)),
         };
         let dev_dir = PathBuf::from(crate::allocate::DEV_DIR);
         let (tap_gone_tx, tap_gone) = mpsc::unbounded_channel();
