@@ -23,9 +23,8 @@ packages=(
   libvirt-clients               # virsh
   iperf3                        # data path benchmarks
   runc                          # runs the DaemonSet's containers as a node's runtime does
-  strace                        # kills the real CNI at a chosen netlink send (cni/tests/crash.rs, the soak)
+  strace                        # crash tests and the soak kill the CNI or the daemon at a chosen system call (fault injection)
   podman                        # builds the image from the static binaries (hack/build-image.sh --prebuilt)
-  strace                        # the device plugin's crash tests kill the daemon at a chosen system call (inject=...:signal=SIGKILL)
 )
 # Go 1.23 builds the real Multus (v4.2.2) that the node e2e runs; Debian
 # bookworm has it only in bookworm-backports. The suite is added on the
