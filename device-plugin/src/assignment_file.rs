@@ -16,9 +16,15 @@
 //! of `device-plugins/` but skips directories (`removeContents` in
 //! `pkg/kubelet/cm/devicemanager/manager.go`).
 //!
-//! The file is written whole, to a temporary file that is flushed to disk
-//! (`fsync`) and renamed over the old one, then the directory is flushed: a
-//! crash at any point leaves the old record or the new one, never a mix. It
+//! The file is written whole, to a temporary file renamed over the old one:
+//! a process that dies at any point (a crash, an OOM kill, the pod
+//! replaced) leaves the old record or the new one, never a mix, and what it
+//! wrote is in the page cache for the next daemon. [`flush`] then makes it
+//! durable (`fsync` of the file and the directory), off the Allocate's path
+//! ([`crate::heal::Assignments`] runs it on a thread of its own): an
+//! `fsync` costs milliseconds on a busy disk, and the only failure it guards
+//! against, a power loss or kernel crash in the moment after an Allocate,
+//! takes the node's links with it anyway. It
 //! is read as possibly corrupt (a disk's or another version's doing): it
 //! must be under [`MAX_BYTES`], each entry must name a device ID of its
 //! resource and an ifindex the kernel can give, at most [`MAX_ENTRIES`] are
@@ -210,8 +216,7 @@ pub fn save(path: &Path, text: &[u8]) -> Result<()> {
             .truncate(true)
             .mode(0o600)
             .open(&tmp)?;
-        f.write_all(text)?;
-        f.sync_all()
+        f.write_all(text)
     })();
     if let Err(e) = written {
         let _ = std::fs::remove_file(&tmp);
@@ -226,6 +231,16 @@ pub fn save(path: &Path, text: &[u8]) -> Result<()> {
             path,
         )(e));
     }
+    Ok(())
+}
+
+/// Flushes the record at `path` and its directory to disk (`fsync`), so
+/// the last [`save`] survives a power loss too.
+pub fn flush(path: &Path) -> Result<()> {
+    std::fs::File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(Error::io("flushing the record of handed-out devices", path))?;
+    let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(Error::io(

@@ -18,7 +18,7 @@ use kubelet_proto::v1beta1::AllocateResponse;
 use macvtap_link::{Link, link_name_for_device};
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, mpsc};
 use tracing::{info, warn};
 
 /// The ifindex each device's macvtap had when Allocate last handed it out
@@ -26,14 +26,17 @@ use tracing::{info, warn};
 /// short name. Written by the plugin servers, read by the healer; when made
 /// with [`Assignments::persisted`], every change is also written to a file
 /// ([`crate::assignment_file`]) before it is answered, so a restarted daemon
-/// heals what the previous one handed out.
+/// heals what the previous one handed out; a thread of its own then flushes
+/// each write to disk ([`assignment_file::flush`]), off the Allocate's path.
 #[derive(Debug, Clone, Default)]
 pub struct Assignments {
     inner: Arc<Mutex<Record>>,
     /// Held while the file is written: the number of the last change the
     /// file holds. Allocates that change the record while a write is under
-    /// way share the next write (one `fsync` for all of them).
+    /// way share the next write.
     written: Arc<Mutex<u64>>,
+    /// Wakes the flushing thread after a write (none without a file).
+    flush: Option<mpsc::Sender<()>>,
 }
 
 #[derive(Debug, Default)]
@@ -77,10 +80,11 @@ impl Assignments {
         Self {
             inner: Arc::new(Mutex::new(Record {
                 by_device,
-                file: Some(path),
+                file: Some(path.clone()),
                 changes: 0,
             })),
             written: Arc::new(Mutex::new(0)),
+            flush: spawn_flusher(path),
         }
     }
 
@@ -161,9 +165,39 @@ impl Assignments {
             (r.file.clone().unwrap_or_default(), text, r.changes)
         };
         match assignment_file::save(&path, &text) {
-            Ok(()) => *written = now,
+            Ok(()) => {
+                *written = now;
+                if let Some(f) = &self.flush {
+                    let _ = f.send(());
+                }
+            }
             Err(e) => warn!(error = %e,
                 "cannot write the record of handed-out devices: a daemon restarted later will not heal the lost links of devices handed out since"),
+        }
+    }
+}
+
+/// Starts the thread that flushes the record at `path` to disk after each
+/// write (writes that come while it flushes share the next flush); it ends
+/// when every [`Assignments`] sharing it is gone. `None` (and a warning)
+/// when no thread can start: the writes still outlive the process.
+fn spawn_flusher(path: PathBuf) -> Option<mpsc::Sender<()>> {
+    let (tx, rx) = mpsc::channel::<()>();
+    let spawned = std::thread::Builder::new()
+        .name("record-flush".into())
+        .spawn(move || {
+            while rx.recv().is_ok() {
+                while rx.try_recv().is_ok() {}
+                if let Err(e) = assignment_file::flush(&path) {
+                    warn!(error = %e, "cannot flush the record of handed-out devices to disk");
+                }
+            }
+        });
+    match spawned {
+        Ok(_) => Some(tx),
+        Err(e) => {
+            warn!(error = %e, "cannot start the thread that flushes the record of handed-out devices; it is written but not flushed");
+            None
         }
     }
 }

@@ -98,8 +98,8 @@ fn wait_killed(node: &mut Node) {
     );
 }
 
-/// strace arguments that kill the daemon at its first `openat` of any of
-/// `paths`.
+/// strace arguments that kill the daemon at its first `openat` or `mkdir`
+/// of any of `paths`.
 fn kill_at_open(paths: &[String]) -> Vec<String> {
     let found = std::process::Command::new("strace")
         .arg("-V")
@@ -109,13 +109,13 @@ fn kill_at_open(paths: &[String]) -> Vec<String> {
         found,
         "NOT RUN: strace is missing (hack/setup.sh installs it); these tests kill the daemon with it"
     );
-    let mut a: Vec<String> = vec!["-e".into(), "trace=openat".into()];
+    let mut a: Vec<String> = vec!["-e".into(), "trace=openat,mkdir".into()];
     for p in paths {
         a.extend(["-P".to_string(), p.clone()]);
     }
     a.extend([
         "-e".to_string(),
-        "inject=openat:signal=SIGKILL:when=1".to_string(),
+        "inject=openat,mkdir:signal=SIGKILL:when=1".to_string(),
     ]);
     a
 }
@@ -177,8 +177,9 @@ fn tap_of(resp: &kubelet_proto::v1beta1::AllocateResponse) -> String {
 async fn killed_between_the_link_and_the_answer_a_later_allocate_works() {
     let (mut node, _pr) = node("crasha", &[]).await;
     let name = link_name_for_device("dpMvp1");
-    // Its sysfs read follows the link's creation; the flush of the record's
-    // directory comes after the link too, and still before the answer.
+    // Its sysfs read follows the link's creation; the record's write (its
+    // `mkdir` of the record's directory) comes after the link too, and
+    // still before the answer.
     let record_dir = assignment_file::path_in(&node.plugin_dir())
         .parent()
         .unwrap()
