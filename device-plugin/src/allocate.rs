@@ -303,24 +303,25 @@ fn owner_of(handle: &dyn Links, lower: &Link) -> Result<Option<Owner>> {
 /// The refusal for a macvtap the kernel refused with `errno` (`EINVAL` or
 /// `EBUSY`) because of another port on the NIC, which appeared since the
 /// check or sits in a pod's namespace: the port that is in the way when the
-/// node's namespace shows one, else for a passthru `EINVAL` the same
-/// sentence without its name. `None` when no port explains the refusal.
+/// node's namespace shows one, else for `EINVAL` the same sentence without
+/// its name (on a NIC that can carry a macvtap, a port beside a passthru
+/// one is the kernel's only reason for `EINVAL` on this request). `None`
+/// when no port explains the refusal.
 fn port_refusal(
     handle: &dyn Links,
     cfg: &ResourceConfig,
     lower: &Link,
     errno: Option<Errno>,
 ) -> Option<Error> {
-    let passthru = cfg.mode == MacvtapMode::Passthru;
     let port = match handle.list_links() {
         Ok(links) => port_in_the_way(cfg, &links),
         Err(_) => None,
     };
     let port = port.or_else(|| {
-        (passthru && errno == Some(Errno::EINVAL)).then(|| PortInTheWay {
+        (errno == Some(Errno::EINVAL)).then(|| PortInTheWay {
             lower: lower.name.clone(),
             link: None,
-            ours_passthru: true,
+            ours_passthru: cfg.mode == MacvtapMode::Passthru,
         })
     })?;
     Some(Error::PortInTheWay {
@@ -745,10 +746,22 @@ mod tests {
             ),
             "{e}"
         );
-        // Without a passthru port a bridge-mode EINVAL stays the kernel's
-        // error, and EBUSY the busy NIC.
+        // Likewise a bridge-mode EINVAL: a passthru port in a pod's namespace.
         let kernel = fake_node();
         kernel.fail(Op::AddMacvtap, 1, Errno::EINVAL);
+        let e = allocate_fake(&kernel, &["lower0Mvp0"]).unwrap_err();
+        assert_eq!(e.refusal(), crate::error::PORT_IN_THE_WAY, "{e}");
+        assert!(
+            e.to_string().contains(
+                "NIC lower0 carries a passthru macvlan/macvtap port (the kernel refused the \
+                 macvtap with EINVAL, and no such port is in the node's namespace, so a pod \
+                 holds it)"
+            ),
+            "{e}"
+        );
+        // Without any port EBUSY stays the busy NIC, and other errnos the kernel's.
+        let kernel = fake_node();
+        kernel.fail(Op::AddMacvtap, 1, Errno::EPERM);
         let e = allocate_fake(&kernel, &["lower0Mvp0"]).unwrap_err();
         assert_eq!(e.refusal(), crate::error::INTERNAL, "{e}");
         let kernel = fake_node();

@@ -104,8 +104,8 @@ pub struct PortInTheWay {
     /// The NIC.
     pub lower: String,
     /// The port's link name and kind (`macvtap`, `macvlan`); `None` when the
-    /// kernel refused a passthru macvtap but no such link is in this
-    /// namespace (it was moved into a pod's).
+    /// kernel refused the macvtap with `EINVAL` (its answer to a port beside
+    /// a passthru one) but no such link is in this namespace (a pod holds it).
     pub link: Option<(String, String)>,
     /// Whether the resource is the passthru one (else the port is).
     pub ours_passthru: bool,
@@ -121,10 +121,16 @@ impl fmt::Display for PortInTheWay {
                 format!("carries passthru {kind} {name}, which takes the whole NIC"),
                 name.as_str(),
             ),
-            (None, _) => (
+            (None, true) => (
                 "already carries another macvlan/macvtap port (the kernel refused the passthru \
                  macvtap with EINVAL, and no such port is in the node's namespace, so a pod \
                  holds it)"
+                    .to_string(),
+                "it",
+            ),
+            (None, false) => (
+                "carries a passthru macvlan/macvtap port (the kernel refused the macvtap with \
+                 EINVAL, and no such port is in the node's namespace, so a pod holds it)"
                     .to_string(),
                 "it",
             ),
