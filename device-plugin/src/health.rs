@@ -322,7 +322,7 @@ mod tests {
                 name: name.to_string(),
                 kind: Some(kind.to_string()),
                 lower_index: Some(*lower),
-                macvtap_mode: (*kind == "macvtap").then_some(*mode),
+                macvtap_mode: Some(*mode),
                 ..link("up", true)
             });
         }
@@ -376,17 +376,22 @@ mod tests {
     #[test]
     fn a_bridge_resource_beside_a_passthru_port_is_unhealthy_naming_it() {
         use MacvtapMode::{Bridge, Passthru, Private, Vepa};
-        let links = nic_with(&[("mvtpt", "macvtap", 1, Passthru)]);
-        for mode in [Bridge, Vepa, Private] {
-            let h = resource_health(&resource("dp", mode, 4), &links);
-            assert_eq!(
-                h.to_string(),
-                "NIC eth0 carries passthru macvtap mvtpt, which takes the whole NIC; the kernel \
-                 allows a passthru macvtap only alone on its NIC, so delete mvtpt or use another \
-                 NIC for this resource",
-                "{mode}"
-            );
+        for (name, kind) in [("mvtpt", "macvtap"), ("mvlpt", "macvlan")] {
+            let links = nic_with(&[(name, kind, 1, Passthru)]);
+            for mode in [Bridge, Vepa, Private] {
+                let h = resource_health(&resource("dp", mode, 4), &links);
+                assert_eq!(
+                    h.to_string(),
+                    format!(
+                        "NIC eth0 carries passthru {kind} {name}, which takes the whole NIC; the \
+                         kernel allows a passthru macvtap only alone on its NIC, so delete {name} \
+                         or use another NIC for this resource"
+                    ),
+                    "{mode}"
+                );
+            }
         }
+        let links = nic_with(&[("mvtpt", "macvtap", 1, Passthru)]);
         // Other bridge-mode ports are fine, and so is a device link of its own.
         let dp = resource("dp", Bridge, 4);
         let ok = nic_with(&[

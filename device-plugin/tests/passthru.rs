@@ -218,13 +218,8 @@ async fn a_passthru_resource_beside_a_macvlan_is_unhealthy_and_refused_naming_it
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_bridge_resource_beside_a_passthru_macvtap_is_unhealthy_and_refused_naming_it() {
+async fn a_bridge_resource_beside_a_passthru_port_is_unhealthy_and_refused_naming_it() {
     let mut node = Node::new("ptbridge");
-    node.ns
-        .ip(&[
-            "link", "add", "mvtpt", "link", "eth1", "type", "macvtap", "mode", "passthru",
-        ])
-        .unwrap();
     node.start_kubelet().await;
     node.start_daemon(
         &["--resource=name=dp,lowerDevice=eth1,mode=vepa,capacity=3"],
@@ -232,30 +227,42 @@ async fn a_bridge_resource_beside_a_passthru_macvtap_is_unhealthy_and_refused_na
     );
     let k = node.kubelet();
     k.wait_for_registration(DP, 0, DEADLINE).await.unwrap();
-    k.wait_resource(DP, DEADLINE, |v| {
-        v.devices.len() == 3 && all_unhealthy(&v.devices)
-    })
-    .await
-    .unwrap();
-    let why = format!(
-        "NIC eth1 carries passthru macvtap mvtpt, which takes the whole NIC; {ALONE}, so delete \
-         mvtpt or use another NIC for this resource"
-    );
-    wait_log(&mut node, "the Unhealthy reason", |l| {
-        l.contains(&format!("devices Unhealthy: {why}"))
-    })
-    .await;
-    let e = node.kubelet().allocate(DP, &["dpMvp2"]).await.unwrap_err();
-    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
-    assert_eq!(
-        e.message(),
-        format!("resource {DP} cannot get a macvtap: {why}")
-    );
-    node.ns.ip(&["link", "del", "mvtpt"]).unwrap();
-    node.kubelet()
-        .wait_resource(DP, DEADLINE, |v| serving(v, 3))
+    k.wait_resource(DP, DEADLINE, |v| serving(v, 3))
         .await
         .unwrap();
+    // A passthru macvtap, then a passthru macvlan, appear on the NIC.
+    for (name, kind) in [("mvtpt", "macvtap"), ("mvlpt", "macvlan")] {
+        node.ns
+            .ip(&[
+                "link", "add", name, "link", "eth1", "type", kind, "mode", "passthru",
+            ])
+            .unwrap();
+        node.kubelet()
+            .wait_resource(DP, DEADLINE, |v| {
+                v.devices.len() == 3 && all_unhealthy(&v.devices)
+            })
+            .await
+            .unwrap();
+        let why = format!(
+            "NIC eth1 carries passthru {kind} {name}, which takes the whole NIC; {ALONE}, so \
+             delete {name} or use another NIC for this resource"
+        );
+        wait_log(&mut node, "the Unhealthy reason", |l| {
+            l.contains(&format!("devices Unhealthy: {why}"))
+        })
+        .await;
+        let e = node.kubelet().allocate(DP, &["dpMvp2"]).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+        assert_eq!(
+            e.message(),
+            format!("resource {DP} cannot get a macvtap: {why}")
+        );
+        node.ns.ip(&["link", "del", name]).unwrap();
+        node.kubelet()
+            .wait_resource(DP, DEADLINE, |v| serving(v, 3))
+            .await
+            .unwrap();
+    }
     node.kubelet().allocate(DP, &["dpMvp2"]).await.unwrap();
 }
 
