@@ -410,6 +410,18 @@ mod tests {
         enslaved[0].master = Some(2);
         enslaved[1].kind = Some("bridge".into());
         assert_eq!(resource_health(&dp, &enslaved).reason(), "nic_enslaved");
+        // The change is counted, in a series the metrics page shows.
+        let m = Metrics::default();
+        let mut log = HealthLog::default();
+        let r = "macvtap.network.kubevirt.io/dp";
+        assert!(log.update(r, &resource_health(&dp, &links), &m));
+        let t = m.render();
+        assert!(
+            t.contains(&format!(
+                "macvtap_dp_unhealthy_total{{resource=\"{r}\",reason=\"nic_port_in_the_way\"}} 1\n"
+            )),
+            "{t}"
+        );
     }
 
     #[test]
