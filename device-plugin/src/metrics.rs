@@ -87,7 +87,7 @@ impl Metrics {
     }
 
     /// Counts the devices of `resource` becoming Unhealthy for `reason`
-    /// (`nic_missing`, `nic_down`, `nic_enslaved`).
+    /// (`nic_missing`, `nic_down`, `nic_enslaved`, `nic_port_in_the_way`).
     pub fn unhealthy(&self, resource: &str, reason: &'static str) {
         self.with(|m| {
             let r = m.resources.entry(resource.to_string()).or_default();
@@ -206,7 +206,7 @@ impl Metrics {
             let _ = writeln!(
                 out,
                 "# HELP {name} Times a resource's devices became Unhealthy, by reason \
-                 (nic_missing, nic_down, nic_enslaved).\n# TYPE {name} counter"
+                 (nic_missing, nic_down, nic_enslaved, nic_port_in_the_way).\n# TYPE {name} counter"
             );
             // Every reason of every resource, 0 until it happens: a series
             // that appears only on its first increment breaks rate().
@@ -353,7 +353,12 @@ fn round_slot(outcome: RoundOutcome) -> usize {
 }
 
 /// The `reason` label values of `macvtap_dp_unhealthy_total`.
-pub const UNHEALTHY_REASONS: [&str; 3] = ["nic_missing", "nic_down", "nic_enslaved"];
+pub const UNHEALTHY_REASONS: [&str; 4] = [
+    "nic_missing",
+    "nic_down",
+    "nic_enslaved",
+    "nic_port_in_the_way",
+];
 
 /// A label value with `\`, `"` and newlines escaped, as the format requires.
 fn escape_label(v: &str) -> String {

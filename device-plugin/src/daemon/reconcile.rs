@@ -8,7 +8,7 @@ use super::{Daemon, RESTART_WAIT};
 use crate::config::{ResourceConfig, Resources};
 use crate::devices::device_list;
 use crate::events::NodeEvent;
-use crate::health::{NicHealth, nic_health};
+use crate::health::{NicHealth, resource_health};
 use crate::links::LinkSnapshot;
 use crate::server::ResourceState;
 use crate::topology::numa_node;
@@ -88,7 +88,7 @@ impl Daemon {
     fn apply_resource(&mut self, cfg: ResourceConfig, discovered: bool, now: Instant) {
         let links = self.links.clone();
         let lower = links.iter().find(|l| l.name == cfg.lower_device);
-        let health = nic_health(&cfg.lower_device, &links);
+        let health = resource_health(&cfg, &links);
         let healthy = health.is_healthy();
         let numa = lower.and_then(|_| numa_node(&self.opts.sysfs, &cfg.lower_device));
         let state = ResourceState {
@@ -141,7 +141,8 @@ impl Daemon {
                 nic,
                 devices,
             },
-            NicHealth::Enslaved(_) => NodeEvent::NicEnslaved {
+            // The NicEnslaved Event carries the reason, naming the port in the way.
+            NicHealth::Enslaved(_) | NicHealth::PortInTheWay(_) => NodeEvent::NicEnslaved {
                 resource,
                 devices,
                 why: health.to_string(),
