@@ -209,6 +209,11 @@ impl Site {
         let (project, mut d) = self.dp.take().context("no device plugin runs")?;
         d.signal(nix::sys::signal::Signal::SIGTERM)?;
         let status = d.wait_exit(WAIT).context("after SIGTERM")?;
+        ensure!(
+            status.success(),
+            "{project:?} exited with {status} on SIGTERM:\n{}",
+            d.log()
+        );
         self.steps
             .say(format!("{project:?} device plugin stopped: {status}"));
         Ok(format!("{status}"))
