@@ -513,6 +513,21 @@ fn a_client_sending_its_head_one_byte_a_second_is_cut_at_the_timeout() {
     assert!(!answer.contains(" 200 "), "{answer}");
 }
 
+#[test]
+fn a_silent_connection_is_closed_at_the_header_timeout() {
+    let server = local_server();
+    let mut s = TcpStream::connect(server.local_addr()).unwrap();
+    // Longer than the header timeout, shorter than the connection's
+    // lifetime: only the header timeout closes it within this wait.
+    assert!(http::HEADER_READ_TIMEOUT < DEADLINE && DEADLINE < http::CONNECTION_LIFETIME);
+    s.set_read_timeout(Some(DEADLINE)).unwrap();
+    let mut buf = [0u8; 64];
+    let n = s
+        .read(&mut buf)
+        .unwrap_or_else(|e| panic!("the idle connection stayed open: {e}"));
+    assert_eq!(n, 0, "{:?}", String::from_utf8_lossy(&buf[..n]));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_thousand_idle_connections_neither_keep_a_scrape_out_nor_grow_the_fds() {
     let mut node = Node::new("idle3k");
