@@ -16,8 +16,8 @@
 //! [`fswatch`] (the kubelet's lifecycle), [`reclaim`] and [`heal`] (leaked and
 //! lost links; [`assignment_file`] keeps what heal needs across restarts),
 //! [`host`] (the kernel handle Allocate, reclaim and heal share),
-//! [`events`] (Kubernetes Events on the Node), [`metrics`], [`procstat`] and
-//! [`http`] (observability), [`options`] (what the daemon is told, from
+//! [`events`] (Kubernetes Events on the Node), [`metrics`], [`procstat`],
+//! [`liveness`] and [`http`] (observability), [`options`] (what the daemon is told, from
 //! [`cli`]), [`daemon`] (the loop tying them together), [`doctor`] (the
 //! `doctor` subcommand's checks of a node).
 
@@ -38,6 +38,7 @@ pub mod host;
 pub mod http;
 pub mod install;
 pub mod links;
+pub mod liveness;
 pub mod logging;
 pub mod master;
 pub mod metrics;
