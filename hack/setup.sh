@@ -23,6 +23,7 @@ packages=(
   libvirt-clients               # virsh
   iperf3                        # data path benchmarks
   runc                          # runs the DaemonSet's containers as a node's runtime does
+  strace                        # crash tests and the soak kill the CNI or the daemon at a chosen system call (fault injection)
   podman                        # builds the image from the static binaries (hack/build-image.sh --prebuilt)
   strace                        # the churn test counts the daemon's link dumps and sysfs reads
 )

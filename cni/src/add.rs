@@ -439,12 +439,25 @@ impl Undo<'_> {
                 return problems;
             }
         }
+        // Restore in the pod, before the move: whatever stops the rollback
+        // after it (a failure, or the process killed), the host never holds
+        // the link promiscuous or with this pod's MAC or MTU. Down first,
+        // then MAC and MTU, as DEL does (a MAC change on an up macvtap
+        // costs an RCU grace period).
         let down = LinkChange {
             up: Some(false),
+            promisc: Some(orig.is_promisc()),
             ..Default::default()
         };
-        if let Err(e) = self.pod.set_link(at.index, &at.name, &down) {
-            problems.push(e.to_string());
+        let restore = LinkChange {
+            mtu: Some(orig.mtu),
+            mac: orig.mac,
+            ..Default::default()
+        };
+        for change in [&down, &restore] {
+            if let Err(e) = self.pod.set_link(at.index, &at.name, change) {
+                problems.push(e.to_string());
+            }
         }
         if let Err(e) =
             self.pod
@@ -461,15 +474,14 @@ impl Undo<'_> {
                 return problems;
             }
         };
-        let restore = LinkChange {
-            mtu: Some(orig.mtu),
-            mac: orig.mac,
-            up: Some(orig.is_up()),
-            promisc: Some(orig.is_promisc()),
-            ..Default::default()
-        };
-        if let Err(e) = self.host.set_link(back.index, &orig.name, &restore) {
-            problems.push(e.to_string());
+        if orig.is_up() {
+            let up = LinkChange {
+                up: Some(true),
+                ..Default::default()
+            };
+            if let Err(e) = self.host.set_link(back.index, &orig.name, &up) {
+                problems.push(e.to_string());
+            }
         }
         if problems.is_empty() {
             info!(link = %orig.name, "rolled back: the link is in the host namespace again");

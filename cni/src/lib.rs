@@ -14,6 +14,8 @@ pub mod args;
 pub mod backoff;
 pub mod check;
 pub mod config;
+#[cfg(test)]
+mod crash_tests;
 pub mod del;
 pub mod env;
 pub mod error;

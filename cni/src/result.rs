@@ -140,7 +140,11 @@ impl CniResult {
                 v
             })
             .collect();
-        out.insert("ips".into(), Value::Array(ips));
+        // Empty `ips` is left out, as libcni's `omitempty` leaves it (the Go
+        // plugin's result has no `ips` without IPAM).
+        if !self.ips.is_empty() {
+            out.insert("ips".into(), Value::Array(ips));
+        }
         if !self.routes.is_empty() {
             out.insert(
                 "routes".into(),
@@ -283,6 +287,20 @@ pub fn parse_cidr(s: &str) -> Option<(IpAddr, u8)> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_result_without_addresses_has_no_ips_key_as_libcni_prints_it() {
+        let r = CniResult {
+            ips: Vec::new(),
+            ..sample()
+        };
+        for ver in [Version::V0_3_1, Version::V0_4_0, Version::V1_0_0] {
+            let v = r.to_value(ver);
+            assert!(v.get("ips").is_none(), "{v}");
+            assert_eq!(v["interfaces"][0]["name"], "net1", "{v}");
+        }
+        assert!(sample().to_value(Version::V1_0_0)["ips"].is_array());
+    }
 
     fn sample() -> CniResult {
         CniResult {

@@ -19,22 +19,22 @@ use std::collections::HashMap;
 use std::path::Path;
 use test_support::fake::{FakeKernel, HOST};
 
-const POD: &str = "/run/netns/pod-a";
-const DEVICE: &str = "lower0Mvp0";
-const MAC: &str = "02:23:45:67:89:01";
+pub(crate) const POD: &str = "/run/netns/pod-a";
+pub(crate) const DEVICE: &str = "lower0Mvp0";
+pub(crate) const MAC: &str = "02:23:45:67:89:01";
 const STATIC: &str = "/usr/lib/cni/static";
 
 /// A node with NIC `lower0`, the device plugin's macvtap for [`DEVICE`] on
 /// it, and an empty pod namespace.
-struct Node {
-    kernel: FakeKernel,
+pub(crate) struct Node {
+    pub(crate) kernel: FakeKernel,
     /// The macvtap as the device plugin made it.
-    orig: Link,
+    pub(crate) orig: Link,
     ipam_dir: tempfile::TempDir,
 }
 
 impl Node {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let kernel = FakeKernel::new();
         kernel.add_netns(POD);
         let nic = kernel.add_nic(HOST, "lower0");
@@ -67,11 +67,11 @@ impl Node {
         }
     }
 
-    fn vars(&self, command: &str) -> HashMap<String, String> {
+    fn vars(&self, command: &str, netns: &str, container: &str) -> HashMap<String, String> {
         [
             ("CNI_COMMAND", command.to_string()),
-            ("CNI_CONTAINERID", "c1".to_string()),
-            ("CNI_NETNS", POD.to_string()),
+            ("CNI_CONTAINERID", container.to_string()),
+            ("CNI_NETNS", netns.to_string()),
             ("CNI_IFNAME", "net1".to_string()),
             (
                 "CNI_PATH",
@@ -84,8 +84,19 @@ impl Node {
     }
 
     /// Runs `command` with `conf`; returns the exit code and the parsed stdout.
-    fn cni(&self, command: &str, conf: &str) -> (i32, Option<Value>) {
-        let vars = self.vars(command);
+    pub(crate) fn cni(&self, command: &str, conf: &str) -> (i32, Option<Value>) {
+        self.cni_in(command, conf, POD, "c1")
+    }
+
+    /// [`Node::cni`] for the sandbox `container` whose namespace is `netns`.
+    pub(crate) fn cni_in(
+        &self,
+        command: &str,
+        conf: &str,
+        netns: &str,
+        container: &str,
+    ) -> (i32, Option<Value>) {
+        let vars = self.vars(command, netns, container);
         let out = run_on(
             &self.kernel,
             &NodeSettings::defaults(&vars),
@@ -110,7 +121,7 @@ impl Node {
     }
 
     /// The IPAM commands the wrapper saw, in order.
-    fn ipam_calls(&self) -> Vec<String> {
+    pub(crate) fn ipam_calls(&self) -> Vec<String> {
         std::fs::read_to_string(self.ipam_dir.path().join("calls"))
             .unwrap_or_default()
             .lines()
@@ -151,7 +162,9 @@ esac
 exec @STATIC@
 "#;
 
-fn conf(ipam: Option<&str>) -> String {
+/// The NetConf of the tests: [`DEVICE`], MTU 1400, [`MAC`], promiscuous,
+/// and the `static` IPAM plugin behind wrapper `ipam` when given.
+pub(crate) fn conf(ipam: Option<&str>) -> String {
     let ipam = match ipam {
         Some(t) => format!(
             r#","ipam":{{"type":"{t}","addresses":[{{"address":"192.0.2.10/24","gateway":"192.0.2.1"}}],"routes":[{{"dst":"198.51.100.0/24"}}]}}"#

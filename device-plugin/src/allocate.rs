@@ -9,6 +9,7 @@
 use crate::config::ResourceConfig;
 use crate::devices::device_index;
 use crate::error::{Error, Result};
+use crate::health::{PortInTheWay, port_in_the_way};
 use crate::host::Host;
 use crate::master::{Owner, receive_path_owner};
 use kubelet_proto::v1beta1::{
@@ -95,6 +96,18 @@ fn allocate_on(
             resource: cfg.resource_name(),
             owner,
         });
+    }
+    // A passthru macvtap must be alone on its NIC: name the port in the way
+    // rather than the kernel's bare EINVAL. One link dump, read now as the
+    // master above is, and only in passthru mode (whose resource has one
+    // device); other modes look only when the kernel refuses.
+    if cfg.mode == MacvtapMode::Passthru {
+        if let Some(port) = port_in_the_way(cfg, &handle.list_links()?) {
+            return Err(Error::PortInTheWay {
+                resource: cfg.resource_name(),
+                port,
+            });
+        }
     }
     let mut created: Vec<Link> = Vec::new();
     let mut out = AllocateResponse::default();
@@ -255,6 +268,10 @@ pub fn create_device(
             Err(e) if e.errno() == Some(Errno::EBUSY) => {
                 return Err(busy_lower(handle, cfg, lower));
             }
+            // The kernel's answer to a second port beside a passthru one.
+            Err(e) if e.errno() == Some(Errno::EINVAL) => {
+                return Err(port_refusal(handle, cfg, lower, e.errno()).unwrap_or_else(|| wrap(e)));
+            }
             Err(e) => return Err(wrap(e)),
         };
     let node = checked_or_deleted(host, id, &link, dev_dir)?;
@@ -283,14 +300,51 @@ fn owner_of(handle: &dyn Links, lower: &Link) -> Result<Option<Owner>> {
     Ok(receive_path_owner(lower, &master))
 }
 
+/// The refusal for a macvtap the kernel refused with `errno` (`EINVAL` or
+/// `EBUSY`) because of another port on the NIC, which appeared since the
+/// check or sits in a pod's namespace: the port that is in the way when the
+/// node's namespace shows one, else for `EINVAL` the same sentence without
+/// its name (on a NIC that can carry a macvtap, a port beside a passthru
+/// one is the kernel's only reason for `EINVAL` on this request). `None`
+/// when no port explains the refusal.
+fn port_refusal(
+    handle: &dyn Links,
+    cfg: &ResourceConfig,
+    lower: &Link,
+    errno: Option<Errno>,
+) -> Option<Error> {
+    let port = match handle.list_links() {
+        Ok(links) => port_in_the_way(cfg, &links),
+        Err(_) => None,
+    };
+    let port = port.or_else(|| {
+        (errno == Some(Errno::EINVAL)).then(|| PortInTheWay {
+            lower: lower.name.clone(),
+            link: None,
+            ours_passthru: cfg.mode == MacvtapMode::Passthru,
+        })
+    })?;
+    Some(Error::PortInTheWay {
+        resource: cfg.resource_name(),
+        port,
+    })
+}
+
 /// The error for a macvtap the kernel refused with `EBUSY`: the NIC's
 /// master when it has one by now (it may have been enslaved since the
-/// check), else the busy NIC.
+/// check), else a port in the way of the mode, else the busy NIC.
 fn busy_lower(handle: &dyn Links, cfg: &ResourceConfig, lower: &Link) -> Error {
     let owner = match handle.get_link(&lower.name) {
         Ok(Some(now)) => owner_of(handle, &now).ok().flatten(),
         _ => None,
     };
+    if let Some(refusal) = owner
+        .is_none()
+        .then(|| port_refusal(handle, cfg, lower, Some(Errno::EBUSY)))
+        .flatten()
+    {
+        return refusal;
+    }
     match owner {
         Some(owner) => Error::LowerDeviceEnslaved {
             resource: cfg.resource_name(),
@@ -598,6 +652,122 @@ mod tests {
             "a pod may already hold it"
         );
         assert_eq!(kernel.count(Op::DelLink), 0);
+    }
+
+    /// Runs Allocate of `ids` (one container) of `cfg` on the fake kernel.
+    fn allocate_cfg(
+        kernel: &FakeKernel,
+        cfg: &ResourceConfig,
+        ids: &[&str],
+    ) -> Result<AllocateResponse> {
+        let req = AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: ids.iter().map(|s| s.to_string()).collect(),
+            }],
+        };
+        check_request(&req, cfg)?;
+        allocate_on(&Host::current(kernel).unwrap(), &req, cfg)
+    }
+
+    fn on_lower0(name: &str, mode: MacvtapMode, capacity: u32) -> ResourceConfig {
+        ResourceConfig {
+            name: name.into(),
+            lower_device: "lower0".into(),
+            mode,
+            capacity,
+        }
+    }
+
+    /// A foreign `kind` link on the fake node's lower0 in `mode`.
+    fn foreign_port(kernel: &FakeKernel, name: &str, kind: &str, mode: MacvtapMode) {
+        let lower = kernel.link(HOST, "lower0").unwrap().index;
+        kernel.insert_link(
+            HOST,
+            Link {
+                macvtap_mode: (kind == "macvtap").then_some(mode),
+                ..test_support::fake::link(0, name, kind, Some(lower))
+            },
+        );
+    }
+
+    #[test]
+    fn a_passthru_allocate_beside_another_port_is_refused_naming_it() {
+        let kernel = fake_node();
+        let pt = on_lower0("pt", MacvtapMode::Passthru, 1);
+        foreign_port(&kernel, "mv0", "macvlan", MacvtapMode::Bridge);
+        let e = allocate_cfg(&kernel, &pt, &["ptMvp0"]).unwrap_err();
+        assert_eq!(e.grpc_code(), tonic::Code::FailedPrecondition);
+        assert_eq!(e.refusal(), crate::error::PORT_IN_THE_WAY);
+        assert_eq!(
+            e.to_string(),
+            "resource macvtap.network.kubevirt.io/pt cannot get a macvtap: NIC lower0 already \
+             carries macvlan mv0; the kernel allows a passthru macvtap only alone on its NIC, so \
+             delete mv0 or give the passthru resource a NIC of its own"
+        );
+        assert_eq!(kernel.count(Op::AddMacvtap), 0, "nothing was tried");
+        // Its own device's link is no port in the way: a repeated Allocate reuses it.
+        let kernel = fake_node();
+        allocate_cfg(&kernel, &pt, &["ptMvp0"]).unwrap();
+        allocate_cfg(&kernel, &pt, &["ptMvp0"]).unwrap();
+        assert_eq!(kernel.count(Op::AddMacvtap), 1);
+    }
+
+    #[test]
+    fn the_kernels_einval_or_ebusy_becomes_the_port_in_the_way() {
+        // A passthru port that appeared after the check (the fake refuses as
+        // the kernel does): a bridge-mode Allocate names it, whatever the errno.
+        for errno in [Errno::EINVAL, Errno::EBUSY] {
+            let kernel = fake_node();
+            foreign_port(&kernel, "mvtpt", "macvtap", MacvtapMode::Passthru);
+            kernel.fail(Op::AddMacvtap, 1, errno);
+            let e = allocate_fake(&kernel, &["lower0Mvp0"]).unwrap_err();
+            assert_eq!(e.refusal(), crate::error::PORT_IN_THE_WAY, "{errno}: {e}");
+            assert!(
+                e.to_string().contains("carries passthru macvtap mvtpt"),
+                "{errno}: {e}"
+            );
+        }
+        // A passthru create refused with EINVAL when the node's namespace
+        // shows no port: one in a pod's namespace.
+        let kernel = fake_node();
+        kernel.fail(Op::AddMacvtap, 1, Errno::EINVAL);
+        let e = allocate_cfg(
+            &kernel,
+            &on_lower0("pt", MacvtapMode::Passthru, 1),
+            &["ptMvp0"],
+        )
+        .unwrap_err();
+        assert_eq!(e.refusal(), crate::error::PORT_IN_THE_WAY, "{e}");
+        assert!(
+            e.to_string().contains(
+                "NIC lower0 already carries another macvlan/macvtap port (the kernel refused the \
+                 passthru macvtap with EINVAL, and no such port is in the node's namespace, so a \
+                 pod holds it)"
+            ),
+            "{e}"
+        );
+        // Likewise a bridge-mode EINVAL: a passthru port in a pod's namespace.
+        let kernel = fake_node();
+        kernel.fail(Op::AddMacvtap, 1, Errno::EINVAL);
+        let e = allocate_fake(&kernel, &["lower0Mvp0"]).unwrap_err();
+        assert_eq!(e.refusal(), crate::error::PORT_IN_THE_WAY, "{e}");
+        assert!(
+            e.to_string().contains(
+                "NIC lower0 carries a passthru macvlan/macvtap port (the kernel refused the \
+                 macvtap with EINVAL, and no such port is in the node's namespace, so a pod \
+                 holds it)"
+            ),
+            "{e}"
+        );
+        // Without any port EBUSY stays the busy NIC, and other errnos the kernel's.
+        let kernel = fake_node();
+        kernel.fail(Op::AddMacvtap, 1, Errno::EPERM);
+        let e = allocate_fake(&kernel, &["lower0Mvp0"]).unwrap_err();
+        assert_eq!(e.refusal(), crate::error::INTERNAL, "{e}");
+        let kernel = fake_node();
+        kernel.fail(Op::AddMacvtap, 1, Errno::EBUSY);
+        let e = allocate_fake(&kernel, &["lower0Mvp0"]).unwrap_err();
+        assert_eq!(e.refusal(), crate::error::LOWER_DEVICE_BUSY, "{e}");
     }
 
     #[test]

@@ -22,6 +22,16 @@
 //! `DP_MACVTAP_CONF` it is logged as an error naming the entry and left out,
 //! so the others still start, as they did with Go; from `--resource` flags
 //! or a config file (sources Go never had) it makes the whole source invalid.
+//!
+//! Passthru mode follows the kernel's rule of one passthru macvtap per NIC,
+//! alone on it: such a resource has exactly one device (unset capacity means
+//! 1), and no other resource may share its NIC. From flags or a file a
+//! larger capacity or a shared NIC is refused like any impossible entry;
+//! from `DP_MACVTAP_CONF` a larger capacity is lowered to 1 with a warning
+//! (the resource works with one device, so it starts, as every entry that
+//! can work does there) and of two entries sharing a NIC the passthru one is
+//! left out naming both (the Go device plugin never served passthru, so the
+//! other entry is the one that worked with it).
 
 use crate::error::{Error, Result};
 use macvtap_link::{MacvtapMode, RESOURCE_PREFIX, check_ifname};
@@ -369,6 +379,8 @@ pub struct Checked {
 pub fn check_entries(source: &Source, entries: Vec<RawEntry>) -> Result<Checked> {
     let go_compatible = !matches!(source, Source::Flags);
     let mut out = Checked::default();
+    // The entry number of each resource in `out.resources`.
+    let mut entry_of: Vec<usize> = Vec::new();
     for (i, e) in entries.into_iter().enumerate() {
         let what = format!("{source}: entry {i} ({:?})", e.name);
         let config = match check_entry(&e) {
@@ -396,7 +408,20 @@ pub fn check_entries(source: &Source, entries: Vec<RawEntry>) -> Result<Checked>
                     .join(", ")
             ));
         }
-        if e.capacity > i64::from(MAX_CAPACITY) {
+        if config.mode == MacvtapMode::Passthru && e.capacity > 1 {
+            let why = format!(
+                "capacity {} is impossible in passthru mode: the kernel allows one passthru \
+                 macvtap per NIC, so a passthru resource has exactly one device",
+                e.capacity
+            );
+            if *source != Source::Env {
+                return Err(config_err(
+                    source,
+                    format!("entry {i} ({:?}): {why}; set capacity 1", e.name),
+                ));
+            }
+            out.warnings.push(format!("{what}: {why}; advertising 1"));
+        } else if e.capacity > i64::from(MAX_CAPACITY) {
             if !go_compatible {
                 return Err(config_err(
                     source,
@@ -427,10 +452,66 @@ pub fn check_entries(source: &Source, entries: Vec<RawEntry>) -> Result<Checked>
                  as the Go device plugin kept the last entry of a name"
             ));
             out.resources.remove(at);
+            entry_of.remove(at);
         }
         out.resources.push(config);
+        entry_of.push(i);
     }
+    check_passthru_nics(source, &mut out, &entry_of)?;
     Ok(out)
+}
+
+/// A passthru macvtap must be its NIC's only macvlan/macvtap port, so two
+/// resources on one NIC where one is passthru cannot both work. From flags
+/// or a file that is an error naming both entries; from `DP_MACVTAP_CONF`
+/// the passthru entry is left out (the later one when both are passthru)
+/// and the other starts, as it did with the Go device plugin, which never
+/// served passthru. `entry_of` holds each resource's entry number.
+fn check_passthru_nics(source: &Source, out: &mut Checked, entry_of: &[usize]) -> Result<()> {
+    let passthru = |r: &ResourceConfig| r.mode == MacvtapMode::Passthru;
+    let mut kept: Vec<usize> = Vec::new();
+    let mut left_out = vec![false; out.resources.len()];
+    for (n, r) in out.resources.iter().enumerate() {
+        let clash = kept.iter().position(|&k| {
+            let o = &out.resources[k];
+            o.lower_device == r.lower_device && (passthru(o) || passthru(r))
+        });
+        let Some(at) = clash else {
+            kept.push(n);
+            continue;
+        };
+        let k = kept[at];
+        let o = &out.resources[k];
+        let (pt, other) = if passthru(r) { (n, k) } else { (k, n) };
+        let (pt_r, other_r) = (&out.resources[pt], &out.resources[other]);
+        let both = format!(
+            "entry {} ({:?}) and entry {} ({:?}) both use NIC {}, and {:?} is in passthru mode: \
+             a passthru macvtap must be the NIC's only macvlan/macvtap port (the kernel refuses \
+             any other beside it)",
+            entry_of[k], o.name, entry_of[n], r.name, r.lower_device, pt_r.name
+        );
+        if *source != Source::Env {
+            return Err(config_err(
+                source,
+                format!("{both}; give the passthru resource a NIC of its own"),
+            ));
+        }
+        out.refused.push(format!(
+            "{source}: {both}; entry {} ({:?}) is left out and {:?} is served",
+            entry_of[pt], pt_r.name, other_r.name
+        ));
+        left_out[pt] = true;
+        if pt == k {
+            kept.remove(at);
+            kept.push(n);
+        }
+    }
+    let mut n = 0;
+    out.resources.retain(|_| {
+        n += 1;
+        !left_out[n - 1]
+    });
+    Ok(())
 }
 
 /// One entry as a resource, or why it cannot work.
@@ -446,7 +527,11 @@ fn check_entry(e: &RawEntry) -> std::result::Result<ResourceConfig, String> {
         e.lower_device.clone()
     };
     let mode: MacvtapMode = e.mode.parse()?;
-    let capacity = if e.capacity <= 0 {
+    // One passthru macvtap per NIC (the kernel's rule): [`check_entries`]
+    // refuses or warns about a larger capacity.
+    let capacity = if mode == MacvtapMode::Passthru {
+        1
+    } else if e.capacity <= 0 {
         DEFAULT_CAPACITY
     } else {
         u32::try_from(e.capacity).map_err(|_| too_many(e.capacity))?
@@ -859,6 +944,139 @@ mod tests {
             ok.resources,
             Resources::Static(vec![ResourceConfig::for_nic("a")])
         );
+    }
+
+    fn passthru(name: &str, lower: &str, capacity: i64) -> serde_json::Value {
+        serde_json::json!({"name": name, "lowerDevice": lower, "mode": "passthru",
+                           "capacity": capacity})
+    }
+
+    #[test]
+    fn a_passthru_resource_has_exactly_one_device() {
+        // Unset capacity means 1 in passthru mode, silently.
+        for cap in [0, -3, 1] {
+            let c = checked(&serde_json::json!([passthru("pt", "eth0", cap)]).to_string());
+            assert_eq!(c.resources[0].capacity, 1, "{cap}");
+            assert!(
+                c.warnings.is_empty() && c.refused.is_empty(),
+                "{cap}: {c:?}"
+            );
+        }
+        // From DP_MACVTAP_CONF a larger capacity is lowered to 1, naming the entry.
+        for cap in [4, 4_000_000_000] {
+            let text = serde_json::json!([{"name": "a"}, passthru("pt", "eth0", cap)]).to_string();
+            let c = checked(&text);
+            assert!(c.refused.is_empty(), "{cap}: {c:?}");
+            assert_eq!(c.resources[1].capacity, 1, "{cap}");
+            assert_eq!(
+                c.warnings,
+                [format!(
+                    "DP_MACVTAP_CONF: entry 1 (\"pt\"): capacity {cap} is impossible in passthru \
+                     mode: the kernel allows one passthru macvtap per NIC, so a passthru resource \
+                     has exactly one device; advertising 1"
+                )]
+            );
+            // From a file or flags it is refused, naming source and entry.
+            let e = err(&file(&text));
+            assert!(
+                e.starts_with(&format!(
+                    "invalid configuration from config file /etc/dp.json: entry 1 (\"pt\"): \
+                     capacity {cap} is impossible in passthru mode"
+                )) && e.ends_with("; set capacity 1"),
+                "{e}"
+            );
+        }
+        let e = err(&flags(&[
+            "name=pt,lowerDevice=eth0,mode=passthru,capacity=2",
+        ]));
+        assert!(
+            e.starts_with(
+                "invalid configuration from --resource flags: entry 0 (\"pt\"): capacity 2 is \
+                 impossible in passthru mode"
+            ),
+            "{e}"
+        );
+        let ok = resolve(&flags(&["name=pt,lowerDevice=eth0,mode=passthru"])).unwrap();
+        assert_eq!(
+            ok.resources,
+            Resources::Static(vec![ResourceConfig {
+                name: "pt".into(),
+                lower_device: "eth0".into(),
+                mode: MacvtapMode::Passthru,
+                capacity: 1
+            }])
+        );
+    }
+
+    #[test]
+    fn a_passthru_resource_sharing_its_nic_is_a_configuration_error_naming_both() {
+        let both = "entry 0 (\"dp\") and entry 1 (\"pt\") both use NIC eth0, and \"pt\" is in \
+                    passthru mode: a passthru macvtap must be the NIC's only macvlan/macvtap port \
+                    (the kernel refuses any other beside it)";
+        let text = serde_json::json!([
+            {"name": "dp", "lowerDevice": "eth0"},
+            passthru("pt", "eth0", 1),
+            {"name": "eth1"}
+        ])
+        .to_string();
+        let e = err(&file(&text));
+        assert_eq!(
+            e,
+            format!(
+                "invalid configuration from config file /etc/dp.json: {both}; give the passthru \
+                 resource a NIC of its own"
+            )
+        );
+        let e = err(&flags(&[
+            "name=dp,lowerDevice=eth0",
+            "name=pt,lowerDevice=eth0,mode=passthru",
+        ]));
+        assert!(e.contains(both), "{e}");
+        // From DP_MACVTAP_CONF the passthru entry is left out, the rest starts.
+        let c = checked(&text);
+        assert_eq!(
+            c.refused,
+            [format!(
+                "DP_MACVTAP_CONF: {both}; entry 1 (\"pt\") is left out and \"dp\" is served"
+            )]
+        );
+        let served = |c: &Checked| {
+            c.resources
+                .iter()
+                .map(|r| r.name.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(served(&c), ["dp", "eth1"]);
+        // The passthru entry first: still the one left out.
+        let c = checked(
+            &serde_json::json!([passthru("pt", "eth0", 1), {"name": "dp", "lowerDevice": "eth0"}])
+                .to_string(),
+        );
+        assert_eq!(served(&c), ["dp"]);
+        assert!(
+            c.refused[0].contains("entry 0 (\"pt\") is left out"),
+            "{c:?}"
+        );
+        // Two passthru entries on one NIC: the first stays.
+        let c = checked(
+            &serde_json::json!([passthru("p1", "eth0", 1), passthru("p2", "eth0", 1)]).to_string(),
+        );
+        assert_eq!(served(&c), ["p1"]);
+        assert!(
+            c.refused[0].contains("entry 1 (\"p2\") is left out"),
+            "{c:?}"
+        );
+        // Resources on other NICs, and several non-passthru ones on one NIC, are fine.
+        let c = checked(
+            &serde_json::json!([
+                passthru("pt", "eth0", 1),
+                {"name": "a", "lowerDevice": "eth1"},
+                {"name": "b", "lowerDevice": "eth1", "mode": "vepa"}
+            ])
+            .to_string(),
+        );
+        assert!(c.refused.is_empty(), "{c:?}");
+        assert_eq!(served(&c), ["pt", "a", "b"]);
     }
 
     #[test]

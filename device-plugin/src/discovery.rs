@@ -3,7 +3,8 @@
 //! The kernel refuses a macvtap (`EBUSY`) on a link whose receive path
 //! another device already took ([`crate::master`]). So auto-discovery leaves
 //! such a NIC out and, where a macvtap on the master works (a Linux bridge,
-//! a bond), advertises the master instead.
+//! a bond), advertises the master instead. It never chooses passthru mode:
+//! a passthru macvtap takes the whole NIC, which only a configuration may ask.
 
 use crate::config::{ResourceConfig, check_resource_name};
 use crate::master::receive_path_owner;
@@ -227,6 +228,24 @@ mod tests {
             .collect();
         assert_eq!(names, ["eth0", "bond0", "veth1"]);
         assert_eq!(discover(&links, &[])[0], ResourceConfig::for_nic("eth0"));
+    }
+
+    #[test]
+    fn auto_discovery_never_chooses_passthru() {
+        use macvtap_link::MacvtapMode;
+        // Not even for a NIC that carries a passthru macvtap already (health
+        // then calls the bridge-mode resource Unhealthy, naming it).
+        let mut links = layout(&[("eth0", None), ("mvtpt", Some("macvtap"))], &[]);
+        links[1].lower_index = Some(1);
+        links[1].macvtap_mode = Some(MacvtapMode::Passthru);
+        let found = discover(&links, &[]);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].mode, MacvtapMode::Bridge);
+        assert_eq!(found[0].capacity, crate::config::DEFAULT_CAPACITY);
+        assert_eq!(
+            crate::health::resource_health(&found[0], &links).reason(),
+            "nic_port_in_the_way"
+        );
     }
 
     #[test]

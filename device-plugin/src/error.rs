@@ -37,6 +37,12 @@ pub const LOWER_DEVICE_BUSY: Refusal = Refusal {
     code: tonic::Code::FailedPrecondition,
     words: "another device holds its receive path (EBUSY)",
 };
+/// Refused: another macvlan/macvtap port on the NIC rules out the
+/// resource's mode (a passthru macvtap must be alone on its NIC).
+pub const PORT_IN_THE_WAY: Refusal = Refusal {
+    code: tonic::Code::FailedPrecondition,
+    words: crate::health::PASSTHRU_ALONE,
+};
 /// Refused: the device's `/dev/tapN` never appeared, for a reason found on
 /// the node (its `/dev` is not devtmpfs).
 pub const TAP_NODE_MISSING: Refusal = Refusal {
@@ -54,6 +60,7 @@ pub const ALLOCATE_REFUSALS: &[Refusal] = &[
     LOWER_DEVICE_MISSING,
     LOWER_DEVICE_ENSLAVED,
     LOWER_DEVICE_BUSY,
+    PORT_IN_THE_WAY,
     TAP_NODE_MISSING,
     INTERNAL,
 ];
@@ -137,6 +144,15 @@ pub enum Error {
         resource: String,
         /// The NIC name.
         lower: String,
+    },
+    /// Another macvlan/macvtap port on the NIC rules out the resource's
+    /// mode; the message names the port and what to do.
+    #[error("resource {resource} cannot get a macvtap: {port}")]
+    PortInTheWay {
+        /// The resource.
+        resource: String,
+        /// The port in the way.
+        port: crate::health::PortInTheWay,
     },
     /// Creating or checking the macvtap of a device failed.
     #[error("device {device_id} (macvtap {link}): {source}")]
@@ -289,6 +305,7 @@ impl Error {
             Error::LowerDeviceMissing { .. } => LOWER_DEVICE_MISSING,
             Error::LowerDeviceEnslaved { .. } => LOWER_DEVICE_ENSLAVED,
             Error::LowerDeviceBusy { .. } => LOWER_DEVICE_BUSY,
+            Error::PortInTheWay { .. } => PORT_IN_THE_WAY,
             Error::TapNodeMissing { .. } => TAP_NODE_MISSING,
             _ => INTERNAL,
         }
@@ -371,8 +388,16 @@ mod tests {
                 },
             },
             Error::LowerDeviceBusy {
-                resource,
+                resource: resource.clone(),
                 lower: "eth1".into(),
+            },
+            Error::PortInTheWay {
+                resource,
+                port: crate::health::PortInTheWay {
+                    lower: "eth1".into(),
+                    link: Some(("mvt0123456789ab".into(), "macvtap".into())),
+                    ours_passthru: true,
+                },
             },
             Error::TapNodeMissing {
                 device_id: "dpMvp0".into(),

@@ -10,21 +10,41 @@
 //! first; a tap node's deletion in `/dev` starts a round at once.
 
 use crate::allocate;
+use crate::assignment_file;
 use crate::config::ResourceConfig;
 use crate::error::Result;
 use crate::host::Host;
+use kubelet_proto::v1beta1::AllocateResponse;
 use macvtap_link::{Link, link_name_for_device};
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, mpsc};
 use tracing::{info, warn};
 
 /// The ifindex each device's macvtap had when Allocate last handed it out
 /// (so its pod's containers get `/dev/tap<ifindex>`), with its resource's
-/// short name. Written by the plugin servers, read by the healer.
+/// short name. Written by the plugin servers, read by the healer; when made
+/// with [`Assignments::persisted`], every change is also written to a file
+/// ([`crate::assignment_file`]) before it is answered, so a restarted daemon
+/// heals what the previous one handed out; a thread of its own then flushes
+/// each write to disk ([`assignment_file::flush`]), off the Allocate's path.
 #[derive(Debug, Clone, Default)]
 pub struct Assignments {
-    by_device: Arc<Mutex<HashMap<String, Assigned>>>,
+    inner: Arc<Mutex<Record>>,
+    /// Held while the file is written: the number of the last change the
+    /// file holds. Allocates that change the record while a write is under
+    /// way share the next write.
+    written: Arc<Mutex<u64>>,
+    /// Wakes the flushing thread after a write (none without a file).
+    flush: Option<mpsc::Sender<()>>,
+}
+
+#[derive(Debug, Default)]
+struct Record {
+    by_device: HashMap<String, Assigned>,
+    file: Option<PathBuf>,
+    /// How many changes were made.
+    changes: u64,
 }
 
 /// Where a device's macvtap was when it was handed out.
@@ -37,23 +57,162 @@ pub struct Assigned {
 }
 
 impl Assignments {
-    /// Records that `device_id` of `resource` was handed out as `/dev/tap<ifindex>`.
-    pub fn assigned(&self, device_id: &str, resource: &str, ifindex: u32) {
-        let mut m = self.by_device.lock().unwrap_or_else(|e| e.into_inner());
-        m.insert(
-            device_id.to_string(),
-            Assigned {
-                resource: resource.to_string(),
-                ifindex,
-            },
-        );
+    /// Assignments kept in the file at `path` as well, starting from what it
+    /// holds (nothing when it is missing; what is invalid in it is dropped,
+    /// with a warning).
+    pub fn persisted(path: PathBuf) -> Self {
+        let mut by_device = HashMap::new();
+        match assignment_file::load(&path) {
+            Ok(None) => {}
+            Ok(Some(parsed)) => {
+                for why in &parsed.dropped {
+                    warn!(file = %path.display(), dropped = %why,
+                        "ignoring part of the record of handed-out devices; a lost link of such a device is not healed");
+                }
+                for (id, (resource, ifindex)) in parsed.devices {
+                    by_device.insert(id, Assigned { resource, ifindex });
+                }
+                info!(file = %path.display(), devices = by_device.len(), "read the record of handed-out devices");
+            }
+            Err(e) => warn!(error = %e,
+                "cannot read the record of handed-out devices; starting without it (a lost link handed out before this start is not healed)"),
+        }
+        Self {
+            inner: Arc::new(Mutex::new(Record {
+                by_device,
+                file: Some(path.clone()),
+                changes: 0,
+            })),
+            written: Arc::new(Mutex::new(0)),
+            flush: spawn_flusher(path),
+        }
     }
 
-    /// Where `device_id` was handed out, if this daemon handed it out.
-    pub fn get(&self, device_id: &str) -> Option<Assigned> {
-        let m = self.by_device.lock().unwrap_or_else(|e| e.into_inner());
-        m.get(device_id).cloned()
+    /// Records that `device_id` of `resource` was handed out as `/dev/tap<ifindex>`.
+    pub fn assigned(&self, device_id: &str, resource: &str, ifindex: u32) {
+        self.update(|m| insert(m, device_id, resource, ifindex));
     }
+
+    /// Records the devices of an Allocate of `resource` that asked for `ids`
+    /// (in order) and was answered with `resp` (the same order), before the
+    /// answer leaves.
+    pub fn handed_out(&self, resource: &str, ids: &[String], resp: &AllocateResponse) {
+        let specs = resp.container_responses.iter().flat_map(|c| &c.devices);
+        let got: Vec<(&String, u32)> = ids
+            .iter()
+            .zip(specs)
+            .filter_map(|(id, spec)| Some((id, tap_index(&spec.host_path)?)))
+            .collect();
+        self.update(|m| {
+            got.iter().fold(false, |changed, (id, i)| {
+                insert(m, id, resource, *i) || changed
+            })
+        });
+    }
+
+    /// Forgets each device for which `keep` says false.
+    pub fn retain(&self, keep: impl Fn(&str, &Assigned) -> bool) {
+        self.update(|m| {
+            let before = m.len();
+            m.retain(|id, at| keep(id, at));
+            m.len() != before
+        });
+    }
+
+    /// Where `device_id` was handed out, if this daemon (or one before it,
+    /// per the file) handed it out.
+    pub fn get(&self, device_id: &str) -> Option<Assigned> {
+        let r = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        r.by_device.get(device_id).cloned()
+    }
+
+    /// How many devices are recorded.
+    pub fn len(&self) -> usize {
+        let r = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        r.by_device.len()
+    }
+
+    /// Whether no device is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Applies `change` (true when it changed something) and, when it did,
+    /// returns once the file holds it (written by this call, or by another
+    /// that started after the change).
+    fn update(&self, change: impl FnOnce(&mut HashMap<String, Assigned>) -> bool) {
+        let mine = {
+            let mut r = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            if !change(&mut r.by_device) || r.file.is_none() {
+                return;
+            }
+            r.changes += 1;
+            r.changes
+        };
+        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        if *written >= mine {
+            return;
+        }
+        let (path, text, now) = {
+            let r = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            let text = assignment_file::render(r.by_device.iter().map(|(id, at)| {
+                assignment_file::Entry {
+                    device_id: id,
+                    resource: &at.resource,
+                    ifindex: at.ifindex,
+                }
+            }));
+            (r.file.clone().unwrap_or_default(), text, r.changes)
+        };
+        match assignment_file::save(&path, &text) {
+            Ok(()) => {
+                *written = now;
+                if let Some(f) = &self.flush {
+                    let _ = f.send(());
+                }
+            }
+            Err(e) => warn!(error = %e,
+                "cannot write the record of handed-out devices: a daemon restarted later will not heal the lost links of devices handed out since"),
+        }
+    }
+}
+
+/// Starts the thread that flushes the record at `path` to disk after each
+/// write (writes that come while it flushes share the next flush); it ends
+/// when every [`Assignments`] sharing it is gone. `None` (and a warning)
+/// when no thread can start: the writes still outlive the process.
+fn spawn_flusher(path: PathBuf) -> Option<mpsc::Sender<()>> {
+    let (tx, rx) = mpsc::channel::<()>();
+    let spawned = std::thread::Builder::new()
+        .name("record-flush".into())
+        .spawn(move || {
+            while rx.recv().is_ok() {
+                while rx.try_recv().is_ok() {}
+                if let Err(e) = assignment_file::flush(&path) {
+                    warn!(error = %e, "cannot flush the record of handed-out devices to disk");
+                }
+            }
+        });
+    match spawned {
+        Ok(_) => Some(tx),
+        Err(e) => {
+            warn!(error = %e, "cannot start the thread that flushes the record of handed-out devices; it is written but not flushed");
+            None
+        }
+    }
+}
+
+/// Inserts one assignment; true when it changed the map.
+fn insert(m: &mut HashMap<String, Assigned>, id: &str, resource: &str, ifindex: u32) -> bool {
+    let new = Assigned {
+        resource: resource.to_string(),
+        ifindex,
+    };
+    if m.get(id) == Some(&new) {
+        return false;
+    }
+    m.insert(id.to_string(), new);
+    true
 }
 
 /// The N of a DeviceSpec's `/dev/tapN`.
@@ -172,6 +331,97 @@ mod tests {
                 }
             }]
         );
+    }
+
+    fn response(paths: &[&str]) -> AllocateResponse {
+        use kubelet_proto::v1beta1::{ContainerAllocateResponse, DeviceSpec};
+        AllocateResponse {
+            container_responses: vec![ContainerAllocateResponse {
+                devices: paths
+                    .iter()
+                    .map(|p| DeviceSpec {
+                        host_path: p.to_string(),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            }],
+        }
+    }
+
+    #[test]
+    fn a_persisted_record_is_what_the_next_daemon_starts_from() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state/assignments.json");
+        let a = Assignments::persisted(path.clone());
+        assert!(a.is_empty());
+        let ids = ["dpMvp0".to_string(), "dpMvp1".to_string()];
+        a.handed_out("dp", &ids, &response(&["/dev/tap40", "/dev/tap41"]));
+        a.assigned("dpMvp1", "dp", 45);
+        // A new daemon reads what the old one handed out, last answer first.
+        let b = Assignments::persisted(path.clone());
+        assert_eq!(b.len(), 2);
+        assert_eq!(
+            b.get("dpMvp0"),
+            Some(Assigned {
+                resource: "dp".into(),
+                ifindex: 40
+            })
+        );
+        assert_eq!(b.get("dpMvp1").unwrap().ifindex, 45);
+        b.retain(|id, _| id != "dpMvp0");
+        let c = Assignments::persisted(path.clone());
+        assert_eq!(
+            (c.len(), c.get("dpMvp0")),
+            (1, None),
+            "forgotten in the file too"
+        );
+        // An unchanged record is not written again.
+        std::fs::remove_file(&path).unwrap();
+        c.assigned("dpMvp1", "dp", 45);
+        c.retain(|_, _| true);
+        assert!(!path.exists());
+        c.assigned("dpMvp1", "dp", 46);
+        assert!(path.exists());
+    }
+
+    #[test]
+    fn concurrent_allocates_all_land_in_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("assignments.json");
+        let a = Assignments::persisted(path.clone());
+        std::thread::scope(|s| {
+            for t in 0..8u32 {
+                let a = a.clone();
+                s.spawn(move || {
+                    for i in 0..5 {
+                        a.assigned(&format!("dpMvp{}", t * 5 + i), "dp", 100 + t * 5 + i);
+                    }
+                });
+            }
+        });
+        let b = Assignments::persisted(path);
+        assert_eq!(b.len(), 40);
+        assert_eq!(b.get("dpMvp39").unwrap().ifindex, 139);
+    }
+
+    #[test]
+    fn a_corrupt_or_unwritable_record_leaves_healing_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("assignments.json");
+        std::fs::write(&path, "{\"version\":1,\"devi").unwrap();
+        let a = Assignments::persisted(path.clone());
+        assert!(a.is_empty());
+        // A directory where the file should be: the write fails, memory holds.
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        a.assigned("dpMvp0", "dp", 40);
+        assert_eq!(a.get("dpMvp0").unwrap().ifindex, 40);
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["assignments.json"], "no temporary file left");
     }
 
     #[test]

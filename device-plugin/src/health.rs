@@ -1,9 +1,10 @@
 //! Whether a resource's lower NIC can carry macvtaps, and the log and
 //! metric of each change.
 
+use crate::config::ResourceConfig;
 use crate::master::{Owner, receive_path_owner};
 use crate::metrics::Metrics;
-use macvtap_link::Link;
+use macvtap_link::{Link, MacvtapMode, device_id, link_name_for_device};
 use std::collections::BTreeMap;
 use std::fmt;
 use tracing::{info, warn};
@@ -20,6 +21,9 @@ pub enum NicHealth {
     },
     /// A master owns its receive path, so the kernel refuses a macvtap on it.
     Enslaved(Owner),
+    /// Another macvlan/macvtap port on the NIC rules out the resource's
+    /// macvtaps: the kernel allows a passthru macvtap only alone on its NIC.
+    PortInTheWay(PortInTheWay),
     /// It is not operationally up.
     Down {
         /// The NIC's name.
@@ -35,13 +39,14 @@ impl NicHealth {
         matches!(self, NicHealth::Healthy)
     }
 
-    /// The metric label of an unhealthy state: `nic_missing`, `nic_enslaved`
-    /// or `nic_down` (`healthy` for [`NicHealth::Healthy`]).
+    /// The metric label of an unhealthy state: `nic_missing`, `nic_enslaved`,
+    /// `nic_port_in_the_way` or `nic_down` (`healthy` for [`NicHealth::Healthy`]).
     pub fn reason(&self) -> &'static str {
         match self {
             NicHealth::Healthy => "healthy",
             NicHealth::Missing { .. } => "nic_missing",
             NicHealth::Enslaved(_) => "nic_enslaved",
+            NicHealth::PortInTheWay(_) => "nic_port_in_the_way",
             NicHealth::Down { .. } => "nic_down",
         }
     }
@@ -53,6 +58,7 @@ impl fmt::Display for NicHealth {
             NicHealth::Healthy => f.write_str("the lower NIC can carry macvtaps"),
             NicHealth::Missing { lower } => write!(f, "lower NIC {lower} does not exist"),
             NicHealth::Enslaved(owner) => owner.fmt(f),
+            NicHealth::PortInTheWay(port) => port.fmt(f),
             NicHealth::Down { lower, oper_state } => {
                 write!(
                     f,
@@ -83,6 +89,106 @@ pub fn nic_health(lower: &str, links: &[Link]) -> NicHealth {
             lower: lower.to_string(),
             oper_state: l.oper_state.clone(),
         }
+    }
+}
+
+/// What every message about a passthru conflict says (the words of the
+/// Allocate refusal [`crate::error::PORT_IN_THE_WAY`]).
+pub const PASSTHRU_ALONE: &str = "the kernel allows a passthru macvtap only alone on its NIC";
+
+/// Another macvlan/macvtap port on a resource's NIC that the resource's mode
+/// cannot share the NIC with: any port beside a passthru resource's macvtap,
+/// or a passthru port beside a bridge, vepa or private resource's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortInTheWay {
+    /// The NIC.
+    pub lower: String,
+    /// The port's link name and kind (`macvtap`, `macvlan`); `None` when the
+    /// kernel refused the macvtap with `EINVAL` (its answer to a port beside
+    /// a passthru one) but no such link is in this namespace (a pod holds it).
+    pub link: Option<(String, String)>,
+    /// Whether the resource is the passthru one (else the port is).
+    pub ours_passthru: bool,
+}
+
+impl fmt::Display for PortInTheWay {
+    /// `NIC eth1 already carries macvtap mvt…; the kernel allows … so delete …`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let lower = &self.lower;
+        let (what, name) = match (&self.link, self.ours_passthru) {
+            (Some((name, kind)), true) => (format!("already carries {kind} {name}"), name.as_str()),
+            (Some((name, kind)), false) => (
+                format!("carries passthru {kind} {name}, which takes the whole NIC"),
+                name.as_str(),
+            ),
+            (None, true) => (
+                "already carries another macvlan/macvtap port (the kernel refused the passthru \
+                 macvtap with EINVAL, and no such port is in the node's namespace, so a pod \
+                 holds it)"
+                    .to_string(),
+                "it",
+            ),
+            (None, false) => (
+                "carries a passthru macvlan/macvtap port (the kernel refused the macvtap with \
+                 EINVAL, and no such port is in the node's namespace, so a pod holds it)"
+                    .to_string(),
+                "it",
+            ),
+        };
+        let instead = if self.ours_passthru {
+            "give the passthru resource a NIC of its own"
+        } else {
+            "use another NIC for this resource"
+        };
+        write!(
+            f,
+            "NIC {lower} {what}; {PASSTHRU_ALONE}, so delete {name} or {instead}"
+        )
+    }
+}
+
+/// The first macvlan/macvtap link on `cfg`'s NIC among `links` (`IFLA_LINK`
+/// of each) that rules out `cfg`'s macvtaps: for a passthru resource any one
+/// but its own device's link, for another mode a passthru one that is not
+/// one of the resource's device links. `None` when the NIC is not among
+/// `links` or nothing is in the way.
+pub fn port_in_the_way(cfg: &ResourceConfig, links: &[Link]) -> Option<PortInTheWay> {
+    let lower = links.iter().find(|l| l.name == cfg.lower_device)?;
+    let ours_passthru = cfg.mode == MacvtapMode::Passthru;
+    // A device's link has the hashed name, or a Go-era one named as the ID.
+    let is_own = |name: &str| {
+        (0..cfg.capacity).any(|i| {
+            let id = device_id(&cfg.name, i);
+            name == id || name == link_name_for_device(&id)
+        })
+    };
+    let port = links.iter().find(|l| {
+        let kind = l.kind.as_deref();
+        matches!(kind, Some("macvtap" | "macvlan"))
+            && !l.lower_in_other_netns
+            && l.lower_index == Some(lower.index)
+            && (ours_passthru || l.macvtap_mode == Some(MacvtapMode::Passthru))
+            && !is_own(&l.name)
+    })?;
+    Some(PortInTheWay {
+        lower: lower.name.clone(),
+        link: Some((port.name.clone(), port.kind.clone().unwrap_or_default())),
+        ours_passthru,
+    })
+}
+
+/// The health of resource `cfg` among `links`: [`nic_health`] of its NIC,
+/// and when the NIC exists and no master owns it, unhealthy as well when
+/// another port is in the way of its mode ([`port_in_the_way`]), which is
+/// checked before down as it is what the operator must change.
+pub fn resource_health(cfg: &ResourceConfig, links: &[Link]) -> NicHealth {
+    let health = nic_health(&cfg.lower_device, links);
+    if matches!(health, NicHealth::Missing { .. } | NicHealth::Enslaved(_)) {
+        return health;
+    }
+    match port_in_the_way(cfg, links) {
+        Some(port) => NicHealth::PortInTheWay(port),
+        None => health,
     }
 }
 
@@ -197,6 +303,125 @@ mod tests {
             ..link("up", true)
         };
         assert!(nic_health("eth0", &[vrf_port, vrf]).is_healthy());
+    }
+
+    /// NIC eth0 (index 1, up) and eth1 (index 2), and `ports`: (name, kind,
+    /// lower index, mode).
+    fn nic_with(ports: &[(&str, &str, u32, MacvtapMode)]) -> Vec<Link> {
+        let mut links = vec![
+            link("up", true),
+            Link {
+                index: 2,
+                name: "eth1".into(),
+                ..link("up", true)
+            },
+        ];
+        for (i, (name, kind, lower, mode)) in ports.iter().enumerate() {
+            links.push(Link {
+                index: 10 + i as u32,
+                name: name.to_string(),
+                kind: Some(kind.to_string()),
+                lower_index: Some(*lower),
+                macvtap_mode: Some(*mode),
+                ..link("up", true)
+            });
+        }
+        links
+    }
+
+    fn resource(name: &str, mode: MacvtapMode, capacity: u32) -> ResourceConfig {
+        ResourceConfig {
+            name: name.into(),
+            lower_device: "eth0".into(),
+            mode,
+            capacity,
+        }
+    }
+
+    #[test]
+    fn a_passthru_resource_beside_another_port_is_unhealthy_naming_it() {
+        use MacvtapMode::{Bridge, Passthru};
+        let pt = resource("pt", Passthru, 1);
+        let own = link_name_for_device("ptMvp0");
+        // Its own device's link (hashed or Go-era name) is no conflict, nor
+        // ports on other NICs.
+        for links in [
+            nic_with(&[(&own, "macvtap", 1, Passthru)]),
+            nic_with(&[("ptMvp0", "macvtap", 1, Passthru)]),
+            nic_with(&[
+                ("mv1", "macvlan", 2, Bridge),
+                ("mvt1", "macvtap", 2, Bridge),
+            ]),
+        ] {
+            assert!(resource_health(&pt, &links).is_healthy(), "{links:?}");
+        }
+        for (name, kind) in [("mv0", "macvlan"), ("mvt0", "macvtap")] {
+            let h = resource_health(&pt, &nic_with(&[(name, kind, 1, Bridge)]));
+            assert_eq!(h.reason(), "nic_port_in_the_way");
+            assert_eq!(
+                h.to_string(),
+                format!(
+                    "NIC eth0 already carries {kind} {name}; the kernel allows a passthru macvtap \
+                     only alone on its NIC, so delete {name} or give the passthru resource a NIC \
+                     of its own"
+                )
+            );
+        }
+        // A port whose lower is in another namespace has another NIC of that index.
+        let mut links = nic_with(&[("mv0", "macvlan", 1, Bridge)]);
+        links[2].lower_in_other_netns = true;
+        assert!(resource_health(&pt, &links).is_healthy());
+    }
+
+    #[test]
+    fn a_bridge_resource_beside_a_passthru_port_is_unhealthy_naming_it() {
+        use MacvtapMode::{Bridge, Passthru, Private, Vepa};
+        for (name, kind) in [("mvtpt", "macvtap"), ("mvlpt", "macvlan")] {
+            let links = nic_with(&[(name, kind, 1, Passthru)]);
+            for mode in [Bridge, Vepa, Private] {
+                let h = resource_health(&resource("dp", mode, 4), &links);
+                assert_eq!(
+                    h.to_string(),
+                    format!(
+                        "NIC eth0 carries passthru {kind} {name}, which takes the whole NIC; the \
+                         kernel allows a passthru macvtap only alone on its NIC, so delete {name} \
+                         or use another NIC for this resource"
+                    ),
+                    "{mode}"
+                );
+            }
+        }
+        let links = nic_with(&[("mvtpt", "macvtap", 1, Passthru)]);
+        // Other bridge-mode ports are fine, and so is a device link of its own.
+        let dp = resource("dp", Bridge, 4);
+        let ok = nic_with(&[
+            ("mv0", "macvlan", 1, Bridge),
+            ("mvt0", "macvtap", 1, Vepa),
+            (&link_name_for_device("dpMvp3"), "macvtap", 1, Passthru),
+        ]);
+        assert!(resource_health(&dp, &ok).is_healthy());
+        // Missing and enslaved come first; a port in the way before down.
+        assert_eq!(resource_health(&dp, &links[1..]).reason(), "nic_missing");
+        let mut down = links.clone();
+        down[0].oper_state = "down".into();
+        assert_eq!(resource_health(&dp, &down).reason(), "nic_port_in_the_way");
+        assert_eq!(nic_health("eth0", &down).reason(), "nic_down");
+        let mut enslaved = links.clone();
+        enslaved[0].master = Some(2);
+        enslaved[1].kind = Some("bridge".into());
+        assert_eq!(resource_health(&dp, &enslaved).reason(), "nic_enslaved");
+        // The change is counted, in a series the metrics page shows.
+        let m = Metrics::default();
+        let mut log = HealthLog::default();
+        let r = "macvtap.network.kubevirt.io/dp";
+        assert!(log.update(r, &resource_health(&dp, &links), &m));
+        let t = m.render();
+        assert!(
+            t.contains(&format!(
+                "macvtap_dp_unhealthy_total{{resource=\"{r}\",reason=\"nic_port_in_the_way\"}} 1\n"
+            )),
+            "{t}"
+        );
     }
 
     #[test]

@@ -14,13 +14,15 @@
 //! [`topology`] (device health and NUMA), [`devices`] (the device list),
 //! [`server`] and [`allocate`] (the gRPC service), [`registration`] and
 //! [`fswatch`] (the kubelet's lifecycle), [`reclaim`] and [`heal`] (leaked and
-//! lost links), [`host`] (the kernel handle Allocate, reclaim and heal share),
-//! [`events`] (Kubernetes Events on the Node), [`metrics`], [`procstat`] and
-//! [`http`] (observability), [`options`] (what the daemon is told, from
+//! lost links; [`assignment_file`] keeps what heal needs across restarts),
+//! [`host`] (the kernel handle Allocate, reclaim and heal share),
+//! [`events`] (Kubernetes Events on the Node), [`metrics`], [`procstat`],
+//! [`liveness`] and [`http`] (observability), [`options`] (what the daemon is told, from
 //! [`cli`]), [`daemon`] (the loop tying them together), [`doctor`] (the
 //! `doctor` subcommand's checks of a node).
 
 pub mod allocate;
+pub mod assignment_file;
 pub mod cli;
 pub mod config;
 pub mod daemon;
@@ -36,6 +38,7 @@ pub mod host;
 pub mod http;
 pub mod install;
 pub mod links;
+pub mod liveness;
 pub mod logging;
 pub mod master;
 pub mod metrics;

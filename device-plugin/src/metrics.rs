@@ -1,10 +1,20 @@
-//! Counters, gauges and a histogram, rendered in the Prometheus text
-//! exposition format (0.0.4), with the standard `process_*` metrics and a
-//! build-info gauge, as the Go client renders them.
+//! The daemon's metrics: counters, gauges and the Allocate latency
+//! histogram as `prometheus-client` families, with the standard `process_*`
+//! metrics ([`crate::procstat`]) and a build-info gauge, rendered in the
+//! OpenMetrics text format that Prometheus scrapes.
+//!
+//! Counters are OpenMetrics families named without `_total` (`# TYPE
+//! macvtap_dp_allocations counter`); their one sample, and the series
+//! Prometheus stores, is `macvtap_dp_allocations_total`.
 
-use crate::procstat::ProcessStats;
-use std::collections::BTreeMap;
-use std::fmt::Write;
+use crate::procstat::ProcessCollector;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::collections::HashSet;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -15,311 +25,16 @@ pub const ALLOCATE_BUCKETS: [f64; 13] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
-/// A Prometheus histogram with the [`ALLOCATE_BUCKETS`] bounds.
-#[derive(Debug, Default, Clone, PartialEq)]
-struct Histogram {
-    /// Observations per bucket (not cumulative), one per bound.
-    buckets: [u64; ALLOCATE_BUCKETS.len()],
-    count: u64,
-    sum: f64,
-}
+/// The `reason` label values of `macvtap_dp_unhealthy_total`.
+pub const UNHEALTHY_REASONS: [&str; 4] = [
+    "nic_missing",
+    "nic_down",
+    "nic_enslaved",
+    "nic_port_in_the_way",
+];
 
-impl Histogram {
-    fn observe(&mut self, v: f64) {
-        if let Some(i) = ALLOCATE_BUCKETS.iter().position(|b| v <= *b) {
-            self.buckets[i] += 1;
-        }
-        self.count += 1;
-        self.sum += v;
-    }
-}
-
-/// Per-resource numbers.
-#[derive(Debug, Default, Clone, PartialEq)]
-struct ResourceMetrics {
-    healthy: u64,
-    unhealthy: u64,
-    allocations: u64,
-    allocation_errors: u64,
-    allocate_seconds: Histogram,
-    registrations: u64,
-    registration_errors: u64,
-    /// Times the devices became Unhealthy (or changed reason), by reason.
-    unhealthy_reasons: BTreeMap<&'static str, u64>,
-}
-
-#[derive(Debug, Default)]
-struct Inner {
-    resources: BTreeMap<String, ResourceMetrics>,
-    leaked_links_removed: u64,
-    links_healed: u64,
-    reclaim_rounds: [u64; 3],
-    config_reloads: u64,
-    config_reload_errors: u64,
-}
-
-/// The daemon's metrics, shared by its tasks.
-#[derive(Debug, Default)]
-pub struct Metrics {
-    inner: Mutex<Inner>,
-}
-
-impl Metrics {
-    fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> T {
-        // A panic while holding the lock cannot leave the numbers inconsistent
-        // in a way that matters, so a poisoned lock is used as is.
-        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        f(&mut g)
-    }
-
-    /// Sets the device gauges of `resource`.
-    pub fn set_devices(&self, resource: &str, healthy: u64, unhealthy: u64) {
-        self.with(|m| {
-            let r = m.resources.entry(resource.to_string()).or_default();
-            r.healthy = healthy;
-            r.unhealthy = unhealthy;
-        });
-    }
-
-    /// Zeroes the device gauges of a resource that is no longer served.
-    pub fn resource_removed(&self, resource: &str) {
-        self.set_devices(resource, 0, 0);
-    }
-
-    /// Counts the devices of `resource` becoming Unhealthy for `reason`
-    /// (`nic_missing`, `nic_down`, `nic_enslaved`).
-    pub fn unhealthy(&self, resource: &str, reason: &'static str) {
-        self.with(|m| {
-            let r = m.resources.entry(resource.to_string()).or_default();
-            *r.unhealthy_reasons.entry(reason).or_default() += 1;
-        });
-    }
-
-    /// Counts one Allocate call.
-    pub fn allocation(&self, resource: &str, ok: bool, took: Duration) {
-        self.with(|m| {
-            let r = m.resources.entry(resource.to_string()).or_default();
-            if ok {
-                r.allocations += 1;
-            } else {
-                r.allocation_errors += 1;
-            }
-            r.allocate_seconds.observe(took.as_secs_f64());
-        });
-    }
-
-    /// Counts one registration attempt with the kubelet.
-    pub fn registration(&self, resource: &str, ok: bool) {
-        self.with(|m| {
-            let r = m.resources.entry(resource.to_string()).or_default();
-            if ok {
-                r.registrations += 1;
-            } else {
-                r.registration_errors += 1;
-            }
-        });
-    }
-
-    /// Counts leaked links removed.
-    pub fn leaked_links_removed(&self, n: u64) {
-        self.with(|m| m.leaked_links_removed += n);
-    }
-
-    /// Counts lost macvtaps re-created for the pods that hold their devices.
-    pub fn links_healed(&self, n: u64) {
-        self.with(|m| m.links_healed += n);
-    }
-
-    /// Counts one reclaim round by how it ended.
-    pub fn reclaim_round(&self, outcome: RoundOutcome) {
-        self.with(|m| m.reclaim_rounds[round_slot(outcome)] += 1);
-    }
-
-    /// Counts a config file reload attempt.
-    pub fn config_reload(&self, ok: bool) {
-        self.with(|m| {
-            if ok {
-                m.config_reloads += 1;
-            } else {
-                m.config_reload_errors += 1;
-            }
-        });
-    }
-
-    /// The Prometheus text exposition of every metric.
-    pub fn render(&self) -> String {
-        let mut out = self.with(|m| {
-            let mut out = String::new();
-            let rs = &m.resources;
-            family(
-                &mut out,
-                "macvtap_dp_devices",
-                "gauge",
-                "Devices advertised, by health.",
-                rs,
-                |r| {
-                    vec![
-                        ("state=\"healthy\"", r.healthy as f64),
-                        ("state=\"unhealthy\"", r.unhealthy as f64),
-                    ]
-                },
-            );
-            family(
-                &mut out,
-                "macvtap_dp_allocations_total",
-                "counter",
-                "Successful Allocate calls.",
-                rs,
-                |r| vec![("", r.allocations as f64)],
-            );
-            family(
-                &mut out,
-                "macvtap_dp_allocation_errors_total",
-                "counter",
-                "Failed Allocate calls.",
-                rs,
-                |r| vec![("", r.allocation_errors as f64)],
-            );
-            histogram(
-                &mut out,
-                "macvtap_dp_allocate_seconds",
-                "Time Allocate took, successful or not, in seconds.",
-                rs,
-            );
-            family(
-                &mut out,
-                "macvtap_dp_registrations_total",
-                "counter",
-                "Successful registrations with the kubelet.",
-                rs,
-                |r| vec![("", r.registrations as f64)],
-            );
-            family(
-                &mut out,
-                "macvtap_dp_registration_errors_total",
-                "counter",
-                "Failed registration attempts.",
-                rs,
-                |r| vec![("", r.registration_errors as f64)],
-            );
-            let name = "macvtap_dp_unhealthy_total";
-            let _ = writeln!(
-                out,
-                "# HELP {name} Times a resource's devices became Unhealthy, by reason \
-                 (nic_missing, nic_down, nic_enslaved).\n# TYPE {name} counter"
-            );
-            // Every reason of every resource, 0 until it happens: a series
-            // that appears only on its first increment breaks rate().
-            for (resource, r) in rs {
-                let resource = escape_label(resource);
-                for reason in UNHEALTHY_REASONS {
-                    let v = r.unhealthy_reasons.get(reason).copied().unwrap_or(0);
-                    let _ = writeln!(
-                        out,
-                        "{name}{{resource=\"{resource}\",reason=\"{reason}\"}} {v}"
-                    );
-                }
-            }
-            for (name, help, v) in [
-                (
-                    "macvtap_dp_leaked_links_removed_total",
-                    "Leaked macvtap links removed.",
-                    m.leaked_links_removed,
-                ),
-                (
-                    "macvtap_dp_links_healed_total",
-                    "Lost macvtaps re-created for the pods that still hold their devices.",
-                    m.links_healed,
-                ),
-                (
-                    "macvtap_dp_config_reloads_total",
-                    "Config file changes applied.",
-                    m.config_reloads,
-                ),
-                (
-                    "macvtap_dp_config_reload_errors_total",
-                    "Config file changes rejected.",
-                    m.config_reload_errors,
-                ),
-            ] {
-                let _ = writeln!(
-                    out,
-                    "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
-                );
-            }
-            let name = "macvtap_dp_reclaim_rounds_total";
-            let _ = writeln!(
-                out,
-                "# HELP {name} Reclaim rounds, by outcome (done, skipped without a PodResources socket, failed).\n# TYPE {name} counter"
-            );
-            for outcome in [RoundOutcome::Done, RoundOutcome::Skipped, RoundOutcome::Failed] {
-                let v = m.reclaim_rounds[round_slot(outcome)];
-                let _ = writeln!(out, "{name}{{outcome=\"{}\"}} {v}", outcome.label());
-            }
-            let _ = writeln!(
-                out,
-                "# HELP macvtap_dp_build_info The running build: its version as a label, value always 1.\n\
-                 # TYPE macvtap_dp_build_info gauge\n\
-                 macvtap_dp_build_info{{version=\"{}\"}} 1",
-                escape_label(env!("CARGO_PKG_VERSION"))
-            );
-            out
-        });
-        // Without /proc (never the case on a node) the page just lacks them.
-        if let Ok(p) = ProcessStats::read_self() {
-            process_metrics(&mut out, &p);
-        }
-        out
-    }
-}
-
-/// Appends the Go client's standard process metrics.
-fn process_metrics(out: &mut String, p: &ProcessStats) {
-    let mut one = |name: &str, kind: &str, help: &str, v: f64| {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
-        );
-    };
-    one(
-        "process_cpu_seconds_total",
-        "counter",
-        "Total user and system CPU time spent in seconds.",
-        p.cpu_seconds,
-    );
-    one(
-        "process_resident_memory_bytes",
-        "gauge",
-        "Resident memory size in bytes.",
-        p.resident_memory_bytes as f64,
-    );
-    one(
-        "process_virtual_memory_bytes",
-        "gauge",
-        "Virtual memory size in bytes.",
-        p.virtual_memory_bytes as f64,
-    );
-    one(
-        "process_open_fds",
-        "gauge",
-        "Number of open file descriptors.",
-        p.open_fds as f64,
-    );
-    if let Some(max) = p.max_fds {
-        one(
-            "process_max_fds",
-            "gauge",
-            "Maximum number of open file descriptors.",
-            max as f64,
-        );
-    }
-    one(
-        "process_start_time_seconds",
-        "gauge",
-        "Start time of the process since unix epoch in seconds.",
-        p.start_time_seconds,
-    );
-}
+/// The `state` label values of `macvtap_dp_devices`.
+const DEVICE_STATES: [&str; 2] = ["healthy", "unhealthy"];
 
 /// How a reclaim round ended, counted in `macvtap_dp_reclaim_rounds_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -333,6 +48,13 @@ pub enum RoundOutcome {
 }
 
 impl RoundOutcome {
+    /// Every outcome, in the order the page lists them.
+    const ALL: [RoundOutcome; 3] = [
+        RoundOutcome::Done,
+        RoundOutcome::Skipped,
+        RoundOutcome::Failed,
+    ];
+
     /// The `outcome` label value.
     pub fn label(self) -> &'static str {
         match self {
@@ -343,70 +65,289 @@ impl RoundOutcome {
     }
 }
 
-/// Where `outcome` is counted in `Inner::reclaim_rounds`.
-fn round_slot(outcome: RoundOutcome) -> usize {
-    match outcome {
-        RoundOutcome::Done => 0,
-        RoundOutcome::Skipped => 1,
-        RoundOutcome::Failed => 2,
-    }
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResourceLabels {
+    resource: String,
 }
 
-/// The `reason` label values of `macvtap_dp_unhealthy_total`.
-pub const UNHEALTHY_REASONS: [&str; 3] = ["nic_missing", "nic_down", "nic_enslaved"];
-
-/// A label value with `\`, `"` and newlines escaped, as the format requires.
-fn escape_label(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeviceLabels {
+    resource: String,
+    state: &'static str,
 }
 
-/// A histogram family per resource: cumulative `_bucket{le}` series ending
-/// in `+Inf`, then `_sum` and `_count`.
-fn histogram(
-    out: &mut String,
-    name: &str,
-    help: &str,
-    resources: &BTreeMap<String, ResourceMetrics>,
-) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-    for (resource, r) in resources {
-        let resource = escape_label(resource);
-        let h = &r.allocate_seconds;
-        let mut cumulative = 0;
-        for (bound, n) in ALLOCATE_BUCKETS.iter().zip(h.buckets) {
-            cumulative += n;
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{resource=\"{resource}\",le=\"{bound}\"}} {cumulative}"
-            );
-        }
-        let _ = writeln!(
-            out,
-            "{name}_bucket{{resource=\"{resource}\",le=\"+Inf\"}} {}\n\
-             {name}_sum{{resource=\"{resource}\"}} {}\n\
-             {name}_count{{resource=\"{resource}\"}} {}",
-            h.count, h.sum, h.count
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UnhealthyLabels {
+    resource: String,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VersionLabels {
+    version: &'static str,
+}
+
+/// A histogram with the [`ALLOCATE_BUCKETS`] bounds.
+fn allocate_histogram() -> Histogram {
+    Histogram::new(ALLOCATE_BUCKETS)
+}
+
+/// The daemon's metrics, shared by its tasks and the HTTP server.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    devices: Family<DeviceLabels, Gauge>,
+    unhealthy: Family<UnhealthyLabels, Counter>,
+    allocations: Family<ResourceLabels, Counter>,
+    allocation_errors: Family<ResourceLabels, Counter>,
+    allocate_seconds: Family<ResourceLabels, Histogram, fn() -> Histogram>,
+    registrations: Family<ResourceLabels, Counter>,
+    registration_errors: Family<ResourceLabels, Counter>,
+    leaked_links_removed: Counter,
+    links_healed: Counter,
+    reclaim_rounds: Family<OutcomeLabels, Counter>,
+    config_reloads: Counter,
+    config_reload_errors: Counter,
+    /// Resources whose series exist: each gets all of them, at 0, the
+    /// first time it is named, since a series that appears only on its
+    /// first increment breaks `rate()`.
+    resources: Mutex<HashSet<String>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let m = Metrics {
+            devices: Family::default(),
+            unhealthy: Family::default(),
+            allocations: Family::default(),
+            allocation_errors: Family::default(),
+            allocate_seconds: Family::new_with_constructor(allocate_histogram),
+            registrations: Family::default(),
+            registration_errors: Family::default(),
+            leaked_links_removed: Counter::default(),
+            links_healed: Counter::default(),
+            reclaim_rounds: Family::default(),
+            config_reloads: Counter::default(),
+            config_reload_errors: Counter::default(),
+            resources: Mutex::default(),
+            registry: Registry::default(),
+        };
+        // The registry appends the full stop to each help text.
+        registry.register(
+            "macvtap_dp_devices",
+            "Devices advertised, by health",
+            m.devices.clone(),
         );
+        registry.register(
+            "macvtap_dp_unhealthy",
+            "Times a resource's devices became Unhealthy, by reason (nic_missing, nic_down, nic_enslaved, nic_port_in_the_way)",
+            m.unhealthy.clone(),
+        );
+        registry.register(
+            "macvtap_dp_allocations",
+            "Successful Allocate calls",
+            m.allocations.clone(),
+        );
+        registry.register(
+            "macvtap_dp_allocation_errors",
+            "Failed Allocate calls",
+            m.allocation_errors.clone(),
+        );
+        registry.register(
+            "macvtap_dp_allocate_seconds",
+            "Time Allocate took, successful or not, in seconds",
+            m.allocate_seconds.clone(),
+        );
+        registry.register(
+            "macvtap_dp_registrations",
+            "Successful registrations with the kubelet",
+            m.registrations.clone(),
+        );
+        registry.register(
+            "macvtap_dp_registration_errors",
+            "Failed registration attempts",
+            m.registration_errors.clone(),
+        );
+        registry.register(
+            "macvtap_dp_leaked_links_removed",
+            "Leaked macvtap links removed",
+            m.leaked_links_removed.clone(),
+        );
+        registry.register(
+            "macvtap_dp_links_healed",
+            "Lost macvtaps re-created for the pods that still hold their devices",
+            m.links_healed.clone(),
+        );
+        registry.register(
+            "macvtap_dp_reclaim_rounds",
+            "Reclaim rounds, by outcome (done, skipped without a PodResources socket, failed)",
+            m.reclaim_rounds.clone(),
+        );
+        for outcome in RoundOutcome::ALL {
+            let _ = m.reclaim_rounds.get_or_create(&OutcomeLabels {
+                outcome: outcome.label(),
+            });
+        }
+        registry.register(
+            "macvtap_dp_config_reloads",
+            "Config file changes applied",
+            m.config_reloads.clone(),
+        );
+        registry.register(
+            "macvtap_dp_config_reload_errors",
+            "Config file changes rejected",
+            m.config_reload_errors.clone(),
+        );
+        let build_info = Family::<VersionLabels, Gauge>::default();
+        build_info
+            .get_or_create(&VersionLabels {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
+        registry.register(
+            "macvtap_dp_build_info",
+            "The running build: its version as a label, value always 1",
+            build_info,
+        );
+        registry.register_collector(Box::new(ProcessCollector));
+        Metrics { registry, ..m }
     }
 }
 
-fn family(
-    out: &mut String,
-    name: &str,
-    kind: &str,
-    help: &str,
-    resources: &BTreeMap<String, ResourceMetrics>,
-    values: impl Fn(&ResourceMetrics) -> Vec<(&'static str, f64)>,
-) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-    for (resource, r) in resources {
-        let resource = escape_label(resource);
-        for (extra, v) in values(r) {
-            let sep = if extra.is_empty() { "" } else { "," };
-            let _ = writeln!(out, "{name}{{resource=\"{resource}\"{sep}{extra}}} {v}");
+impl Metrics {
+    /// Creates every series of `resource` at 0 the first time it is named.
+    fn touch(&self, resource: &str) {
+        // A panic while holding the lock cannot leave the set inconsistent
+        // in a way that matters, so a poisoned lock is used as is.
+        let mut known = self.resources.lock().unwrap_or_else(|e| e.into_inner());
+        if known.contains(resource) {
+            return;
         }
+        known.insert(resource.to_string());
+        let r = ResourceLabels {
+            resource: resource.to_string(),
+        };
+        for state in DEVICE_STATES {
+            let _ = self.devices.get_or_create(&DeviceLabels {
+                resource: resource.to_string(),
+                state,
+            });
+        }
+        for reason in UNHEALTHY_REASONS {
+            let _ = self.unhealthy.get_or_create(&UnhealthyLabels {
+                resource: resource.to_string(),
+                reason,
+            });
+        }
+        let _ = self.allocations.get_or_create(&r);
+        let _ = self.allocation_errors.get_or_create(&r);
+        let _ = self.allocate_seconds.get_or_create(&r);
+        let _ = self.registrations.get_or_create(&r);
+        let _ = self.registration_errors.get_or_create(&r);
+    }
+
+    fn resource(resource: &str) -> ResourceLabels {
+        ResourceLabels {
+            resource: resource.to_string(),
+        }
+    }
+
+    /// Sets the device gauges of `resource`.
+    pub fn set_devices(&self, resource: &str, healthy: u64, unhealthy: u64) {
+        self.touch(resource);
+        for (state, n) in [("healthy", healthy), ("unhealthy", unhealthy)] {
+            self.devices
+                .get_or_create(&DeviceLabels {
+                    resource: resource.to_string(),
+                    state,
+                })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Zeroes the device gauges of a resource that is no longer served.
+    pub fn resource_removed(&self, resource: &str) {
+        self.set_devices(resource, 0, 0);
+    }
+
+    /// Counts the devices of `resource` becoming Unhealthy for `reason`
+    /// (`nic_missing`, `nic_down`, `nic_enslaved`, `nic_port_in_the_way`).
+    pub fn unhealthy(&self, resource: &str, reason: &'static str) {
+        self.touch(resource);
+        self.unhealthy
+            .get_or_create(&UnhealthyLabels {
+                resource: resource.to_string(),
+                reason,
+            })
+            .inc();
+    }
+
+    /// Counts one Allocate call.
+    pub fn allocation(&self, resource: &str, ok: bool, took: Duration) {
+        self.touch(resource);
+        let r = Self::resource(resource);
+        if ok {
+            self.allocations.get_or_create(&r).inc();
+        } else {
+            self.allocation_errors.get_or_create(&r).inc();
+        }
+        self.allocate_seconds
+            .get_or_create(&r)
+            .observe(took.as_secs_f64());
+    }
+
+    /// Counts one registration attempt with the kubelet.
+    pub fn registration(&self, resource: &str, ok: bool) {
+        self.touch(resource);
+        let r = Self::resource(resource);
+        if ok {
+            self.registrations.get_or_create(&r).inc();
+        } else {
+            self.registration_errors.get_or_create(&r).inc();
+        }
+    }
+
+    /// Counts leaked links removed.
+    pub fn leaked_links_removed(&self, n: u64) {
+        self.leaked_links_removed.inc_by(n);
+    }
+
+    /// Counts lost macvtaps re-created for the pods that hold their devices.
+    pub fn links_healed(&self, n: u64) {
+        self.links_healed.inc_by(n);
+    }
+
+    /// Counts one reclaim round by how it ended.
+    pub fn reclaim_round(&self, outcome: RoundOutcome) {
+        self.reclaim_rounds
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.label(),
+            })
+            .inc();
+    }
+
+    /// Counts a config file reload attempt.
+    pub fn config_reload(&self, ok: bool) {
+        if ok {
+            self.config_reloads.inc();
+        } else {
+            self.config_reload_errors.inc();
+        }
+    }
+
+    /// The OpenMetrics text exposition of every metric, ending in `# EOF`.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail; a collector that could not read
+        // /proc writes nothing rather than an error.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
     }
 }
 
@@ -415,7 +356,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn renders_prometheus_text() {
+    fn renders_openmetrics_text() {
         let m = Metrics::default();
         m.set_devices("macvtap.network.kubevirt.io/eth0", 3, 0);
         m.allocation(
@@ -430,54 +371,42 @@ mod tests {
         m.reclaim_round(RoundOutcome::Skipped);
         m.reclaim_round(RoundOutcome::Failed);
         let t = m.render();
-        for want in [
-            "macvtap_dp_reclaim_rounds_total{outcome=\"done\"} 0\n",
-            "macvtap_dp_reclaim_rounds_total{outcome=\"skipped\"} 2\n",
-            "macvtap_dp_reclaim_rounds_total{outcome=\"failed\"} 1\n",
-        ] {
-            assert!(t.contains(want), "{want} in {t}");
-        }
-        assert!(t.contains("macvtap_dp_devices{resource=\"macvtap.network.kubevirt.io/eth0\",state=\"healthy\"} 3\n"), "{t}");
-        assert!(
-            t.contains(
-                "macvtap_dp_allocations_total{resource=\"macvtap.network.kubevirt.io/eth0\"} 1\n"
-            ),
-            "{t}"
-        );
-        assert!(t.contains("macvtap_dp_allocation_errors_total{resource=\"macvtap.network.kubevirt.io/eth0\"} 1\n"), "{t}");
-        assert!(
-            t.contains(
-                "macvtap_dp_registrations_total{resource=\"macvtap.network.kubevirt.io/eth0\"} 1\n"
-            ),
-            "{t}"
-        );
-        assert!(
-            t.contains("macvtap_dp_leaked_links_removed_total 2\n"),
-            "{t}"
-        );
-        assert!(t.contains("# TYPE macvtap_dp_devices gauge"), "{t}");
-        // 5 ms and 0 s: both in the 0.005 bucket, one in 0.001.
         let e = "resource=\"macvtap.network.kubevirt.io/eth0\"";
+        // 5 ms and 0 s: both in the 0.005 bucket, one in 0.001. The
+        // encoder writes `le` first in bucket samples.
         for want in [
+            "macvtap_dp_reclaim_rounds_total{outcome=\"done\"} 0\n".to_string(),
+            "macvtap_dp_reclaim_rounds_total{outcome=\"skipped\"} 2\n".to_string(),
+            "macvtap_dp_reclaim_rounds_total{outcome=\"failed\"} 1\n".to_string(),
+            format!("macvtap_dp_devices{{{e},state=\"healthy\"}} 3\n"),
+            format!("macvtap_dp_allocations_total{{{e}}} 1\n"),
+            format!("macvtap_dp_allocation_errors_total{{{e}}} 1\n"),
+            format!("macvtap_dp_registrations_total{{{e}}} 1\n"),
+            format!("macvtap_dp_unhealthy_total{{{e},reason=\"nic_down\"}} 0\n"),
+            "macvtap_dp_leaked_links_removed_total 2\n".to_string(),
+            "# TYPE macvtap_dp_devices gauge\n".to_string(),
+            "# HELP macvtap_dp_allocations Successful Allocate calls.\n".to_string(),
+            "# TYPE macvtap_dp_allocations counter\n".to_string(),
             "# TYPE macvtap_dp_allocate_seconds histogram\n".to_string(),
-            format!("macvtap_dp_allocate_seconds_bucket{{{e},le=\"0.001\"}} 1\n"),
-            format!("macvtap_dp_allocate_seconds_bucket{{{e},le=\"0.0025\"}} 1\n"),
-            format!("macvtap_dp_allocate_seconds_bucket{{{e},le=\"0.005\"}} 2\n"),
-            format!("macvtap_dp_allocate_seconds_bucket{{{e},le=\"10\"}} 2\n"),
-            format!("macvtap_dp_allocate_seconds_bucket{{{e},le=\"+Inf\"}} 2\n"),
+            format!("macvtap_dp_allocate_seconds_bucket{{le=\"0.001\",{e}}} 1\n"),
+            format!("macvtap_dp_allocate_seconds_bucket{{le=\"0.0025\",{e}}} 1\n"),
+            format!("macvtap_dp_allocate_seconds_bucket{{le=\"0.005\",{e}}} 2\n"),
+            format!("macvtap_dp_allocate_seconds_bucket{{le=\"10.0\",{e}}} 2\n"),
+            format!("macvtap_dp_allocate_seconds_bucket{{le=\"+Inf\",{e}}} 2\n"),
             format!("macvtap_dp_allocate_seconds_sum{{{e}}} 0.005\n"),
             format!("macvtap_dp_allocate_seconds_count{{{e}}} 2\n"),
             format!(
                 "macvtap_dp_build_info{{version=\"{}\"}} 1\n",
                 env!("CARGO_PKG_VERSION")
             ),
-            "# TYPE process_cpu_seconds_total counter\n".to_string(),
+            "# TYPE process_cpu_seconds counter\n".to_string(),
             "# TYPE process_resident_memory_bytes gauge\n".to_string(),
             "# TYPE process_open_fds gauge\n".to_string(),
             "# TYPE process_start_time_seconds gauge\n".to_string(),
         ] {
             assert!(t.contains(&want), "want {want:?} in:\n{t}");
         }
+        assert!(t.ends_with("# EOF\n"), "{t}");
     }
 
     #[test]

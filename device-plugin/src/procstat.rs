@@ -1,8 +1,23 @@
 //! The standard `process_*` metrics, read from `/proc/self` as the Go
 //! client's process collector reads them (`prometheus/procfs`: `stat`,
-//! `limits`, the entries of `fd`, and `btime` from `/proc/stat`).
+//! `limits`, the entries of `fd`, and `btime` from `/proc/stat`), and the
+//! [`ProcessCollector`] that puts them on the metrics page.
+//!
+//! Kept by hand on purpose: the one maintained process collector for
+//! `prometheus-client` (`kubert-prometheus-process` 0.2.3, of the kubert
+//! project) is built on an older `prometheus-client` (0.23, so a second
+//! copy of it in the binary), pulls `procfs` with `rustix`, and adds metrics
+//! README does not list (network bytes, threads) with help texts of other
+//! wording; the crates of the other metrics stacks (`metrics-process`, the
+//! `prometheus` crate's `process` feature) bring their own registry. Five
+//! `/proc` reads are less code than any of them.
 
 use crate::error::{Error, Result};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
 use std::path::Path;
 
 /// One reading of the process's resource use.
@@ -114,6 +129,56 @@ impl ProcessStats {
             max_fds,
             start_time_seconds: btime as f64 + stat.starttime as f64 / ticks,
         })
+    }
+}
+
+/// Puts the `process_*` metrics on the page, read anew at each scrape.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProcessCollector;
+
+impl Collector for ProcessCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        // Without /proc (never the case on a node) the page just lacks them.
+        let Ok(p) = ProcessStats::read_self() else {
+            return Ok(());
+        };
+        ConstCounter::new(p.cpu_seconds).encode(encoder.encode_descriptor(
+            "process_cpu_seconds",
+            "Total user and system CPU time spent in seconds.",
+            None,
+            MetricType::Counter,
+        )?)?;
+        let int = |v: u64| ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX));
+        let mut gauge = |name: &str, help: &str, g: &dyn EncodeMetric| {
+            g.encode(encoder.encode_descriptor(name, help, None, MetricType::Gauge)?)
+        };
+        gauge(
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes.",
+            &int(p.resident_memory_bytes),
+        )?;
+        gauge(
+            "process_virtual_memory_bytes",
+            "Virtual memory size in bytes.",
+            &int(p.virtual_memory_bytes),
+        )?;
+        gauge(
+            "process_open_fds",
+            "Number of open file descriptors.",
+            &int(p.open_fds),
+        )?;
+        if let Some(max) = p.max_fds {
+            gauge(
+                "process_max_fds",
+                "Maximum number of open file descriptors.",
+                &int(max),
+            )?;
+        }
+        gauge(
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds.",
+            &ConstGauge::new(p.start_time_seconds),
+        )
     }
 }
 

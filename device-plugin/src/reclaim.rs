@@ -242,6 +242,7 @@ impl Reclaimer {
         let allocated = list_allocated(&self.socket, POD_RESOURCES_WAIT).await?;
         let healed = self.heal_lost(&links, &allocated, resources).await?;
         metrics.links_healed(healed);
+        self.forget_unconfigured(&allocated, resources).await?;
         let removed = self
             .remove_leaked(&links, &allocated, resources, Instant::now())
             .await?;
@@ -272,6 +273,28 @@ impl Reclaimer {
         })
         .await
         .map_err(|e| Error::Task(format!("the task re-creating lost links failed: {e}")))?
+    }
+
+    /// Forgets the handed-out devices that no pod holds (per `allocated`)
+    /// of resources no longer configured, so the record (and its file)
+    /// stays within the configured capacity plus what pods hold.
+    pub async fn forget_unconfigured(
+        &self,
+        allocated: &HashSet<String>,
+        resources: &[ResourceConfig],
+    ) -> Result<()> {
+        let names: HashSet<String> = resources.iter().map(|r| r.name.clone()).collect();
+        let allocated = allocated.clone();
+        let assignments = self.assignments.clone();
+        tokio::task::spawn_blocking(move || {
+            assignments.retain(|id, at| allocated.contains(id) || names.contains(&at.resource))
+        })
+        .await
+        .map_err(|e| {
+            Error::Task(format!(
+                "the task pruning the record of handed-out devices failed: {e}"
+            ))
+        })
     }
 
     /// Deletes the links among `links` that look leaked (no device of
@@ -646,6 +669,25 @@ mod tests {
             1
         );
         assert!(kernel.link(HOST, &link_name_for_device("dpMvp0")).is_none());
+    }
+
+    #[tokio::test]
+    async fn devices_neither_held_nor_of_a_configured_resource_are_forgotten() {
+        let (kernel, resources) = node();
+        let assignments = Assignments::default();
+        assignments.assigned("dpMvp3", "dp", 40);
+        assignments.assigned("oldMvp0", "old", 41);
+        assignments.assigned("oldMvp1", "old", 42);
+        let r = reclaimer_of(kernel, AllocationClock::default())
+            .with_healing(assignments.clone(), PathBuf::from("/nonexistent"));
+        let allocated: HashSet<String> = ["oldMvp1".to_string()].into();
+        r.forget_unconfigured(&allocated, &resources).await.unwrap();
+        assert!(assignments.get("dpMvp3").is_some(), "configured");
+        assert!(
+            assignments.get("oldMvp0").is_none(),
+            "gone with its resource"
+        );
+        assert!(assignments.get("oldMvp1").is_some(), "still held");
     }
 
     #[tokio::test]

@@ -10,7 +10,7 @@ use crate::allocate;
 use crate::config::ResourceConfig;
 use crate::error::{Error, Result};
 use crate::events::{EventSink, NodeEvent};
-use crate::heal::{Assignments, tap_index};
+use crate::heal::Assignments;
 use crate::metrics::Metrics;
 use crate::reclaim::AllocationClock;
 use kubelet_proto::transport::{bind_unix, error_chain, serve_unix};
@@ -179,7 +179,6 @@ impl DevicePlugin for PluginService {
         let req = request.into_inner();
         let cfg = self.state.borrow().config.clone();
         let resource = cfg.resource_name();
-        let cfg_name = cfg.name.clone();
         let started = Instant::now();
         // Every Allocate restarts the leak clock of its devices, before the
         // links exist (a reclaim round may run meanwhile) and once they do.
@@ -192,10 +191,17 @@ impl DevicePlugin for PluginService {
         for l in &links {
             self.ctx.clock.allocated(l, started);
         }
-        let res = tokio::task::spawn_blocking(move || allocate::allocate(&req, &cfg))
-            .await
-            .map_err(|e| Error::Task(format!("the Allocate task failed: {e}")))
-            .and_then(|r| r);
+        // The devices are recorded (for healing, also in a file) before the
+        // answer leaves, so the record is never behind the kubelet.
+        let assignments = self.ctx.assignments.clone();
+        let res = tokio::task::spawn_blocking(move || {
+            let resp = allocate::allocate(&req, &cfg)?;
+            assignments.handed_out(&cfg.name, &ids, &resp);
+            Ok(resp)
+        })
+        .await
+        .map_err(|e| Error::Task(format!("the Allocate task failed: {e}")))
+        .and_then(|r| r);
         let done = Instant::now();
         for l in &links {
             self.ctx.clock.allocated(l, done);
@@ -205,13 +211,6 @@ impl DevicePlugin for PluginService {
             .allocation(&resource, res.is_ok(), started.elapsed());
         match res {
             Ok(resp) => {
-                // The response lists the devices in the request's order.
-                let specs = resp.container_responses.iter().flat_map(|c| &c.devices);
-                for (id, spec) in ids.iter().zip(specs) {
-                    if let Some(index) = tap_index(&spec.host_path) {
-                        self.ctx.assignments.assigned(id, &cfg_name, index);
-                    }
-                }
                 info!(%resource, elapsed_ms = started.elapsed().as_millis() as u64, "Allocate done");
                 Ok(Response::new(resp))
             }

@@ -1089,7 +1089,7 @@ async fn metrics_and_healthz_are_served() {
         "macvtap_dp_allocation_errors_total{resource=\"macvtap.network.kubevirt.io/dp\"} 1",
         "macvtap_dp_registrations_total{resource=\"macvtap.network.kubevirt.io/dp\"} 1",
         "macvtap_dp_leaked_links_removed_total 0",
-        "macvtap_dp_allocate_seconds_bucket{resource=\"macvtap.network.kubevirt.io/dp\",le=\"+Inf\"} 2",
+        "macvtap_dp_allocate_seconds_bucket{le=\"+Inf\",resource=\"macvtap.network.kubevirt.io/dp\"} 2",
         "macvtap_dp_allocate_seconds_count{resource=\"macvtap.network.kubevirt.io/dp\"} 2",
         "# TYPE process_resident_memory_bytes gauge",
         "# TYPE process_start_time_seconds gauge",
@@ -1097,11 +1097,14 @@ async fn metrics_and_healthz_are_served() {
         assert!(m.contains(want), "want {want:?} in:\n{m}");
     }
     assert!(
-        m.starts_with("HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4"),
+        m.starts_with("HTTP/1.1 200 OK\r\n")
+            && m.contains(
+                "\r\ncontent-type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\n"
+            ),
         "{m}"
     );
     let body = &m[m.find("\r\n\r\n").unwrap() + 4..];
-    let parsed = tools::parse_exposition(body).unwrap_or_else(|e| panic!("{e}\n{body}"));
+    let parsed = tools::parse_openmetrics(body).unwrap_or_else(|e| panic!("{e}\n{body}"));
     // The daemon's own process: it has the plugin socket, the kubelet's
     // connection and the metrics listener open.
     let fds = parsed

@@ -17,6 +17,7 @@ pub mod node;
 pub mod qmp;
 pub mod runtime;
 pub mod sandbox;
+pub mod soak;
 pub mod steps;
 pub mod switch;
 pub mod vm;

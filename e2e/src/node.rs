@@ -34,8 +34,17 @@ pub const GUEST_IP: &str = "192.0.2.2/24";
 /// latency target).
 pub const WAIT: Duration = Duration::from_secs(10);
 
+/// How long [`run_cni`] lets a plugin run before it kills it (a deadline
+/// for a hung plugin, not a latency target: the CNI's own longest wait is
+/// its 5 s PodResources budget).
+pub const CNI_DEADLINE: Duration = Duration::from_secs(60);
+
 /// Path of one of the workspace's binaries, next to the running executable
-/// (`target/<profile>/`); built with cargo if it is not there yet.
+/// (`target/<profile>/`). It is built with cargo when it is missing or older
+/// than a source file of its crate or of the workspace crates it links
+/// (`macvtap-link`, `proto`), so a run of `-p macvtap-e2e` alone never
+/// drives a stale binary. A current binary is left alone: rebuilding it with
+/// other features while other tests run it would swap it under them.
 pub fn binary(package: &str, name: &str) -> Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let mut dir = exe.parent().context("exe has no dir")?.to_path_buf();
@@ -43,7 +52,19 @@ pub fn binary(package: &str, name: &str) -> Result<PathBuf> {
         dir.pop();
     }
     let path = dir.join(name);
-    if !path.exists() {
+    let crate_dir = match package {
+        "macvtap-cni" => "cni",
+        "macvtap-deviceplugin" => "device-plugin",
+        other => other,
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let sources = [crate_dir, "macvtap-link", "proto"].map(|d| root.join(d));
+    let built = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
+    let stale = match built {
+        None => true,
+        Some(built) => sources.iter().any(|d| newer_than(d, built)),
+    };
+    if stale {
         let release = dir.ends_with("release");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut cmd = Command::new(cargo);
@@ -52,7 +73,10 @@ pub fn binary(package: &str, name: &str) -> Result<PathBuf> {
             cmd.arg("--release");
         }
         let status = cmd.status().context("running cargo build")?;
-        ensure!(status.success(), "cargo build -p {package} failed");
+        ensure!(
+            status.success(),
+            "cargo build -p {package} --bin {name} failed"
+        );
     }
     ensure!(
         path.exists(),
@@ -60,6 +84,21 @@ pub fn binary(package: &str, name: &str) -> Result<PathBuf> {
         path.display()
     );
     Ok(path)
+}
+
+/// Whether a file under `dir` (skipping `target`) was modified after `t`.
+fn newer_than(dir: &Path, t: std::time::SystemTime) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        let Ok(ft) = e.file_type() else { return false };
+        if ft.is_dir() {
+            e.file_name() != "target" && newer_than(&e.path(), t)
+        } else {
+            e.metadata().and_then(|m| m.modified()).is_ok_and(|m| m > t)
+        }
+    })
 }
 
 /// The NIC, the peer host, the kubelet dir, the test kubelet and the daemon.
@@ -280,6 +319,22 @@ impl Node {
         Ok(())
     }
 
+    /// Kills the daemon with SIGKILL (a crash, an OOM kill) and waits for
+    /// it to be gone; its sockets stay behind, as a killed process leaves them.
+    pub fn kill_device_plugin(&mut self) -> Result<()> {
+        let Some(mut d) = self.daemon.take() else {
+            return Ok(());
+        };
+        d.signal(nix::sys::signal::Signal::SIGKILL)?;
+        d.wait_exit(WAIT).context("after SIGKILL")?;
+        Ok(())
+    }
+
+    /// The running daemon's process ID.
+    pub fn device_plugin_pid(&self) -> Option<u32> {
+        self.daemon.as_ref().map(|d| d.pid())
+    }
+
     /// Waits for `resource` to register and for the kubelet to list
     /// `capacity` healthy devices, and returns a client of the plugin socket.
     pub async fn plugin(&self, resource: &str, capacity: usize) -> Result<PluginClient> {
@@ -417,9 +472,27 @@ pub struct CniCall<'a> {
 /// Runs `call` and returns the plugin's stdout (the result); a failure
 /// carries its stdout and stderr.
 pub fn run_cni(call: &CniCall) -> Result<String> {
+    let out = run_cni_output(call, &[])?;
+    ensure!(
+        out.status.success(),
+        "{} {} failed: {} {}",
+        call.cni.display(),
+        call.command,
+        String::from_utf8_lossy(&out.stdout).trim(),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs `call` with `wrapper` (a program and its arguments, e.g. `strace`
+/// injecting a kill; empty for none) in front of the plugin, and returns
+/// how it ended, failed or not. A plugin still running after
+/// [`CNI_DEADLINE`] is killed and reported as an error.
+pub fn run_cni_output(call: &CniCall, wrapper: &[&str]) -> Result<std::process::Output> {
     use std::io::Write;
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", call.node_ns])
+        .args(wrapper)
         .arg(call.cni)
         .env_clear()
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
@@ -446,14 +519,42 @@ pub fn run_cni(call: &CniCall) -> Result<String> {
         .take()
         .context("the plugin's stdin")?
         .write_all(call.conf.as_bytes())?;
-    let out = child.wait_with_output()?;
-    ensure!(
-        out.status.success(),
-        "{} {} failed: {} {}",
-        call.cni.display(),
-        call.command,
-        String::from_utf8_lossy(&out.stdout).trim(),
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id())?);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(CNI_DEADLINE) {
+        Ok(out) => Ok(out?),
+        Err(_) => {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            anyhow::bail!(
+                "{} {} did not finish within {CNI_DEADLINE:?}; killed it",
+                call.cni.display(),
+                call.command
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::SystemTime;
+
+    #[test]
+    fn a_source_newer_than_the_binary_is_seen_and_target_is_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("src/sub")).unwrap();
+        std::fs::create_dir_all(dir.path().join("target")).unwrap();
+        let before = SystemTime::now() - Duration::from_secs(60);
+        std::fs::write(dir.path().join("target/new"), "").unwrap();
+        assert!(!newer_than(
+            dir.path(),
+            SystemTime::now() + Duration::from_secs(60)
+        ));
+        assert!(!newer_than(dir.path(), before), "target/ was read");
+        std::fs::write(dir.path().join("src/sub/lib.rs"), "").unwrap();
+        assert!(newer_than(dir.path(), before));
+    }
 }

@@ -2,7 +2,8 @@
 //! message), what to change on one ([`LinkChange`]), macvtap modes and MACs.
 
 use netlink_packet_route::link::{
-    InfoData, InfoMacVtap, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, MacVtapMode, State,
+    InfoData, InfoMacVlan, InfoMacVtap, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+    MacVtapMode, State,
 };
 use std::fmt;
 use std::str::FromStr;
@@ -96,7 +97,8 @@ pub struct Link {
     pub lower_index: Option<u32>,
     /// Whether the lower device lives in another namespace (`IFLA_LINK_NETNSID`).
     pub lower_in_other_netns: bool,
-    /// The macvtap mode, for macvtap links.
+    /// The macvtap mode, for macvtap links, and the mode of a macvlan link
+    /// (the kernel's macvlan and macvtap share their modes).
     pub macvtap_mode: Option<MacvtapMode>,
     /// Transmit queue length.
     pub txqueuelen: u32,
@@ -159,6 +161,15 @@ impl Link {
                             LinkInfo::Data(InfoData::MacVtap(data)) => {
                                 for d in data {
                                     if let InfoMacVtap::Mode(m) = d {
+                                        link.macvtap_mode = MacvtapMode::from_netlink(m);
+                                    }
+                                }
+                            }
+                            // A macvlan shares the modes, and a passthru one
+                            // rules out macvtaps on its NIC as well.
+                            LinkInfo::Data(InfoData::MacVlan(data)) => {
+                                for d in data {
+                                    if let InfoMacVlan::Mode(m) = d {
                                         link.macvtap_mode = MacvtapMode::from_netlink(m);
                                     }
                                 }

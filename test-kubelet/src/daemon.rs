@@ -31,6 +31,36 @@ impl Daemon {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Result<Self> {
+        Self::start_under(&[], bin, ns, log_dir, args, env)
+    }
+
+    /// Starts like [`Daemon::start`], under `strace` with `strace_args`
+    /// (with `-f`, trace output discarded), e.g. a fault injection that
+    /// kills the daemon with SIGKILL at a chosen system call: a real kill at
+    /// a chosen point, with no hook in the daemon. [`Daemon::pid`] is then
+    /// strace's, which exits when the daemon dies.
+    pub fn start_traced(
+        strace_args: &[&str],
+        bin: &Path,
+        ns: &TestNs,
+        log_dir: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Self> {
+        let mut wrapper = vec!["strace", "-f", "-qq", "-o", "/dev/null"];
+        wrapper.extend_from_slice(strace_args);
+        wrapper.push("--");
+        Self::start_under(&wrapper, bin, ns, log_dir, args, env)
+    }
+
+    fn start_under(
+        wrapper: &[&str],
+        bin: &Path,
+        ns: &TestNs,
+        log_dir: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Self> {
         let log = log_dir.join(format!(
             "daemon-{}.log",
             COUNTER.fetch_add(1, Ordering::SeqCst)
@@ -38,6 +68,7 @@ impl Daemon {
         let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &ns.name])
+            .args(wrapper)
             .arg(bin)
             .args(args)
             .env_remove("DP_MACVTAP_CONF")

@@ -15,6 +15,7 @@ use kubelet_proto::podresources::v1::{
 };
 use kubelet_proto::transport::{bind_unix, serve_unix};
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::{oneshot, watch};
@@ -34,6 +35,10 @@ struct Switches {
     /// The time the limiter sees instead of now, when set (this module's
     /// tests freeze it so that counts do not depend on the machine's speed).
     frozen: Mutex<Option<Instant>>,
+    /// Calls that reached the server, of any method, refused ones included.
+    calls: AtomicUsize,
+    /// Calls the rate limit refused.
+    refused: AtomicUsize,
 }
 
 impl Switches {
@@ -44,6 +49,8 @@ impl Switches {
             hang: watch::channel(false).0,
             held: watch::channel(0).0,
             frozen: Mutex::new(None),
+            calls: AtomicUsize::new(0),
+            refused: AtomicUsize::new(0),
         }
     }
 
@@ -51,9 +58,11 @@ impl Switches {
     /// unary method), then the test's failure and hang switches.
     async fn gate(&self) -> Result<(), Status> {
         let now = lock(&self.frozen).unwrap_or_else(Instant::now);
+        self.calls.fetch_add(1, Ordering::Relaxed);
         if let Some(bucket) = lock(&self.limiter).as_mut()
             && !bucket.allow(now)
         {
+            self.refused.fetch_add(1, Ordering::Relaxed);
             return Err(Status::resource_exhausted(LIMIT_EXCEEDED));
         }
         if *self.hang.borrow() {
@@ -216,6 +225,18 @@ impl TestPodResources {
         *self.switches.held.borrow()
     }
 
+    /// How many calls have reached the server so far, of any method, those
+    /// the rate limit refused included (a client's tries, counted where the
+    /// kubelet would see them).
+    pub fn calls(&self) -> usize {
+        self.switches.calls.load(Ordering::Relaxed)
+    }
+
+    /// How many calls the rate limit has refused so far.
+    pub fn refused(&self) -> usize {
+        self.switches.refused.load(Ordering::Relaxed)
+    }
+
     /// Names the pod whose devices [`TestPodResources::set_allocated`] sets
     /// (the kubelet lists each pod by namespace and name; Multus and the CNI
     /// look theirs up so).
@@ -250,6 +271,15 @@ impl TestPodResources {
                 },
             ],
         });
+    }
+
+    /// Removes pod `namespace/name` added by [`TestPodResources::add_pod`],
+    /// as the kubelet forgets a deleted pod; whether it was there.
+    pub fn remove_pod(&self, namespace: &str, name: &str) -> bool {
+        let mut others = self.others.lock().unwrap_or_else(|e| e.into_inner());
+        let before = others.len();
+        others.retain(|p| !(p.namespace == namespace && p.name == name));
+        others.len() != before
     }
 
     /// Reports `ids` of `resource_name` as allocated to the test pod
@@ -340,6 +370,8 @@ mod tests {
         c.list(ListPodResourcesRequest {}).await.unwrap();
         let err = c.list(ListPodResourcesRequest {}).await.unwrap_err();
         assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
+        // Every call counted where it arrived: 11 answered, 3 refused.
+        assert_eq!((pr.calls(), pr.refused()), (14, 3));
     }
 
     #[tokio::test]
@@ -368,6 +400,8 @@ mod tests {
         assert_eq!(err.code(), Code::Internal, "{err}");
         pr.fail(None);
         c.list(ListPodResourcesRequest {}).await.unwrap();
+        // A failure that is not the rate limit's is a call, not a refusal.
+        assert_eq!((pr.calls(), pr.refused()), (2, 0));
     }
 
     #[tokio::test]

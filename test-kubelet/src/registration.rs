@@ -52,6 +52,9 @@ use tonic::{Request, Response, Status};
 pub(crate) const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the kubelet's server gets to stop before it is dropped.
 const STOP_WAIT: Duration = Duration::from_secs(2);
+/// The device manager's checkpoint in the device-plugins directory, which
+/// a restart keeps.
+const CHECKPOINT: &str = "kubelet_internal_checkpoint";
 
 /// What the kubelet knows of one resource.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -594,14 +597,17 @@ impl TestKubelet {
         let _ = std::fs::remove_file(self.dir.join(KUBELET_SOCKET));
     }
 
-    /// Restarts like the kubelet does: stops, deletes every socket in the
-    /// directory (plugin sockets included), and serves a new `kubelet.sock`.
+    /// Restarts like the kubelet does: stops, deletes every entry of the
+    /// directory but its checkpoint and subdirectories (plugin sockets
+    /// included), and serves a new `kubelet.sock`. That is the device
+    /// manager's `CleanupPluginDirectory` of the releases that delete every
+    /// such file (newer ones delete only sockets), the harsher of the two.
     /// The new instance knows nothing of the old one's registrations.
     pub async fn restart(mut self) -> Result<Self> {
         self.shutdown().await;
         for entry in std::fs::read_dir(&self.dir)? {
             let entry = entry?;
-            if std::os::unix::fs::FileTypeExt::is_socket(&entry.file_type()?) {
+            if entry.file_name() != CHECKPOINT && !entry.file_type()?.is_dir() {
                 std::fs::remove_file(entry.path())?;
             }
         }

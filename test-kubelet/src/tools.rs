@@ -32,25 +32,40 @@ pub fn venv_tool(name: &str) -> PathBuf {
     path
 }
 
-/// Parses a text exposition with `prometheus_client`'s parser and returns
-/// its families as JSON (`name`, `type`, `help`, `samples` with `name`,
-/// `labels`, `value`), or the parser's error.
+/// Parses a text exposition (Prometheus 0.0.4) with `prometheus_client`'s
+/// parser and returns its families as JSON (`name`, `type`, `help`,
+/// `samples` with `name`, `labels`, `value`), or the parser's error.
 pub fn parse_exposition(text: &str) -> Result<serde_json::Value, String> {
-    const SCRIPT: &str = r#"
+    run_parser("prometheus_client.parser", text)
+}
+
+/// Parses an OpenMetrics text page with `prometheus_client`'s OpenMetrics
+/// parser (strict: `# EOF`, `_total` counter samples) and returns its
+/// families as [`parse_exposition`] does, or the parser's error.
+pub fn parse_openmetrics(text: &str) -> Result<serde_json::Value, String> {
+    run_parser("prometheus_client.openmetrics.parser", text)
+}
+
+/// Runs `text_string_to_metric_families` of the Python module `module` on
+/// `text`.
+fn run_parser(module: &str, text: &str) -> Result<serde_json::Value, String> {
+    let script = format!(
+        r#"
 import json, math, sys
-from prometheus_client.parser import text_string_to_metric_families
+from {module} import text_string_to_metric_families
 out = []
 for f in text_string_to_metric_families(sys.stdin.read()):
-    out.append({
+    out.append({{
         "name": f.name, "type": f.type, "help": f.documentation,
-        "samples": [{"name": s.name, "labels": s.labels,
-                     "value": s.value if math.isfinite(s.value) else str(s.value)}
+        "samples": [{{"name": s.name, "labels": s.labels,
+                     "value": s.value if math.isfinite(s.value) else str(s.value)}}
                     for s in f.samples],
-    })
+    }})
 print(json.dumps(out))
-"#;
+"#
+    );
     let mut child = Command::new(venv_tool("python3"))
-        .args(["-c", SCRIPT])
+        .args(["-c", &script])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -8,7 +8,14 @@
 //! flushes its addresses; a name taken in the target is `EEXIST` (with
 //! [`FakeKernel::move_then_rename`] the link first moves under its old name,
 //! as older kernels did); a MAC another macvtap on the same lower uses is
-//! `EADDRINUSE`; a missing link is `ENODEV`.
+//! `EADDRINUSE`; a missing link is `ENODEV`; a namespace that goes away
+//! destroys the virtual links in it (a macvtap, and with it its `/dev/tapN`)
+//! and gives a physical NIC back to the host.
+//!
+//! It can also play a process that dies ([`FakeKernel::crash_after`]): the
+//! chosen call takes effect and then the caller's run is abandoned by
+//! unwinding with [`Crashed`], and every later call is refused until
+//! [`FakeKernel::restart`] starts the next process.
 
 use macvtap_link::tapdev::TapNode;
 use macvtap_link::{Error, Kernel, Link, LinkChange, Links, MacvtapMode, Netns, Op, Result};
@@ -60,6 +67,25 @@ struct FakeLink {
     routes: Vec<(IpAddr, u8, Option<IpAddr>)>,
 }
 
+/// The payload a run unwinds with when the fake plays its death
+/// ([`FakeKernel::crash_after`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Crashed;
+
+/// Where the process the fake plays dies, and whether it has.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Life {
+    /// Every call is served.
+    #[default]
+    Alive,
+    /// The `nth` call (from 1) of `op` is the last one to take effect.
+    DiesAfter(Op, usize),
+    /// The call being served is the last one; the run ends when it returns.
+    Dying,
+    /// Dead: every call is refused; counts calls that were still tried.
+    Dead { tried: usize },
+}
+
 #[derive(Debug, Default)]
 struct State {
     namespaces: BTreeMap<PathBuf, Vec<FakeLink>>,
@@ -67,6 +93,7 @@ struct State {
     ignore_new_ifindex: bool,
     move_then_rename: bool,
     failures: Vec<(Op, usize, Errno)>,
+    life: Life,
     counts: HashMap<Op, usize>,
     calls: Vec<Call>,
     sysctls: BTreeMap<(PathBuf, String), String>,
@@ -113,9 +140,67 @@ impl FakeKernel {
             .insert(PathBuf::from(path), Vec::new());
     }
 
-    /// Removes namespace `path` and its links, as a pod's end does.
+    /// Removes namespace `path`, as a pod's end does, and what the kernel
+    /// does with its links: virtual links (a macvtap, a veth) are destroyed
+    /// with it, and a macvtap's `/dev/tapN` with them; a physical NIC (no
+    /// kind) goes back to the host namespace, under a `dev<N>` name if its
+    /// own is taken there (`default_device_exit_net` in `net/core/dev.c`).
     pub fn remove_netns(&self, path: &str) {
-        self.state().namespaces.remove(Path::new(path));
+        let mut st = self.state();
+        let Some(links) = st.namespaces.remove(Path::new(path)) else {
+            return;
+        };
+        for mut nic in links.into_iter().filter(|l| l.link.kind.is_none()) {
+            let host = Path::new(HOST);
+            let taken = |st: &State, f: &dyn Fn(&Link) -> bool| {
+                st.namespaces
+                    .get(host)
+                    .is_some_and(|ls| ls.iter().any(|l| f(&l.link)))
+            };
+            if taken(&st, &|l| l.index == nic.link.index) {
+                nic.link.index = st.free_index(host, 2);
+            }
+            if taken(&st, &|l| l.name == nic.link.name) {
+                nic.link.name = format!("dev{}", nic.link.index);
+            }
+            nic.link.flags &= !(nix::libc::IFF_UP as u32);
+            nic.link.oper_state = "down".into();
+            nic.addrs.clear();
+            nic.routes.clear();
+            st.namespaces
+                .entry(host.to_path_buf())
+                .or_default()
+                .push(nic);
+        }
+    }
+
+    /// Plays a process killed right after the `nth` call (from 1) of `op`:
+    /// that call takes effect, then the run unwinds with [`Crashed`] (catch
+    /// it with `std::panic::catch_unwind`), as nothing after it would run;
+    /// every later call is refused with `ESRCH` and counted
+    /// ([`FakeKernel::calls_after_death`]), since a dead process makes none.
+    pub fn crash_after(&self, op: Op, nth: usize) {
+        self.state().life = Life::DiesAfter(op, nth);
+    }
+
+    /// Whether the process the fake plays has died ([`FakeKernel::crash_after`]).
+    pub fn crashed(&self) -> bool {
+        matches!(self.state().life, Life::Dead { .. })
+    }
+
+    /// How many calls were tried after the process died: a destructor or
+    /// anything else that touched the kernel after the crash point.
+    pub fn calls_after_death(&self) -> usize {
+        match self.state().life {
+            Life::Dead { tried } => tried,
+            _ => 0,
+        }
+    }
+
+    /// Starts the next process (the runtime's next plugin run): calls are
+    /// served again; the kernel's state and the call numbering go on.
+    pub fn restart(&self) {
+        self.state().life = Life::Alive;
     }
 
     /// Puts `link` into namespace `netns` as it is (index 0 takes the lowest
@@ -222,6 +307,16 @@ impl FakeKernel {
     /// this call is to fail.
     fn begin(&self, op: Op, netns: &Path, target: &str) -> Option<Errno> {
         let mut st = self.state();
+        if let Life::Dead { tried } = &mut st.life {
+            *tried += 1;
+            st.calls.push(Call {
+                op,
+                netns: netns.to_path_buf(),
+                target: target.to_string(),
+                failed: Some(Errno::ESRCH),
+            });
+            return Some(Errno::ESRCH);
+        }
         let n = {
             let c = st.counts.entry(op).or_insert(0);
             *c += 1;
@@ -232,6 +327,9 @@ impl FakeKernel {
             .iter()
             .find(|(o, nth, _)| *o == op && *nth == n)
             .map(|(_, _, e)| *e);
+        if st.life == Life::DiesAfter(op, n) {
+            st.life = Life::Dying;
+        }
         st.calls.push(Call {
             op,
             netns: netns.to_path_buf(),
@@ -239,6 +337,25 @@ impl FakeKernel {
             failed,
         });
         failed
+    }
+
+    /// Ends a served call: returns `result`, unless this call was the last
+    /// one of a dying process ([`FakeKernel::crash_after`]); then the run
+    /// unwinds with [`Crashed`] instead (without the panic hook's message).
+    fn served<T>(&self, result: T) -> T {
+        let dying = {
+            let mut st = self.state();
+            let dying = st.life == Life::Dying;
+            if dying {
+                st.life = Life::Dead { tried: 0 };
+            }
+            dying
+        };
+        if dying {
+            drop(result);
+            std::panic::resume_unwind(Box::new(Crashed));
+        }
+        result
     }
 
     /// Marks the last call as failed with `errno` (a failure the model
@@ -329,24 +446,22 @@ impl FakeLinks<'_> {
     }
 }
 
-impl Links for FakeLinks<'_> {
-    fn netns(&self) -> &Path {
-        &self.netns
-    }
-
-    fn get_link(&self, name: &str) -> Result<Option<Link>> {
+/// The link calls as served, before [`FakeKernel::served`] decides whether
+/// the process lives on.
+impl FakeLinks<'_> {
+    fn get_link_op(&self, name: &str) -> Result<Option<Link>> {
         self.check(Op::GetLink, name, || self.what("looking up link", name))?;
         Ok(self.find(|l| l.name == name))
     }
 
-    fn get_link_by_index(&self, index: u32) -> Result<Option<Link>> {
+    fn get_link_by_index_op(&self, index: u32) -> Result<Option<Link>> {
         self.check(Op::GetLink, &index.to_string(), || {
             self.what("looking up link index", index)
         })?;
         Ok(self.find(|l| l.index == index))
     }
 
-    fn list_links(&self) -> Result<Vec<Link>> {
+    fn list_links_op(&self) -> Result<Vec<Link>> {
         self.check(Op::ListLinks, "", || {
             format!("listing links in {}", self.netns.display())
         })?;
@@ -357,7 +472,7 @@ impl Links for FakeLinks<'_> {
             .collect())
     }
 
-    fn add_macvtap_at(
+    fn add_macvtap_at_op(
         &self,
         name: &str,
         lower_index: u32,
@@ -400,7 +515,7 @@ impl Links for FakeLinks<'_> {
         ))
     }
 
-    fn del_link(&self, index: u32, name: &str) -> Result<()> {
+    fn del_link_op(&self, index: u32, name: &str) -> Result<()> {
         let what = || self.what("deleting link", format!("{name} (index {index})"));
         self.check(Op::DelLink, name, what)?;
         let mut st = self.kernel.state();
@@ -417,7 +532,7 @@ impl Links for FakeLinks<'_> {
         }
     }
 
-    fn set_link_ns_at(
+    fn set_link_ns_at_op(
         &self,
         index: u32,
         name: &str,
@@ -495,7 +610,7 @@ impl Links for FakeLinks<'_> {
         Ok(())
     }
 
-    fn set_link(&self, index: u32, name: &str, change: &LinkChange) -> Result<()> {
+    fn set_link_op(&self, index: u32, name: &str, change: &LinkChange) -> Result<()> {
         let what = || format!("{change} on {name} in {}", self.netns.display());
         self.check(Op::SetLink, name, what)?;
         let st = self.kernel.state();
@@ -562,7 +677,7 @@ impl Links for FakeLinks<'_> {
         })
     }
 
-    fn add_addr(&self, index: u32, addr: IpAddr, prefix_len: u8) -> Result<()> {
+    fn add_addr_op(&self, index: u32, addr: IpAddr, prefix_len: u8) -> Result<()> {
         let what = || {
             self.what(
                 &format!("adding address {addr}/{prefix_len} to link index"),
@@ -585,7 +700,7 @@ impl Links for FakeLinks<'_> {
         }
     }
 
-    fn list_addrs(&self, index: u32) -> Result<Vec<(IpAddr, u8)>> {
+    fn list_addrs_op(&self, index: u32) -> Result<Vec<(IpAddr, u8)>> {
         let what = || self.what("listing addresses of link index", index);
         self.check(Op::ListAddrs, &index.to_string(), what)?;
         Ok(self
@@ -598,7 +713,13 @@ impl Links for FakeLinks<'_> {
             .unwrap_or_default())
     }
 
-    fn add_route(&self, index: u32, dst: IpAddr, prefix_len: u8, gw: Option<IpAddr>) -> Result<()> {
+    fn add_route_op(
+        &self,
+        index: u32,
+        dst: IpAddr,
+        prefix_len: u8,
+        gw: Option<IpAddr>,
+    ) -> Result<()> {
         let what = || {
             self.what(
                 &format!("adding route {dst}/{prefix_len} on link index"),
@@ -612,12 +733,78 @@ impl Links for FakeLinks<'_> {
     }
 }
 
-impl Kernel for FakeKernel {
-    fn current_netns(&self) -> Result<Netns> {
-        self.open_netns(Path::new(HOST))
+impl Links for FakeLinks<'_> {
+    fn netns(&self) -> &Path {
+        &self.netns
     }
 
-    fn open_netns(&self, path: &Path) -> Result<Netns> {
+    fn get_link(&self, name: &str) -> Result<Option<Link>> {
+        self.kernel.served(self.get_link_op(name))
+    }
+
+    fn get_link_by_index(&self, index: u32) -> Result<Option<Link>> {
+        self.kernel.served(self.get_link_by_index_op(index))
+    }
+
+    fn list_links(&self) -> Result<Vec<Link>> {
+        self.kernel.served(self.list_links_op())
+    }
+
+    fn add_macvtap_at(
+        &self,
+        name: &str,
+        lower_index: u32,
+        mode: MacvtapMode,
+        txqueuelen: Option<u32>,
+        index: Option<u32>,
+    ) -> Result<Link> {
+        self.kernel
+            .served(self.add_macvtap_at_op(name, lower_index, mode, txqueuelen, index))
+    }
+
+    fn del_link(&self, index: u32, name: &str) -> Result<()> {
+        self.kernel.served(self.del_link_op(index, name))
+    }
+
+    fn set_link_ns_at(
+        &self,
+        index: u32,
+        name: &str,
+        target: &Netns,
+        new_name: &str,
+        new_index: u32,
+    ) -> Result<()> {
+        self.kernel
+            .served(self.set_link_ns_at_op(index, name, target, new_name, new_index))
+    }
+
+    fn set_link(&self, index: u32, name: &str, change: &LinkChange) -> Result<()> {
+        self.kernel.served(self.set_link_op(index, name, change))
+    }
+
+    fn add_addr(&self, index: u32, addr: IpAddr, prefix_len: u8) -> Result<()> {
+        self.kernel
+            .served(self.add_addr_op(index, addr, prefix_len))
+    }
+
+    fn list_addrs(&self, index: u32) -> Result<Vec<(IpAddr, u8)>> {
+        self.kernel.served(self.list_addrs_op(index))
+    }
+
+    fn add_route(&self, index: u32, dst: IpAddr, prefix_len: u8, gw: Option<IpAddr>) -> Result<()> {
+        self.kernel
+            .served(self.add_route_op(index, dst, prefix_len, gw))
+    }
+}
+
+/// The kernel calls as served, before [`FakeKernel::served`] decides
+/// whether the process lives on.
+impl FakeKernel {
+    fn current_netns_op(&self) -> Result<Netns> {
+        self.open_netns_op(Path::new(HOST))
+    }
+
+    fn open_netns_op(&self, path: &Path) -> Result<Netns> {
         let errno = self.begin(Op::OpenNetns, path, &path.to_string_lossy());
         let exists = self.state().namespaces.contains_key(path);
         match (errno, exists) {
@@ -635,7 +822,7 @@ impl Kernel for FakeKernel {
         }
     }
 
-    fn links<'a>(&'a self, netns: Option<&Netns>) -> Result<Box<dyn Links + 'a>> {
+    fn links_op<'a>(&'a self, netns: Option<&Netns>) -> Result<Box<dyn Links + 'a>> {
         let path = netns.map_or_else(|| PathBuf::from(HOST), |n| n.path().to_path_buf());
         if let Some(errno) = self.begin(Op::OpenSocket, &path, "") {
             return Err(Error::Socket(std::io::Error::from_raw_os_error(
@@ -648,7 +835,7 @@ impl Kernel for FakeKernel {
         }))
     }
 
-    fn write_sysctl(&self, netns: &Netns, key: &str, value: &str) -> Result<()> {
+    fn write_sysctl_op(&self, netns: &Netns, key: &str, value: &str) -> Result<()> {
         let path = netns.path().to_path_buf();
         let err = |errno: Errno| Error::Sysctl {
             key: key.to_string(),
@@ -664,7 +851,7 @@ impl Kernel for FakeKernel {
         Ok(())
     }
 
-    fn tap_device(&self, netns: &Netns, ifname: &str) -> Result<(u64, u64)> {
+    fn tap_device_op(&self, netns: &Netns, ifname: &str) -> Result<(u64, u64)> {
         let path = netns.path().to_path_buf();
         let err = |msg: String| Error::Sysfs {
             ifname: ifname.to_string(),
@@ -692,7 +879,7 @@ impl Kernel for FakeKernel {
         }
     }
 
-    fn open_tap_node(&self, path: &Path, dev: (u64, u64), _wait: Duration) -> Result<TapNode> {
+    fn open_tap_node_op(&self, path: &Path, dev: (u64, u64), _wait: Duration) -> Result<TapNode> {
         if let Some(errno) = self.begin(Op::OpenTapNode, path, &path.to_string_lossy()) {
             return Err(Error::TapNode {
                 path: path.to_path_buf(),
@@ -735,7 +922,7 @@ impl Kernel for FakeKernel {
         }
     }
 
-    fn chown_tap_node(&self, node: &TapNode, owner: u32, group: u32) -> Result<()> {
+    fn chown_tap_node_op(&self, node: &TapNode, owner: u32, group: u32) -> Result<()> {
         let path = node.path().to_path_buf();
         if let Some(errno) = self.begin(Op::ChownTapNode, &path, &path.to_string_lossy()) {
             return Err(Error::TapNode {
@@ -745,6 +932,36 @@ impl Kernel for FakeKernel {
         }
         self.state().chowned.insert(path, (owner, group));
         Ok(())
+    }
+}
+
+impl Kernel for FakeKernel {
+    fn current_netns(&self) -> Result<Netns> {
+        self.served(self.current_netns_op())
+    }
+
+    fn open_netns(&self, path: &Path) -> Result<Netns> {
+        self.served(self.open_netns_op(path))
+    }
+
+    fn links<'a>(&'a self, netns: Option<&Netns>) -> Result<Box<dyn Links + 'a>> {
+        self.served(self.links_op(netns))
+    }
+
+    fn write_sysctl(&self, netns: &Netns, key: &str, value: &str) -> Result<()> {
+        self.served(self.write_sysctl_op(netns, key, value))
+    }
+
+    fn tap_device(&self, netns: &Netns, ifname: &str) -> Result<(u64, u64)> {
+        self.served(self.tap_device_op(netns, ifname))
+    }
+
+    fn open_tap_node(&self, path: &Path, dev: (u64, u64), wait: Duration) -> Result<TapNode> {
+        self.served(self.open_tap_node_op(path, dev, wait))
+    }
+
+    fn chown_tap_node(&self, node: &TapNode, owner: u32, group: u32) -> Result<()> {
+        self.served(self.chown_tap_node_op(node, owner, group))
     }
 }
 
@@ -830,5 +1047,69 @@ mod tests {
                 .contains("another macvtap on the same lower NIC already uses this MAC"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_crash_lets_the_call_take_effect_and_refuses_every_later_one() {
+        let (k, nic) = setup();
+        let pod = k.open_netns(Path::new(POD)).unwrap();
+        let host = k.links(None).unwrap();
+        let m = host
+            .add_macvtap_at("mvt1", nic.index, MacvtapMode::Bridge, None, None)
+            .unwrap();
+        k.crash_after(Op::MoveLink, 1);
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _ = host.set_link_ns(m.index, "mvt1", &pod, "net1");
+            unreachable!("the run goes on after its crash point");
+        }));
+        let payload = run.unwrap_err();
+        assert_eq!(payload.downcast_ref::<Crashed>(), Some(&Crashed));
+        assert!(k.crashed());
+        assert_eq!(
+            k.link(POD, "net1").unwrap().index,
+            m.index,
+            "the move took effect"
+        );
+        let e = host.get_link("lower0").unwrap_err();
+        assert_eq!(e.errno(), Some(Errno::ESRCH));
+        assert!(
+            k.link(POD, "net1").is_some(),
+            "a refused call changes nothing"
+        );
+        assert_eq!(k.calls_after_death(), 1);
+        k.restart();
+        assert!(!k.crashed());
+        assert!(host.get_link("lower0").unwrap().is_some());
+    }
+
+    #[test]
+    fn a_namespace_that_goes_destroys_its_macvtap_and_returns_a_nic() {
+        let (k, nic) = setup();
+        let pod = k.open_netns(Path::new(POD)).unwrap();
+        let host = k.links(None).unwrap();
+        let m = host
+            .add_macvtap_at("mvt1", nic.index, MacvtapMode::Bridge, None, None)
+            .unwrap();
+        host.set_link_ns(m.index, "mvt1", &pod, "net1").unwrap();
+        let phys = k.insert_link(
+            POD,
+            Link {
+                name: "lower0".into(),
+                flags: nix::libc::IFF_UP as u32,
+                ..Default::default()
+            },
+        );
+        let dev = k.tap_device(&pod, "net1").unwrap();
+        let node = format!("/dev/tap{}", m.index);
+        let tap = Duration::ZERO;
+        k.open_tap_node(Path::new(&node), dev, tap).unwrap();
+        k.remove_netns(POD);
+        assert_eq!(k.links_of(POD), vec![]);
+        let e = k.open_tap_node(Path::new(&node), dev, tap).unwrap_err();
+        assert!(e.to_string().contains("no such node"), "{e}");
+        // The NIC's name is taken on the host: it comes back as dev<N>.
+        let back = k.link(HOST, &format!("dev{}", phys.index)).unwrap();
+        assert!(!back.is_up());
+        assert_eq!(k.links_of(HOST).len(), 2, "lower0 and the returned NIC");
     }
 }

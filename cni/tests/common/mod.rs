@@ -4,6 +4,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod dhcp;
+pub mod kill;
 pub mod kubelet;
 
 use nix::sys::signal::{Signal, killpg};
@@ -67,6 +68,17 @@ impl Sandbox {
 
     /// Runs the real plugin inside the node namespace.
     pub fn cni(&self, command: &str, conf: &Value, extra_env: &[(&str, &str)]) -> CniRun {
+        let env = self.cni_env(command, extra_env);
+        run_plugin(&self.node.name, &env, conf.to_string().as_bytes())
+    }
+
+    /// The environment [`Sandbox::cni`] runs the plugin with: the pod's
+    /// namespace, `net1`, `extra_env` replacing or adding variables.
+    pub fn cni_env<'a>(
+        &self,
+        command: &str,
+        extra_env: &[(&'a str, &str)],
+    ) -> Vec<(&'a str, String)> {
         let mut env = vec![
             ("CNI_COMMAND", command.to_string()),
             ("CNI_CONTAINERID", format!("ctr-{}", self.pod.name)),
@@ -78,7 +90,7 @@ impl Sandbox {
             env.retain(|(e, _)| e != k);
             env.push((k, v.to_string()));
         }
-        run_plugin(&self.node.name, &env, conf.to_string().as_bytes())
+        env
     }
 
     /// The addresses (`addr/prefix`) on `net1` in the pod.
@@ -108,6 +120,8 @@ impl Sandbox {
 #[derive(Debug)]
 pub struct CniRun {
     pub code: i32,
+    /// The signal that ended the run, if one did.
+    pub signal: Option<i32>,
     pub stdout: String,
     pub stderr: String,
 }
@@ -170,8 +184,21 @@ fn isolated_settings() -> String {
 }
 
 pub fn run_plugin(netns: &str, env: &[(&str, String)], stdin: &[u8]) -> CniRun {
+    run_plugin_under(netns, &[], env, stdin)
+}
+
+/// [`run_plugin`] with the plugin started by `wrapper` (e.g. `strace` and
+/// its arguments), which must exec it with the environment it got.
+pub fn run_plugin_under(
+    netns: &str,
+    wrapper: &[&str],
+    env: &[(&str, String)],
+    stdin: &[u8],
+) -> CniRun {
     let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", netns, env!("CARGO_BIN_EXE_macvtap")])
+    cmd.args(["netns", "exec", netns])
+        .args(wrapper)
+        .arg(env!("CARGO_BIN_EXE_macvtap"))
         .env_clear()
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         .env("MACVTAP_CNI_SETTINGS", isolated_settings())
@@ -219,6 +246,7 @@ pub fn run_plugin(netns: &str, env: &[(&str, String)], stdin: &[u8]) -> CniRun {
     feeder.join().unwrap();
     CniRun {
         code: out.status.code().unwrap_or(-1),
+        signal: std::os::unix::process::ExitStatusExt::signal(&out.status),
         stdout: String::from_utf8_lossy(&out.stdout).trim().to_string(),
         stderr: String::from_utf8_lossy(&out.stderr).to_string(),
     }

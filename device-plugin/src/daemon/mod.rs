@@ -24,6 +24,10 @@
 //! - SIGTERM/SIGINT (abort registrations, stop serving, remove our sockets,
 //!   return).
 //!
+//! The loop beats its [`Liveness`] after each input (timers included, so an
+//! idle loop beats at least every [`SOCKET_CHECK`]); `/healthz`, served on
+//! a thread of its own, reports a loop that stopped beating.
+//!
 //! Each resource's registration is a state machine of plain transitions
 //! (`registration.rs`); `kubelet.rs` carries out what it decides.
 //!
@@ -40,6 +44,7 @@ mod reload;
 
 pub use registration::STREAM_WAIT;
 
+use crate::assignment_file;
 use crate::config::{Resolved, ResourceConfig};
 use crate::discovery::Discovery;
 use crate::error::{Error, Result};
@@ -48,6 +53,7 @@ use crate::fswatch::{DirWatcher, FsEvent};
 use crate::heal::Assignments;
 use crate::health::HealthLog;
 use crate::links::{LinkTable, LinkUpdate, spawn_link_watcher};
+use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::options::{Options, load_config};
 use crate::reclaim::{AllocationClock, Reclaimer, reclaim_loop, tap_node_deleted, watch_tap_nodes};
@@ -152,8 +158,12 @@ struct Daemon {
     tap_nodes: Option<(WatchDescriptor, mpsc::UnboundedSender<()>)>,
     /// When the sockets are next checked.
     next_socket_check: Instant,
-    /// The reclaim loop and the metrics server, aborted at shutdown.
+    /// The reclaim loop, aborted at shutdown.
     tasks: Vec<JoinHandle<()>>,
+    /// The loop's heartbeat, which `/healthz` reads.
+    liveness: Arc<Liveness>,
+    /// The `/metrics` and `/healthz` server, stopped when dropped.
+    _http: Option<crate::http::Server>,
 }
 
 /// Runs the daemon until SIGTERM or SIGINT. Errors are startup errors
@@ -166,6 +176,7 @@ pub async fn run(opts: Options) -> Result<()> {
         if d.handle(input).is_break() {
             break;
         }
+        d.liveness.beat(std::time::Instant::now());
     }
     d.shutdown().await;
     Ok(())
@@ -188,9 +199,17 @@ impl Daemon {
         let metrics = Arc::new(Metrics::default());
         let events = EventSink::from_environment(opts.node_name.as_deref()).await;
         let mut tasks = Vec::new();
-        if let Some(addr) = opts.metrics_addr {
-            tasks.push(crate::http::serve(addr, metrics.clone()).await?);
-        }
+        let liveness = Arc::new(Liveness::new(std::time::Instant::now()));
+        let http = match opts.metrics_addr {
+            Some(addr) => Some(crate::http::spawn(
+                addr,
+                crate::http::Endpoints {
+                    metrics: metrics.clone(),
+                    liveness: liveness.clone(),
+                },
+            )?),
+            None => None,
+        };
         let sigterm = signal(SignalKind::terminate())
             .map_err(|e| Error::Task(format!("cannot handle SIGTERM: {e}")))?;
         let sigint = signal(SignalKind::interrupt())
@@ -205,7 +224,7 @@ impl Daemon {
             events,
             streams: streams_tx,
             clock: AllocationClock::default(),
-            assignments: Assignments::default(),
+            assignments: Assignments::persisted(assignment_file::path_in(&plugin_dir)),
         };
         let dev_dir = PathBuf::from(crate::allocate::DEV_DIR);
         let (tap_gone_tx, tap_gone) = mpsc::unbounded_channel();
@@ -234,6 +253,8 @@ impl Daemon {
             tap_nodes,
             next_socket_check: Instant::now() + SOCKET_CHECK,
             tasks,
+            liveness,
+            _http: http,
         };
         d.reconcile();
         d.start_due_registrations();

@@ -10,7 +10,7 @@ use super::{Daemon, RESTART_WAIT};
 use crate::config::{ResourceConfig, Resources};
 use crate::devices::device_list;
 use crate::events::NodeEvent;
-use crate::health::{NicHealth, nic_health};
+use crate::health::{NicHealth, resource_health};
 use crate::links::{LinkTable, LinkUpdate};
 use crate::server::ResourceState;
 use crate::topology::numa_node;
@@ -145,7 +145,7 @@ impl Daemon {
     fn apply_resource(&mut self, cfg: ResourceConfig, discovered: bool, now: Instant) {
         let links = self.links.links();
         let lower = self.links.by_name(&cfg.lower_device);
-        let health = nic_health(&cfg.lower_device, links);
+        let health = resource_health(&cfg, links);
         let healthy = health.is_healthy();
         let numa = lower.and_then(|_| numa_node(&self.opts.sysfs, &cfg.lower_device));
         let state = ResourceState {
@@ -198,7 +198,8 @@ impl Daemon {
                 nic,
                 devices,
             },
-            NicHealth::Enslaved(_) => NodeEvent::NicEnslaved {
+            // The NicEnslaved Event carries the reason, naming the port in the way.
+            NicHealth::Enslaved(_) | NicHealth::PortInTheWay(_) => NodeEvent::NicEnslaved {
                 resource,
                 devices,
                 why: health.to_string(),
@@ -214,11 +215,17 @@ impl Daemon {
 
 /// Whether a change of the links `changed` (their old and new states)
 /// touches NIC `lower` among `links` (the state after): the NIC is one of
-/// them, or its master is.
+/// them, or its master is, or a macvlan/macvtap port on it is (a port can
+/// be in the way of a passthru macvtap: `health::port_in_the_way`).
 fn touches_nic(links: &LinkTable, lower: &str, changed: &[&Link]) -> bool {
-    changed.iter().any(|l| l.name == lower)
-        || links
-            .by_name(lower)
+    let nic = links.by_name(lower);
+    let is_port_on_nic = |l: &Link| {
+        nic.is_some_and(|n| l.lower_index == Some(n.index))
+            && !l.lower_in_other_netns
+            && matches!(l.kind.as_deref(), Some("macvtap" | "macvlan"))
+    };
+    changed.iter().any(|l| l.name == lower || is_port_on_nic(l))
+        || nic
             .and_then(|nic| nic.master)
             .is_some_and(|m| changed.iter().any(|l| l.index == m))
 }
@@ -259,5 +266,23 @@ mod tests {
         assert!(touches(&link(11, "veth11", None)).is_empty());
         // A NIC that is gone is touched by its own name (its old state).
         assert_eq!(touches(&link(7, "gone", None)), ["gone"]);
+        // A macvlan or macvtap port on eth2 (in the way of a passthru one),
+        // not a veth whose peer index happens to be eth2's.
+        let port = |kind: &str| Link {
+            kind: Some(kind.into()),
+            lower_index: Some(3),
+            ..link(12, "port12", None)
+        };
+        assert_eq!(touches(&port("macvlan")), ["eth2"]);
+        assert_eq!(touches(&port("macvtap")), ["eth2"]);
+        assert!(touches(&port("veth")).is_empty());
+        let elsewhere = Link {
+            lower_in_other_netns: true,
+            ..port("macvtap")
+        };
+        assert!(
+            touches(&elsewhere).is_empty(),
+            "a lower in another namespace"
+        );
     }
 }

@@ -5,7 +5,7 @@
 use super::Finding;
 use crate::config::{ResourceConfig, Resources};
 use crate::discovery;
-use crate::health::{NicHealth, nic_health};
+use crate::health::{NicHealth, resource_health};
 use crate::options::{Options, load_config};
 use crate::reclaim::{go_era_leaked_links, leaked_links};
 use macvtap_link::device::parse_device_id;
@@ -119,7 +119,7 @@ pub fn check_resources(
     let held = allocated.map(held_per_resource).unwrap_or_default();
     let mut out = Vec::new();
     for cfg in configs {
-        let health = nic_health(&cfg.lower_device, links);
+        let health = resource_health(cfg, links);
         let pods = match allocated {
             Some(_) => {
                 let n = held.get(cfg.name.as_str()).copied().unwrap_or(0);

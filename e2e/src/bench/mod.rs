@@ -1,6 +1,7 @@
 //! Benchmarks: our binaries against the kernel's floor and the reference
 //! implementations, in one interleaved run. `hack/bench.sh` runs them.
 
+pub mod burst;
 pub mod churn;
 pub mod cni;
 pub mod datapath;
@@ -10,4 +11,5 @@ pub mod migration;
 pub mod plot;
 pub mod report;
 pub mod sizes;
+pub mod soak;
 pub mod stats;

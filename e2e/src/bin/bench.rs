@@ -2,7 +2,9 @@
 //! `BENCHMARKS.md` and `benchmarks.svg`. Use `hack/bench.sh`.
 
 use anyhow::{Context, Result};
-use macvtap_e2e::bench::{churn, cni, datapath, dp, migration, plot, report::Report, sizes};
+use macvtap_e2e::bench::{
+    burst, churn, cni, datapath, dp, migration, plot, report::Report, sizes, soak,
+};
 use std::path::PathBuf;
 use test_kubelet::TestPodResources;
 
@@ -65,6 +67,13 @@ async fn main() -> Result<()> {
     if want("concurrent") {
         cni::concurrent(&plugins, 64, &mut report)?;
     }
+    if want("burst") {
+        let rounds = std::env::var("BENCH_BURSTS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(5);
+        panels.push(burst::compare(&plugins.ours, rounds, &mut report).await?);
+    }
     if want("dp") {
         let idle: u64 = std::env::var("BENCH_IDLE_SECS")
             .ok()
@@ -108,6 +117,14 @@ async fn main() -> Result<()> {
             .unwrap_or(6);
         migration::compare(&root.join("target/static"), per_variant.max(5), &mut report).await?;
     }
+    if want("soak") {
+        let lifecycles: usize = std::env::var("BENCH_SOAK_LIFECYCLES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1000);
+        let seed = std::env::var("SOAK_SEED").ok().and_then(|v| v.parse().ok());
+        soak::soak(lifecycles, seed, &mut report).await?;
+    }
     // A subset run must not overwrite the full report.
     let out = if only.is_empty() {
         root.clone()
@@ -118,7 +135,9 @@ async fn main() -> Result<()> {
     let svg = plot::cdf_svg(&panels);
     std::fs::write(out.join("benchmarks.svg"), svg).context("writing benchmarks.svg")?;
     let mut md = report.markdown().to_string();
-    md.push_str("\n![latency distributions](benchmarks.svg)\n");
+    md.push_str(
+        "\n![latency distributions](benchmarks.svg)\n\nThe figure: the cumulative distribution of each latency series above, one panel per group of series, on a log ms axis (drawn with `plotters`).\n",
+    );
     std::fs::write(out.join("BENCHMARKS.md"), md).context("writing BENCHMARKS.md")?;
     println!("\nwrote {}/BENCHMARKS.md and benchmarks.svg", out.display());
     Ok(())

@@ -150,18 +150,7 @@ impl Multus {
                 "{} is missing (apt-get install containernetworking-plugins)",
                 real.display()
             );
-            let script = format!(
-                "#!/bin/sh\n# Records what Multus passed to {plugin}, then runs it unchanged.\n\
-                 r={records}/$(date +%s%N)-$$\ncat > \"$r.stdin\"\n\
-                 printf '%s\\n' {plugin} \"$CNI_COMMAND\" \"$CNI_IFNAME\" \"$CNI_ARGS\" \
-                 \"$CNI_CONTAINERID\" \"${{MACVTAP_CNI_SETTINGS:+set}}\" > \"$r.env\"\n\
-                 exec {real} < \"$r.stdin\"\n",
-                records = records.display(),
-                real = real.display()
-            );
-            let path = bindir.join(plugin);
-            std::fs::write(&path, script)?;
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
+            write_recorder(&bindir, &records, plugin, &real)?;
         }
         Ok(Multus {
             bin,
@@ -201,6 +190,14 @@ impl Multus {
         std::fs::write(&path, script)?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
         Ok(())
+    }
+
+    /// Installs `real` as the `macvtap` plugin in Multus' bin dir (still
+    /// recorded), replacing the file at once as an install step does: the
+    /// upgrade e2e swaps the Go project's CNI and ours.
+    pub fn set_macvtap(&self, real: &Path) -> Result<()> {
+        let w = self.work.path();
+        write_recorder(&w.join("bin"), &w.join("records"), "macvtap", real)
     }
 
     /// Adds the pod object.
@@ -315,6 +312,27 @@ impl Multus {
             .context("Multus wrote no network-status annotation")?;
         Ok(serde_json::from_str(s)?)
     }
+}
+
+/// Writes `bindir/plugin`: a script that records what Multus passed
+/// (config, `CNI_*`, whether the node settings reached it) under `records`
+/// and runs `real` unchanged; written beside and renamed into place.
+fn write_recorder(bindir: &Path, records: &Path, plugin: &str, real: &Path) -> Result<()> {
+    let script = format!(
+        "#!/bin/sh\n# Records what Multus passed to {plugin}, then runs it unchanged.\n\
+         r={records}/$(date +%s%N)-$$\ncat > \"$r.stdin\"\n\
+         printf '%s\\n' {plugin} \"$CNI_COMMAND\" \"$CNI_IFNAME\" \"$CNI_ARGS\" \
+         \"$CNI_CONTAINERID\" \"${{MACVTAP_CNI_SETTINGS:+set}}\" > \"$r.env\"\n\
+         exec {real} < \"$r.stdin\"\n",
+        records = records.display(),
+        real = real.display()
+    );
+    let path = bindir.join(plugin);
+    let tmp = bindir.join(format!(".{plugin}.new"));
+    std::fs::write(&tmp, script)?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(())
 }
 
 /// The files in `dir`, sorted (record names start with a timestamp).

@@ -1,0 +1,594 @@
+//! The soak: many pod lifecycles on one sandbox node while the kubelet
+//! restarts, the NIC flaps, the device plugin restarts (SIGTERM or SIGKILL)
+//! and CNI runs are killed at a netlink send chosen by the seed. Each pod is
+//! what KubeVirt's virt-launcher pod is to us: the kubelet's Allocate, the
+//! pod listed in PodResources, CNI ADD in a new sandbox namespace, later CNI
+//! DEL and the namespace removed. After a killed ADD the runtime does what
+//! containerd does when `RunPodSandbox` fails (`StopPodSandbox`: CNI DEL
+//! with the same arguments, the namespace removed; then a new sandbox and
+//! ADD), and a killed DEL is simply run again, as the kubelet retries
+//! `StopPodSandbox`.
+//!
+//! After every step the soak checks that each live pod's link is in its
+//! namespace at the ifindex of the `/dev/tapN` the kubelet handed out; at
+//! the end, that no link and no tap node is left, and that the last
+//! daemon's file descriptors and memory stayed flat. Every choice comes
+//! from the seed, so a failing run is replayed by its seed.
+
+use crate::node::{CniCall, FAST_RECLAIM, Node, WAIT, binary, run_cni_output, tap_nodes};
+use crate::sandbox::TestNs;
+use anyhow::{Context, Result, bail, ensure};
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use test_kubelet::PluginClient;
+
+/// The resource the soak's device plugin serves on `lower0`.
+pub const RESOURCE: &str = "soak";
+/// Its devices: more than the soak keeps live, so freed devices rest and
+/// get reclaimed between uses.
+pub const CAPACITY: usize = 8;
+const CONF: &str = r#"[{"name":"soak","lowerDevice":"lower0","mode":"bridge","capacity":8}]"#;
+const NAD: &str = r#"{"cniVersion":"1.0.0","name":"soaknet","type":"macvtap","mtu":1500}"#;
+const IFNAME: &str = "net1";
+/// The highest netlink send a killed CNI run dies at (a DEL or ADD makes
+/// fewer; a run that makes fewer than its number ends normally).
+const MAX_KILL_AT: u64 = 10;
+/// Lifecycles the last daemon runs before its first sample counts (its
+/// allocator and connections settle).
+const WARM_UP: usize = 10;
+/// Samples per median in [`check_flat`].
+const WINDOW: usize = 9;
+/// How much the median of the last daemon's open descriptors may rise:
+/// connections that outlive a call (the kubelet's, the test's), not one
+/// per lifecycle.
+const FD_SLACK: u64 = 2;
+
+/// What a soak run does.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Every random choice comes from this.
+    pub seed: u64,
+    /// Pod lifecycles to complete.
+    pub lifecycles: usize,
+    /// Pods alive at the same time at most.
+    pub max_live: usize,
+}
+
+/// What happened in a run.
+#[derive(Debug, Default, Clone)]
+pub struct Report {
+    /// The run's seed.
+    pub seed: u64,
+    /// Pod lifecycles completed.
+    pub lifecycles: usize,
+    /// Kubelet restarts (every socket in its directory removed).
+    pub kubelet_restarts: usize,
+    /// NIC down/up cycles, each waited through Unhealthy and back.
+    pub nic_flaps: usize,
+    /// Device plugin stops with SIGTERM, each followed by a start.
+    pub plugin_stops: usize,
+    /// Device plugin kills with SIGKILL, each followed by a start.
+    pub plugin_kills: usize,
+    /// CNI ADDs killed part way (then DEL and ADD in a new sandbox).
+    pub add_kills: usize,
+    /// CNI DELs killed part way (then DEL again).
+    pub del_kills: usize,
+    /// The daemon's descriptors and memory, one sample per lifecycle.
+    pub samples: Vec<Sample>,
+    /// Wall time of the run.
+    pub took: Duration,
+}
+
+impl Report {
+    /// One paragraph: the seed, the counts, the time and the last daemon's
+    /// descriptors and memory at its first and last sample.
+    pub fn summary(&self) -> String {
+        let last = self.samples.last();
+        let first = last.and_then(|l| self.samples.iter().find(|s| s.pid == l.pid));
+        let fmt = |s: Option<&Sample>| {
+            s.map(|s| format!("{} fds, {} KiB", s.fds, s.rss_kib))
+                .unwrap_or_default()
+        };
+        format!(
+            "seed {}: {} lifecycles in {:.1} s; {} kubelet restarts, {} NIC flaps, {} plugin \
+             stops, {} plugin kills, {} killed ADDs, {} killed DELs; last daemon from {} to {}",
+            self.seed,
+            self.lifecycles,
+            self.took.as_secs_f64(),
+            self.kubelet_restarts,
+            self.nic_flaps,
+            self.plugin_stops,
+            self.plugin_kills,
+            self.add_kills,
+            self.del_kills,
+            fmt(first),
+            fmt(last)
+        )
+    }
+}
+
+/// The daemon's open descriptors and resident memory after a lifecycle.
+#[derive(Debug, Clone, Copy)]
+pub struct Sample {
+    /// The daemon's process ID (a restart changes it).
+    pub pid: u32,
+    /// Lifecycles completed when it was taken.
+    pub lifecycles: usize,
+    /// Entries in `/proc/<pid>/fd`.
+    pub fds: usize,
+    /// VmRSS in KiB.
+    pub rss_kib: u64,
+}
+
+/// splitmix64: small, and the same sequence for a seed everywhere.
+#[derive(Debug)]
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// A live pod: its sandbox namespace and the device it holds.
+struct Pod {
+    name: String,
+    device: String,
+    ifindex: u32,
+    ns: TestNs,
+}
+
+struct Soak {
+    node: Node,
+    client: PluginClient,
+    cni: PathBuf,
+    settings_file: PathBuf,
+    rng: Rng,
+    cfg: Settings,
+    report: Report,
+    live: Vec<Pod>,
+    next_pod: usize,
+}
+
+fn full_resource() -> String {
+    format!("{}/{RESOURCE}", macvtap_link::RESOURCE_PREFIX)
+}
+
+/// Runs the soak on a fresh sandbox node and returns what happened; fails
+/// at the first broken promise, naming the seed and the step.
+pub async fn run(cfg: Settings) -> Result<Report> {
+    ensure!(cfg.max_live < CAPACITY, "max_live must leave free devices");
+    let t = Instant::now();
+    let taps_before = tap_nodes();
+    let mut node = Node::new()?;
+    node.start_kubelet().await?;
+    node.start_pod_resources().await?;
+    node.start_device_plugin(CONF, &FAST_RECLAIM)?;
+    let client = node.plugin(RESOURCE, CAPACITY).await?;
+    let settings_file = node.kubelet_dir.path().join("macvtap.settings.json");
+    std::fs::write(
+        &settings_file,
+        json!({"kubeletDir": node.kubelet_dir.path(), "podResourcesCheck": "enforce"}).to_string(),
+    )?;
+    let mut soak = Soak {
+        node,
+        client,
+        cni: binary("macvtap-cni", "macvtap")?,
+        settings_file,
+        rng: Rng(cfg.seed),
+        report: Report {
+            seed: cfg.seed,
+            ..Report::default()
+        },
+        cfg,
+        live: Vec::new(),
+        next_pod: 0,
+    };
+    let seed = soak.cfg.seed;
+    let mut step = 0usize;
+    while soak.report.lifecycles < soak.cfg.lifecycles {
+        step += 1;
+        soak.step()
+            .await
+            .and_then(|()| soak.check_live())
+            .with_context(|| {
+                format!(
+                    "soak seed {seed}, step {step}, after {} lifecycles; daemon log:\n{}",
+                    soak.report.lifecycles,
+                    soak.node.daemon_log()
+                )
+            })?;
+    }
+    while let Some(pod) = soak.live.pop() {
+        soak.stop_pod(pod)?;
+    }
+    soak.node.wait_for_reclaim()?;
+    let mut taps_now = Vec::new();
+    wait_until("every tap node of the soak to go", || {
+        taps_now = tap_nodes();
+        Ok(taps_now == taps_before)
+    })
+    .with_context(|| format!("/dev tap nodes before: {taps_before:?}, now: {taps_now:?}"))?;
+    let left: Vec<String> = soak
+        .node
+        .ns
+        .links()?
+        .into_iter()
+        .filter(|l| l != "lo" && l != "lower0")
+        .collect();
+    ensure!(left.is_empty(), "links left on the node: {left:?}");
+    check_flat(&soak.report.samples)?;
+    soak.node.stop_device_plugin()?;
+    soak.report.took = t.elapsed();
+    Ok(soak.report)
+}
+
+/// Checks that the last daemon's descriptors and memory stayed flat: the
+/// median of its last `WINDOW` samples against that of its first `WINDOW`
+/// after `WARM_UP` (medians, so a call in flight at one sample does not
+/// count; a leak of one descriptor every few lifecycles does).
+pub fn check_flat(samples: &[Sample]) -> Result<()> {
+    let last_pid = samples.last().context("no samples")?.pid;
+    let own: Vec<&Sample> = samples.iter().filter(|s| s.pid == last_pid).collect();
+    ensure!(
+        own.len() >= WARM_UP + 4 * WINDOW,
+        "the last daemon ran only {} lifecycles: too few to tell flat from growing",
+        own.len()
+    );
+    let median = |w: &[&Sample], f: fn(&Sample) -> u64| {
+        let mut v: Vec<u64> = w.iter().map(|s| f(s)).collect();
+        v.sort_unstable();
+        v[v.len() / 2]
+    };
+    let (early, late) = (&own[WARM_UP..WARM_UP + WINDOW], &own[own.len() - WINDOW..]);
+    let span = own.len() - WARM_UP;
+    let (fds0, fds1) = (
+        median(early, |s| s.fds as u64),
+        median(late, |s| s.fds as u64),
+    );
+    ensure!(
+        fds1 <= fds0 + FD_SLACK,
+        "the daemon's descriptors grew from {fds0} to {fds1} (medians) over {span} lifecycles: {:?}",
+        own.iter().map(|s| s.fds).collect::<Vec<_>>()
+    );
+    let (rss0, rss1) = (median(early, |s| s.rss_kib), median(late, |s| s.rss_kib));
+    let allowed = rss0 + (rss0 / 5).max(2048);
+    ensure!(
+        rss1 <= allowed,
+        "the daemon's memory grew from {rss0} KiB to {rss1} KiB (medians) over {span} lifecycles"
+    );
+    Ok(())
+}
+
+impl Soak {
+    async fn step(&mut self) -> Result<()> {
+        let first_half = self.report.lifecycles < self.cfg.lifecycles / 2;
+        match self.rng.below(100) {
+            0..=2 => self.restart_kubelet().await,
+            3..=5 => self.flap_nic().await,
+            // Plugin restarts only in the first half: the second measures
+            // one daemon's descriptors and memory.
+            6..=8 if first_half => self.restart_plugin().await,
+            _ => {
+                let start = self.live.len() < self.cfg.max_live
+                    && (self.live.is_empty() || self.rng.chance(55));
+                if start {
+                    self.start_pod().await
+                } else {
+                    let i = self.rng.below(self.live.len() as u64) as usize;
+                    let pod = self.live.swap_remove(i);
+                    self.stop_pod(pod)
+                }
+            }
+        }
+    }
+
+    async fn start_pod(&mut self) -> Result<()> {
+        let free: Vec<String> = (0..CAPACITY as u32)
+            .map(|i| macvtap_link::device_id(RESOURCE, i))
+            .filter(|d| !self.live.iter().any(|p| &p.device == d))
+            .collect();
+        let device = free[self.rng.below(free.len() as u64) as usize].clone();
+        let alloc = Node::allocate(&mut self.client, &device).await?;
+        let ifindex = alloc.ifindex()?;
+        self.next_pod += 1;
+        let name = format!("virt-launcher-soak-{}", self.next_pod);
+        self.node
+            .pod_resources
+            .as_ref()
+            .context("PodResources not started")?
+            .add_pod("default", &name, &[(&full_resource(), &[&device])]);
+        let mut ns = TestNs::new("pod")?;
+        let kill_at = self.rng.chance(25).then(|| 1 + self.rng.below(MAX_KILL_AT));
+        let out = self.cni("ADD", &name, &device, &ns, kill_at)?;
+        if !out.status.success() {
+            ensure!(
+                kill_at.is_some(),
+                "ADD of {device} for {name} failed: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+            self.report.add_kills += 1;
+            // containerd's RunPodSandbox failure path: DEL with the same
+            // arguments, the sandbox gone, then a new sandbox and ADD.
+            self.cni_ok("DEL", &name, &device, &ns)
+                .context("the runtime's DEL after a killed ADD")?;
+            ns = TestNs::new("pod")?;
+            self.cni_ok("ADD", &name, &device, &ns)
+                .context("ADD in a new sandbox after a killed ADD")?;
+        }
+        self.live.push(Pod {
+            name,
+            device,
+            ifindex,
+            ns,
+        });
+        Ok(())
+    }
+
+    fn stop_pod(&mut self, pod: Pod) -> Result<()> {
+        let kill_at = self.rng.chance(20).then(|| 1 + self.rng.below(MAX_KILL_AT));
+        let out = self.cni("DEL", &pod.name, &pod.device, &pod.ns, kill_at)?;
+        if !out.status.success() {
+            ensure!(
+                kill_at.is_some(),
+                "DEL of {} for {} failed: {}",
+                pod.device,
+                pod.name,
+                String::from_utf8_lossy(&out.stdout)
+            );
+            self.report.del_kills += 1;
+            self.cni_ok("DEL", &pod.name, &pod.device, &pod.ns)
+                .context("DEL again after a killed DEL")?;
+        }
+        self.node
+            .returned_link(&pod.device, pod.ifindex)
+            .with_context(|| format!("after DEL of {} for {}", pod.device, pod.name))?;
+        drop(pod.ns);
+        self.node
+            .pod_resources
+            .as_ref()
+            .context("PodResources not started")?
+            .remove_pod("default", &pod.name);
+        self.report.lifecycles += 1;
+        self.sample()
+    }
+
+    fn cni(
+        &self,
+        command: &str,
+        pod: &str,
+        device: &str,
+        ns: &TestNs,
+        kill_at: Option<u64>,
+    ) -> Result<std::process::Output> {
+        let mut conf: Value = serde_json::from_str(NAD)?;
+        conf["deviceID"] = Value::from(device);
+        let args = format!(
+            "IgnoreUnknown=true;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod};\
+             K8S_POD_INFRA_CONTAINER_ID=sandbox-{}",
+            ns.name
+        );
+        let inject = kill_at.map(|k| format!("inject=sendto:signal=KILL:when={k}"));
+        let wrapper: Vec<&str> = match &inject {
+            // Killed on entry to its k-th netlink send: the sends before it
+            // took effect, nothing after them runs.
+            Some(i) => vec![
+                "strace",
+                "-f",
+                "-qq",
+                "-o",
+                "/dev/null",
+                "-e",
+                "trace=sendto",
+                "-e",
+                i,
+            ],
+            None => Vec::new(),
+        };
+        let ns_path = ns.path();
+        let conf = conf.to_string();
+        let call = CniCall {
+            cni: &self.cni,
+            node_ns: &self.node.ns.name,
+            command,
+            netns: &ns_path,
+            ifname: IFNAME,
+            args: &args,
+            conf: &conf,
+            settings: Some(&self.settings_file),
+        };
+        tokio::task::block_in_place(|| run_cni_output(&call, &wrapper))
+    }
+
+    fn cni_ok(&self, command: &str, pod: &str, device: &str, ns: &TestNs) -> Result<()> {
+        let out = self.cni(command, pod, device, ns, None)?;
+        ensure!(
+            out.status.success(),
+            "CNI {command} of {device} for {pod} failed: {} {}",
+            String::from_utf8_lossy(&out.stdout).trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        Ok(())
+    }
+
+    /// Every live pod's link is in its namespace, at the ifindex of the
+    /// `/dev/tapN` the kubelet handed out.
+    fn check_live(&self) -> Result<()> {
+        for p in &self.live {
+            let link =
+                p.ns.link(IFNAME)?
+                    .with_context(|| format!("pod {} lost its link ({})", p.name, p.device))?;
+            ensure!(
+                link.index == p.ifindex,
+                "pod {}'s link has ifindex {} but the kubelet handed out /dev/tap{}",
+                p.name,
+                link.index,
+                p.ifindex
+            );
+        }
+        Ok(())
+    }
+
+    async fn restart_kubelet(&mut self) -> Result<()> {
+        let k = self.node.kubelet.take().context("kubelet not started")?;
+        self.node.kubelet = Some(k.restart().await?);
+        self.client = self.node.plugin(RESOURCE, CAPACITY).await?;
+        self.report.kubelet_restarts += 1;
+        Ok(())
+    }
+
+    async fn flap_nic(&mut self) -> Result<()> {
+        let kubelet = self.node.kubelet.as_ref().context("kubelet not started")?;
+        let full = full_resource();
+        self.node.ns.ip(&["link", "set", "lower0", "down"])?;
+        kubelet
+            .wait_resource(&full, WAIT, |v| {
+                v.devices.len() == CAPACITY && v.devices.iter().all(|d| d.health == "Unhealthy")
+            })
+            .await
+            .context("the devices did not turn Unhealthy with the NIC down")?;
+        self.node.ns.ip(&["link", "set", "lower0", "up"])?;
+        kubelet
+            .wait_resource(&full, WAIT, |v| {
+                v.devices.len() == CAPACITY && v.devices.iter().all(|d| d.health == "Healthy")
+            })
+            .await
+            .context("the devices did not turn Healthy with the NIC up")?;
+        self.report.nic_flaps += 1;
+        Ok(())
+    }
+
+    async fn restart_plugin(&mut self) -> Result<()> {
+        let full = full_resource();
+        let seen = self
+            .node
+            .kubelet
+            .as_ref()
+            .context("kubelet not started")?
+            .registration_count(&full);
+        if self.rng.chance(50) {
+            self.node.kill_device_plugin()?;
+            self.report.plugin_kills += 1;
+        } else {
+            self.node.stop_device_plugin()?;
+            self.report.plugin_stops += 1;
+        }
+        self.node.start_device_plugin(CONF, &FAST_RECLAIM)?;
+        self.node
+            .kubelet
+            .as_ref()
+            .context("kubelet not started")?
+            .wait_for_registration(&full, seen, WAIT)
+            .await?;
+        self.client = self.node.plugin(RESOURCE, CAPACITY).await?;
+        Ok(())
+    }
+
+    fn sample(&mut self) -> Result<()> {
+        let pid = self
+            .node
+            .device_plugin_pid()
+            .context("the device plugin is not running")?;
+        let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))?.count();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        let rss_kib = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .context("no VmRSS")?;
+        self.report.samples.push(Sample {
+            pid,
+            lifecycles: self.report.lifecycles,
+            fds,
+            rss_kib,
+        });
+        Ok(())
+    }
+}
+
+/// Polls `cond` until it holds, failing after [`WAIT`] with `what`.
+fn wait_until(what: &str, mut cond: impl FnMut() -> Result<bool>) -> Result<()> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if cond()? {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("waited {WAIT:?} for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_seed_gives_the_same_choices() {
+        let a: Vec<u64> = {
+            let mut r = Rng(7);
+            (0..8).map(|_| r.below(100)).collect()
+        };
+        let mut r = Rng(7);
+        let b: Vec<u64> = (0..8).map(|_| r.below(100)).collect();
+        assert_eq!(a, b);
+        let mut r = Rng(8);
+        let c: Vec<u64> = (0..8).map(|_| r.below(100)).collect();
+        assert_ne!(a, c);
+    }
+
+    fn s(pid: u32, lifecycles: usize, fds: usize, rss_kib: u64) -> Sample {
+        Sample {
+            pid,
+            lifecycles,
+            fds,
+            rss_kib,
+        }
+    }
+
+    #[test]
+    fn growing_descriptors_or_memory_of_the_last_daemon_fail() {
+        let flat: Vec<Sample> = (0..60)
+            .map(|i| s(2, i, 20 + (i % 7 == 0) as usize * 5, 9000))
+            .collect();
+        check_flat(&flat).unwrap();
+        let mut leak = flat.clone();
+        for (i, x) in leak.iter_mut().enumerate() {
+            x.fds = 20 + i / 8;
+        }
+        assert!(
+            check_flat(&leak)
+                .unwrap_err()
+                .to_string()
+                .contains("descriptors")
+        );
+        let mut bloat = flat.clone();
+        for x in bloat.iter_mut().skip(40) {
+            x.rss_kib = 12000;
+        }
+        assert!(
+            check_flat(&bloat)
+                .unwrap_err()
+                .to_string()
+                .contains("memory")
+        );
+        // An earlier daemon's samples do not count.
+        let mut restarted: Vec<Sample> = (0..5).map(|i| s(1, i, 90, 90000)).collect();
+        restarted.extend(flat);
+        check_flat(&restarted).unwrap();
+    }
+}
