@@ -15,6 +15,12 @@
 //! and the node's socket is asked with the CNI's own unary client
 //! ([`macvtap_cni::grpc::unary`]), so HTTP/2 is framed in one place.
 //!
+//! The same relay ([`LenientUnary`]) serves the kubelet's Registration
+//! socket for the Go project's device plugin, whose grpc-go client (v1.56,
+//! via device-plugin-manager) dials `kubelet.sock` by path and so sends the
+//! path as `:authority` too: `Register` is relayed to the test kubelet with
+//! its request.
+//!
 //! [`TestPodResources`]: test_kubelet::TestPodResources
 
 use anyhow::{Context, Result, bail};
@@ -35,13 +41,29 @@ const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(10);
 /// A PodResources endpoint on `path` that relays `List` to the node's test
 /// kubelet socket `upstream`; removes its socket on drop.
 pub struct LenientPodResources {
-    path: PathBuf,
-    stop: Arc<AtomicBool>,
+    _relay: LenientUnary,
 }
 
 impl LenientPodResources {
     /// Binds `path` (which must not exist) and serves it from a thread.
     pub fn serve(path: &Path, upstream: &Path) -> Result<Self> {
+        Ok(Self {
+            _relay: LenientUnary::serve(path, upstream, &[LIST])?,
+        })
+    }
+}
+
+/// A gRPC endpoint on `path` that takes unary calls of `methods` from any
+/// client and relays each, with its request, to the server at `upstream`;
+/// other methods are unimplemented. Removes its socket on drop.
+pub struct LenientUnary {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+}
+
+impl LenientUnary {
+    /// Binds `path` (which must not exist) and serves it from a thread.
+    pub fn serve(path: &Path, upstream: &Path, methods: &'static [&'static str]) -> Result<Self> {
         let listener =
             UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -55,7 +77,7 @@ impl LenientPodResources {
                 let up = up.clone();
                 std::thread::spawn(move || {
                     // A client that hangs up after its answer is not an error.
-                    if let Err(e) = serve_connection(conn, &up) {
+                    if let Err(e) = serve_connection(conn, &up, methods) {
                         let gone = e.downcast_ref::<std::io::Error>().is_some_and(|e| {
                             matches!(
                                 e.kind(),
@@ -64,20 +86,20 @@ impl LenientPodResources {
                             )
                         });
                         if !gone {
-                            eprintln!("PodResources at the host path: {e:#}");
+                            eprintln!("gRPC relay at the host path: {e:#}");
                         }
                     }
                 });
             }
         });
-        Ok(LenientPodResources {
+        Ok(LenientUnary {
             path: path.to_path_buf(),
             stop,
         })
     }
 }
 
-impl Drop for LenientPodResources {
+impl Drop for LenientUnary {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
         let _ = UnixStream::connect(&self.path);
@@ -95,11 +117,12 @@ fn send(out: &mut impl Write, kind: u8, flags: u8, stream: u32, payload: &[u8]) 
 
 struct Call {
     block: Vec<u8>,
+    body: Vec<u8>,
     headers_done: bool,
     ended: bool,
 }
 
-fn serve_connection(conn: UnixStream, upstream: &Path) -> Result<()> {
+fn serve_connection(conn: UnixStream, upstream: &Path, methods: &[&str]) -> Result<()> {
     conn.set_read_timeout(Some(Duration::from_secs(60)))?;
     let mut reader = conn.try_clone()?;
     let mut out = conn;
@@ -124,6 +147,7 @@ fn serve_connection(conn: UnixStream, upstream: &Path) -> Result<()> {
             kind::HEADERS | kind::CONTINUATION => {
                 let c = calls.entry(stream).or_insert(Call {
                     block: Vec::new(),
+                    body: Vec::new(),
                     headers_done: false,
                     ended: false,
                 });
@@ -143,6 +167,9 @@ fn serve_connection(conn: UnixStream, upstream: &Path) -> Result<()> {
             }
             kind::DATA => {
                 if let Some(c) = calls.get_mut(&stream) {
+                    let data = frame::strip_padding(&f.payload, flags, false)
+                        .map_err(|e| anyhow::anyhow!("stream {stream}: {e}"))?;
+                    c.body.extend_from_slice(data);
                     if flags & flag::END_STREAM != 0 {
                         c.ended = true;
                     }
@@ -165,27 +192,50 @@ fn serve_connection(conn: UnixStream, upstream: &Path) -> Result<()> {
                 .find(|(k, _)| k.as_slice() == b":path")
                 .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
                 .unwrap_or_default();
-            respond(&mut out, s, &path, upstream)?;
+            // The gRPC message after its 5-byte prefix (flag, length).
+            let request = c.body.get(5..).unwrap_or_default();
+            respond(&mut out, s, &path, request, upstream, methods)?;
         }
     }
     Ok(())
 }
 
-fn respond(out: &mut impl Write, stream: u32, path: &str, upstream: &Path) -> Result<()> {
+fn respond(
+    out: &mut impl Write,
+    stream: u32,
+    path: &str,
+    request: &[u8],
+    upstream: &Path,
+    methods: &[&str],
+) -> Result<()> {
     let head = encode_headers(&[(":status", "200"), ("content-type", "application/grpc")]);
     send(out, kind::HEADERS, flag::END_HEADERS, stream, &head)?;
-    let status = if path == LIST {
-        let msg = list(upstream)?;
-        let mut body = Vec::with_capacity(5 + msg.len());
-        put_message(&mut body, &msg).map_err(anyhow::Error::msg)?;
-        for chunk in body.chunks(MAX_FRAME) {
-            send(out, kind::DATA, 0, stream, chunk)?;
+    let mut message = String::new();
+    let status = if methods.contains(&path) {
+        match relay(upstream, path, request) {
+            Ok(msg) => {
+                let mut body = Vec::with_capacity(5 + msg.len());
+                put_message(&mut body, &msg).map_err(anyhow::Error::msg)?;
+                for chunk in body.chunks(MAX_FRAME) {
+                    send(out, kind::DATA, 0, stream, chunk)?;
+                }
+                "0"
+            }
+            Err(e) => {
+                // The upstream's refusal reaches the caller (as UNKNOWN,
+                // its text percent-free and on one line).
+                message = format!("{e:#}").replace(['%', '\n', '\r'], " ");
+                "2"
+            }
         }
-        "0"
     } else {
         "12"
     };
-    let trailers = encode_headers(&[("grpc-status", status)]);
+    let mut trailer = vec![("grpc-status", status)];
+    if !message.is_empty() {
+        trailer.push(("grpc-message", message.as_str()));
+    }
+    let trailers = encode_headers(&trailer);
     send(
         out,
         kind::HEADERS,
@@ -197,11 +247,11 @@ fn respond(out: &mut impl Write, stream: u32, path: &str, upstream: &Path) -> Re
     Ok(())
 }
 
-/// The node's test kubelet's `List` answer, encoded (`ListPodResourcesRequest`
-/// has no fields: its encoding is empty).
-fn list(upstream: &Path) -> Result<Vec<u8>> {
-    macvtap_cni::grpc::unary(upstream, LIST, &[], UPSTREAM_TIMEOUT)
-        .map_err(|e| anyhow::anyhow!("List on {}: {e}", upstream.display()))
+/// The upstream's answer to `method` with `request` (both encoded; `List`'s
+/// request has no fields, so its encoding is empty).
+fn relay(upstream: &Path, method: &str, request: &[u8]) -> Result<Vec<u8>> {
+    macvtap_cni::grpc::unary(upstream, method, request, UPSTREAM_TIMEOUT)
+        .map_err(|e| anyhow::anyhow!("{method} on {}: {e}", upstream.display()))
 }
 
 #[cfg(test)]
@@ -248,5 +298,46 @@ mod tests {
         drop(relay);
         assert!(!host.exists());
         drop(node);
+    }
+
+    #[test]
+    fn a_unary_call_is_relayed_with_its_request_and_its_refusal_comes_back() {
+        use kubelet_proto::v1beta1::RegisterRequest;
+        use prost::Message;
+        let dir = tempfile::tempdir().unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let kubelet = rt
+            .block_on(test_kubelet::TestKubelet::start(dir.path()))
+            .unwrap();
+        let upstream = dir.path().join("upstream.sock");
+        std::fs::rename(dir.path().join("kubelet.sock"), &upstream).unwrap();
+        let front = dir.path().join("kubelet.sock");
+        const REGISTER: &str = "/v1beta1.Registration/Register";
+        let relay = LenientUnary::serve(&front, &upstream, &[REGISTER]).unwrap();
+        // A version the kubelet refuses: the refusal records what arrived.
+        let request = RegisterRequest {
+            version: "v1alpha".into(),
+            endpoint: "example.sock".into(),
+            resource_name: "example.com/relayed".into(),
+            options: None,
+        };
+        let err = macvtap_cni::grpc::unary(
+            &front,
+            REGISTER,
+            &request.encode_to_vec(),
+            Duration::from_secs(5),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("v1alpha"), "{err}");
+        let refused = kubelet.refusals();
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert_eq!(refused[0].request, request);
+        drop(relay);
+        drop(kubelet);
     }
 }
