@@ -507,3 +507,20 @@ pub async fn device_plugins(
         ),
     ])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_cnis_get_the_same_netconf_but_for_the_device() {
+        let mut ours: serde_json::Value = serde_json::from_str(&cni_conf(OURS_DEVICE)).unwrap();
+        let mut go: serde_json::Value = serde_json::from_str(&cni_conf(GO_DEVICE)).unwrap();
+        assert_eq!(ours["deviceID"], OURS_DEVICE);
+        assert_eq!(go["deviceID"], GO_DEVICE);
+        ours["deviceID"] = json!(null);
+        go["deviceID"] = json!(null);
+        assert_eq!(ours, go);
+        assert_eq!(ours["type"], "macvtap");
+    }
+}

@@ -62,10 +62,7 @@ pub fn table(
     ];
     for (name, path, reference) in rows {
         if let Some(s) = size(&path) {
-            let ratio = reference
-                .filter(|r| *r > 0.0)
-                .map_or_else(String::new, |r| format!("{:.2}x", s / r));
-            md.push_str(&format!("| {name} | {:.2} | {ratio} |\n", s / 1048576.0));
+            md.push_str(&size_row(name, s, reference));
         }
     }
     report.section(
@@ -76,4 +73,29 @@ pub fn table(
     );
     report.text(&md);
     Ok(())
+}
+
+/// One table row: `name`, `bytes` in MiB and the ratio to `reference` bytes
+/// (empty without one).
+fn size_row(name: &str, bytes: f64, reference: Option<f64>) -> String {
+    let ratio = reference
+        .filter(|r| *r > 0.0)
+        .map_or_else(String::new, |r| format!("{:.2}x", bytes / r));
+    format!("| {name} | {:.2} | {ratio} |\n", bytes / 1048576.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_gives_mib_and_the_ratio_to_its_counterpart() {
+        let mib = 1048576.0;
+        assert_eq!(
+            size_row("ours", 2.0 * mib, Some(4.0 * mib)),
+            "| ours | 2.00 | 0.50x |\n"
+        );
+        assert_eq!(size_row("other", mib, None), "| other | 1.00 |  |\n");
+        assert_eq!(size_row("other", mib, Some(0.0)), "| other | 1.00 |  |\n");
+    }
 }
