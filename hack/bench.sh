@@ -3,6 +3,8 @@
 # the tables and writes BENCHMARKS.md and benchmarks.svg. Needs root.
 #   hack/bench.sh                 # everything (BENCH_N=200 rounds by default)
 #   BENCH_ONLY=cni,version hack/bench.sh
+#   BENCH_ONLY=gocni,godp,sizes BENCH_IDLE_SECS=5 hack/bench.sh  # beside the Go project
+#     (kubevirt/macvtap-cni v0.13.1, built once from ../shared/peers; idle CPU over 5 s)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 hack/setup.sh

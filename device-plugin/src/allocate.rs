@@ -229,6 +229,11 @@ pub fn unusable_reason(link: &Link, lower: &Link, mode: MacvtapMode) -> Option<S
 /// in the configured mode is reused and answered with its current tap node;
 /// only a missing or wrong link is (re)created. If the node check fails
 /// after creating a link, that link is deleted again.
+///
+/// A new device is the common case, so the macvtap is created first (one
+/// round trip, the kernel echoing the new link); only when the kernel
+/// answers that the name is taken (`EEXIST`) is the existing link read and
+/// reused or replaced.
 pub fn create_device(
     host: &Host,
     cfg: &ResourceConfig,
@@ -239,41 +244,38 @@ pub fn create_device(
     let handle = host.links();
     let name = link_name_for_device(id);
     let wrap = device_error(id, &name);
-    if let Some(old) = handle.get_link(&name).map_err(wrap)? {
-        match unusable_reason(&old, lower, cfg.mode) {
-            None => {
-                let node = tap_node_path(dev_dir, old.index);
-                check_node(host, &name, old.index, &node, dev_dir)
-                    .map_err(|e| e.for_device(id, &name))?;
-                let path = node.to_string_lossy().into_owned();
-                info!(device_id = id, ifname = %name, tap = %path, "reusing the device's existing macvtap");
-                return Ok(PreparedDevice {
-                    link: old,
-                    spec: device_spec(path),
-                    created: false,
-                });
+    // The kernel's EINVAL to a second port beside a passthru one names it.
+    let refused = |e: macvtap_link::Error| match e.errno() {
+        Some(Errno::EINVAL) => {
+            port_refusal(handle, cfg, lower, e.errno()).unwrap_or_else(|| wrap(e))
+        }
+        _ => wrap(e),
+    };
+    let link = match add_macvtap(handle, cfg, lower, &name).map_err(refused)? {
+        Added::Made(link) => link,
+        Added::Busy => return Err(busy_lower(handle, cfg, lower)),
+        Added::NameTaken => {
+            if let Some(reused) = reuse_or_remove(host, cfg, lower, id, &name, dev_dir)? {
+                return Ok(reused);
             }
-            Some(why) => {
-                info!(device_id = id, ifname = %name, reason = %why, "replacing the device's existing link");
-                match handle.del_link(old.index, &name) {
-                    Err(e) if e.errno() != Some(Errno::ENODEV) => return Err(wrap(e)),
-                    _ => {}
+            match add_macvtap(handle, cfg, lower, &name).map_err(refused)? {
+                Added::Made(link) => link,
+                Added::Busy => return Err(busy_lower(handle, cfg, lower)),
+                // Made again by someone else meanwhile: the kernel's word.
+                Added::NameTaken => {
+                    return Err(wrap(macvtap_link::Error::Netlink {
+                        op: macvtap_link::Op::AddMacvtap,
+                        what: format!(
+                            "creating {} macvtap {name} in {}",
+                            cfg.mode,
+                            handle.netns().display()
+                        ),
+                        source: Errno::EEXIST,
+                    }));
                 }
             }
         }
-    }
-    let link =
-        match handle.add_macvtap_at(&name, lower.index, cfg.mode, Some(lower.txqueuelen), None) {
-            Ok(l) => l,
-            Err(e) if e.errno() == Some(Errno::EBUSY) => {
-                return Err(busy_lower(handle, cfg, lower));
-            }
-            // The kernel's answer to a second port beside a passthru one.
-            Err(e) if e.errno() == Some(Errno::EINVAL) => {
-                return Err(port_refusal(handle, cfg, lower, e.errno()).unwrap_or_else(|| wrap(e)));
-            }
-            Err(e) => return Err(wrap(e)),
-        };
+    };
     let node = checked_or_deleted(host, id, &link, dev_dir)?;
     let path = node.to_string_lossy().into_owned();
     info!(
@@ -289,6 +291,71 @@ pub fn create_device(
         spec: device_spec(path),
         created: true,
     })
+}
+
+/// What creating a device's macvtap came to.
+enum Added {
+    /// The kernel made it.
+    Made(Link),
+    /// A link of that name exists (`EEXIST`).
+    NameTaken,
+    /// The NIC cannot carry it (`EBUSY`).
+    Busy,
+}
+
+/// Creates macvtap `name` on `lower` in the configured mode, with the NIC's
+/// transmit queue length.
+fn add_macvtap(
+    handle: &dyn Links,
+    cfg: &ResourceConfig,
+    lower: &Link,
+    name: &str,
+) -> macvtap_link::Result<Added> {
+    match handle.add_macvtap_at(name, lower.index, cfg.mode, Some(lower.txqueuelen), None) {
+        Ok(link) => Ok(Added::Made(link)),
+        Err(e) if e.errno() == Some(Errno::EEXIST) => Ok(Added::NameTaken),
+        Err(e) if e.errno() == Some(Errno::EBUSY) => Ok(Added::Busy),
+        Err(e) => Err(e),
+    }
+}
+
+/// The existing link `name` of device `id`: reused (its tap node checked)
+/// when it is a macvtap on `lower` in the configured mode, else deleted so
+/// it can be made anew (`None`, also when it is gone by now).
+fn reuse_or_remove(
+    host: &Host,
+    cfg: &ResourceConfig,
+    lower: &Link,
+    id: &str,
+    name: &str,
+    dev_dir: &Path,
+) -> Result<Option<PreparedDevice>> {
+    let handle = host.links();
+    let wrap = device_error(id, name);
+    let Some(old) = handle.get_link(name).map_err(wrap)? else {
+        return Ok(None);
+    };
+    match unusable_reason(&old, lower, cfg.mode) {
+        None => {
+            let node = tap_node_path(dev_dir, old.index);
+            check_node(host, name, old.index, &node, dev_dir)
+                .map_err(|e| e.for_device(id, name))?;
+            let path = node.to_string_lossy().into_owned();
+            info!(device_id = id, ifname = %name, tap = %path, "reusing the device's existing macvtap");
+            Ok(Some(PreparedDevice {
+                link: old,
+                spec: device_spec(path),
+                created: false,
+            }))
+        }
+        Some(why) => {
+            info!(device_id = id, ifname = %name, reason = %why, "replacing the device's existing link");
+            match handle.del_link(old.index, name) {
+                Err(e) if e.errno() != Some(Errno::ENODEV) => Err(wrap(e)),
+                _ => Ok(None),
+            }
+        }
+    }
 }
 
 /// The master that owns `lower`'s receive path, read from the kernel now.
@@ -492,26 +559,25 @@ fn unescape_mountinfo(s: &str) -> String {
 
 /// `major:minor` of macvtap `name`'s char device from `sysfs`, when it shows
 /// this link (same name and ifindex there): the common case, which needs no
-/// helper thread. (A fresh sysfs mount cannot be used when `sysfs` already
-/// shows the namespace: the kernel refuses to mount the same sysfs on `/sys`
-/// twice, with `EBUSY`.)
+/// helper thread. One read does both: the kernel names a macvtap's char
+/// device `tap<ifindex>` under its link, so
+/// `class/net/<name>/macvtap/tap<ifindex>/dev` exists only when sysfs shows
+/// a link of this name with this ifindex. (A fresh sysfs mount cannot be
+/// used when `sysfs` already shows the namespace: the kernel refuses to
+/// mount the same sysfs on `/sys` twice, with `EBUSY`.)
 fn tap_dev_from_sysfs(sysfs: &Path, name: &str, ifindex: u32) -> Option<(u64, u64)> {
-    let dir = sysfs.join("class/net").join(name);
-    let index: u32 = std::fs::read_to_string(dir.join("ifindex"))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    if index != ifindex {
-        return None;
-    }
-    let text = std::fs::read_to_string(
-        dir.join("macvtap")
-            .join(format!("tap{ifindex}"))
-            .join("dev"),
-    )
-    .ok()?;
+    let text = std::fs::read_to_string(tap_dev_file(sysfs, name, ifindex)).ok()?;
     parse_major_minor(text.trim())
+}
+
+/// Where sysfs shows the char device of macvtap `name` with `ifindex`.
+fn tap_dev_file(sysfs: &Path, name: &str, ifindex: u32) -> PathBuf {
+    sysfs
+        .join("class/net")
+        .join(name)
+        .join("macvtap")
+        .join(format!("tap{ifindex}"))
+        .join("dev")
 }
 
 fn delete_quietly(handle: &dyn Links, link: &Link) {
@@ -642,10 +708,13 @@ mod tests {
         let held = kernel
             .link(HOST, &link_name_for_device("lower0Mvp0"))
             .unwrap();
-        // The init container's device again, plus one whose creation fails.
-        kernel.fail(Op::AddMacvtap, 2, Errno::ENOMEM);
+        // The init container's device again (its creation is refused,
+        // EEXIST, call 2), plus one whose creation fails (call 3).
+        kernel.fail(Op::AddMacvtap, 3, Errno::ENOMEM);
         let e = allocate_fake(&kernel, &["lower0Mvp0", "lower0Mvp1"]).unwrap_err();
         assert!(e.to_string().contains("(ENOMEM)"), "{e}");
+        assert!(e.to_string().contains("lower0Mvp1"), "{e}");
+        assert_eq!(kernel.count(Op::AddMacvtap), 3);
         assert_eq!(
             kernel.link(HOST, &held.name),
             Some(held),
@@ -768,6 +837,55 @@ mod tests {
         kernel.fail(Op::AddMacvtap, 1, Errno::EBUSY);
         let e = allocate_fake(&kernel, &["lower0Mvp0"]).unwrap_err();
         assert_eq!(e.refusal(), crate::error::LOWER_DEVICE_BUSY, "{e}");
+    }
+
+    #[test]
+    fn a_new_device_is_created_without_looking_it_up_first() {
+        let kernel = fake_node();
+        allocate_fake(&kernel, &["lower0Mvp0"]).unwrap();
+        // The lower NIC's look-up only; the creation answers with the link.
+        assert_eq!(kernel.count(Op::GetLink), 1, "{:?}", kernel.calls());
+        assert_eq!(kernel.count(Op::AddMacvtap), 1);
+    }
+
+    #[test]
+    fn a_taken_name_is_reused_when_right_and_replaced_when_wrong() {
+        let kernel = fake_node();
+        let name = link_name_for_device("lower0Mvp0");
+        let lower = kernel.link(HOST, "lower0").unwrap();
+        let wrong = kernel.insert_link(
+            HOST,
+            test_support::fake::link(40, &name, "macvlan", Some(lower.index)),
+        );
+        let resp = allocate_fake(&kernel, &["lower0Mvp0"]).unwrap();
+        let made = kernel.link(HOST, &name).unwrap();
+        assert!(made.is_macvtap(), "{made:?}");
+        assert_ne!(made.index, wrong.index);
+        assert_eq!(kernel.count(Op::DelLink), 1);
+        assert_eq!(
+            resp.container_responses[0].devices[0].host_path,
+            format!("/dev/tap{}", made.index)
+        );
+        // Asked again: the right macvtap is kept, not made anew.
+        let again = allocate_fake(&kernel, &["lower0Mvp0"]).unwrap();
+        assert_eq!(kernel.link(HOST, &name), Some(made.clone()));
+        assert_eq!(kernel.count(Op::DelLink), 1);
+        assert_eq!(
+            again.container_responses[0].devices[0].host_path,
+            format!("/dev/tap{}", made.index)
+        );
+    }
+
+    #[test]
+    fn sysfs_gives_the_tap_device_only_for_the_links_ifindex() {
+        let sysfs = tempfile::tempdir().unwrap();
+        let file = tap_dev_file(sysfs.path(), "mvt0", 7);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, "240:3\n").unwrap();
+        assert_eq!(tap_dev_from_sysfs(sysfs.path(), "mvt0", 7), Some((240, 3)));
+        // Another link of that name (another namespace's) has another ifindex.
+        assert_eq!(tap_dev_from_sysfs(sysfs.path(), "mvt0", 8), None);
+        assert_eq!(tap_dev_from_sysfs(sysfs.path(), "mvt1", 7), None);
     }
 
     #[test]

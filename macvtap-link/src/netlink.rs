@@ -14,8 +14,8 @@ use crate::netns::Netns;
 use crate::op::Op;
 use crate::{addr, route};
 use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage,
-    NetlinkPayload,
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_ECHO, NLM_F_EXCL, NLM_F_REQUEST, NetlinkHeader,
+    NetlinkMessage, NetlinkPayload,
 };
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::address::AddressMessage;
@@ -272,12 +272,19 @@ impl Links for Handle {
                 .unwrap_or_default();
             self.link_op(&format!("creating {mode} macvtap"), format!("{name}{at}"))
         };
-        self.request(
+        // With NLM_F_ECHO (kernel 6.3 and later) the kernel answers the
+        // creation with the new link's own RTM_NEWLINK before the ACK, so the
+        // link is known without a second round trip; older kernels ignore
+        // the flag and the link is read back.
+        let echoed = self.request(
             RouteNetlinkMessage::NewLink(msg),
-            NLM_F_CREATE | NLM_F_EXCL,
+            NLM_F_CREATE | NLM_F_EXCL | NLM_F_ECHO,
             Op::AddMacvtap,
             what,
         )?;
+        if let Some(link) = created_link(&echoed, name) {
+            return Ok(link);
+        }
         // Never leave a link behind that the caller does not know about.
         match self.get_link(name) {
             Ok(Some(link)) => Ok(link),
@@ -410,6 +417,18 @@ impl Links for Handle {
     }
 }
 
+/// The link `name` among the messages a creation echoed (the last one, the
+/// newest state), if the kernel echoed it.
+fn created_link(replies: &[RouteNetlinkMessage], name: &str) -> Option<Link> {
+    replies
+        .iter()
+        .filter_map(|r| match r {
+            RouteNetlinkMessage::NewLink(l) => Some(Link::from_message(l)),
+            _ => None,
+        })
+        .rfind(|l| l.name == name && l.index != 0)
+}
+
 /// Room for one datagram: the kernel sends at most 32 KiB per dump datagram
 /// (`NLMSG_GOODSIZE` on large pages), so 64 KiB never truncates in practice.
 const RECV_BUFFER: usize = 64 * 1024;
@@ -434,6 +453,20 @@ fn parse(buf: &[u8]) -> std::result::Result<Vec<NetlinkMessage<RouteNetlinkMessa
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_creation_echo_gives_the_named_link() {
+        let msg = |index: u32, name: &str| {
+            let mut m = LinkMessage::default();
+            m.header.index = index;
+            m.attributes.push(LinkAttribute::IfName(name.into()));
+            RouteNetlinkMessage::NewLink(m)
+        };
+        assert_eq!(created_link(&[], "mvt1"), None);
+        assert_eq!(created_link(&[msg(4, "other")], "mvt1"), None);
+        let echoed = [msg(4, "other"), msg(9, "mvt1"), msg(5, "other")];
+        assert_eq!(created_link(&echoed, "mvt1").map(|l| l.index), Some(9));
+    }
 
     #[test]
     fn a_zero_length_message_is_refused() {

@@ -299,10 +299,10 @@ pub fn per_command(
         "Wall time of each CNI command, {n} interleaved rounds{}. `floor` is the same \
          netlink work issued in-process by `macvtap-link` with no exec (move+rename, \
          MTU/MAC/up; for DEL the same give-back as ours: get, host look-ups, down, fresh MAC, \
-         move+rename back; get+list addresses for CHECK){}. The Go plugin's DEL deletes its link. `go-macvlan` is Debian's \
+         move+rename back; get+list addresses for CHECK){}. The Go macvlan plugin's DEL deletes its link. `go-macvlan` is Debian's \
          Go macvlan plugin doing the same commands: it creates its link directly in the pod \
          namespace and so skips the namespace move (about 16 ms of RCU waiting on this kernel) \
-         that a macvtap made at Allocate time cannot skip; compare ours with the floor. `ours+check` is our plugin as the manifests install it: ADD \
+         that a macvtap made at Allocate time cannot skip, so it stands for another kind of plugin, not for the project we replace; compare ours with the floor, and with the Go project's own CNI on the same kind of links in *Side by side: CNI*. `ours+check` is our plugin as the manifests install it: ADD \
          first asks the kubelet's PodResources API (a test kubelet's, on a unix socket) whether \
          the pod holds the device (`podResourcesCheck: enforce`).",
         if with_ipam {

@@ -31,7 +31,7 @@ fn conf(resources: usize, capacity: u32) -> String {
 
 /// Deletes every macvtap on the node in one kernel batch (one RCU wait
 /// instead of one per link); not measured.
-fn scrap_macvtaps(node: &Node) -> Result<()> {
+pub(super) fn scrap_macvtaps(node: &Node) -> Result<()> {
     let ns = Netns::open(node.ns.path())?;
     let h = Handle::in_netns(&ns)?;
     let mut any = false;
@@ -46,7 +46,8 @@ fn scrap_macvtaps(node: &Node) -> Result<()> {
     Ok(())
 }
 
-fn rss_kib(pid: u32) -> Result<u64> {
+/// VmRSS of process `pid` in KiB.
+pub(super) fn rss_kib(pid: u32) -> Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     status
         .lines()
@@ -55,7 +56,8 @@ fn rss_kib(pid: u32) -> Result<u64> {
         .context("no VmRSS")
 }
 
-fn cpu_ticks(pid: u32) -> Result<u64> {
+/// User and system CPU time of process `pid`, in clock ticks (1/100 s).
+pub(super) fn cpu_ticks(pid: u32) -> Result<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     let fields: Vec<&str> = stat
         .rsplit(')')

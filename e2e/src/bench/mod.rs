@@ -7,6 +7,7 @@ pub mod cni;
 pub mod datapath;
 pub mod dp;
 pub mod exec;
+pub mod gobench;
 pub mod migration;
 pub mod plot;
 pub mod report;

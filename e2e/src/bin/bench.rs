@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 use macvtap_e2e::bench::{
-    burst, churn, cni, datapath, dp, migration, plot, report::Report, sizes, soak,
+    burst, churn, cni, datapath, dp, gobench, migration, plot, report::Report, sizes, soak,
 };
 use std::path::PathBuf;
 use test_kubelet::TestPodResources;
@@ -36,6 +36,18 @@ async fn main() -> Result<()> {
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     let want = |s: &str| only.is_empty() || only.split(',').any(|o| o == s);
     let mut panels = Vec::new();
+    // The Go project we replace (kubevirt/macvtap-cni v0.13.1), built once
+    // from its source tarball and cached under target/.
+    let go = if want("gocni") || want("godp") || want("sizes") {
+        Some(gobench::GoProject::build()?)
+    } else {
+        None
+    };
+    // BENCH_IDLE_SECS: how long the idle CPU figures watch (default 60 s).
+    let idle: u64 = std::env::var("BENCH_IDLE_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
     if want("cni") {
         // The test kubelet's PodResources server, for ADD's ownership check.
         let kubelet_dir = tempfile::tempdir()?;
@@ -60,6 +72,9 @@ async fn main() -> Result<()> {
         panels.extend(cni::per_command(&plugins, &check, n, false, &mut report)?);
         panels.extend(cni::per_command(&plugins, &check, n, true, &mut report)?);
     }
+    if let (true, Some(go)) = (want("gocni"), &go) {
+        panels.extend(gobench::cni(&plugins, go, n, &mut report)?);
+    }
     if want("version") {
         let version = cni::version(&plugins, n.max(200) * 2, &mut report)?;
         panels.push(("VERSION (process overhead)".into(), version));
@@ -74,13 +89,20 @@ async fn main() -> Result<()> {
             .unwrap_or(5);
         panels.push(burst::compare(&plugins.ours, rounds, &mut report).await?);
     }
+    let dp_bin = root.join("target/static/macvtap-deviceplugin");
     if want("dp") {
-        let idle: u64 = std::env::var("BENCH_IDLE_SECS")
+        panels.extend(dp::all(&dp_bin, n.max(500), idle, &mut report).await?);
+    }
+    if let (true, Some(go)) = (want("godp"), &go) {
+        // BENCH_REGISTER_TRIES: starts of each daemon timed to Register
+        // (the Go one takes about 10 s each; default 3).
+        let tries: usize = std::env::var("BENCH_REGISTER_TRIES")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(60);
-        let bin = root.join("target/static/macvtap-deviceplugin");
-        panels.extend(dp::all(&bin, n.max(500), idle, &mut report).await?);
+            .unwrap_or(3);
+        panels.extend(
+            gobench::device_plugins(&dp_bin, go, n.max(500), tries, idle, &mut report).await?,
+        );
     }
     if want("churn") {
         let cycles: usize = std::env::var("BENCH_CHURN_CYCLES")
@@ -96,7 +118,7 @@ async fn main() -> Result<()> {
         .await?;
     }
     if want("sizes") {
-        sizes::table(&root, &plugins, &mut report)?;
+        sizes::table(&root, &plugins, go.as_ref(), &mut report)?;
     }
     if want("datapath") {
         let runs: usize = std::env::var("BENCH_RUNS")
