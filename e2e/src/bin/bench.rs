@@ -157,6 +157,10 @@ async fn main() -> Result<()> {
     let svg = plot::cdf_svg(&panels);
     std::fs::write(out.join("benchmarks.svg"), svg).context("writing benchmarks.svg")?;
     let mut md = report.markdown().to_string();
+    // Sections measured once by hand (a before/after of a change) are not
+    // re-run: carried over from the file this run replaces.
+    let old = std::fs::read_to_string(root.join("BENCHMARKS.md")).unwrap_or_default();
+    md.push_str(&kept_sections(&old));
     md.push_str(
         "\n![latency distributions](benchmarks.svg)\n\nThe figure: the cumulative distribution of each latency series above, one panel per group of series, on a log ms axis (drawn with `plotters`).\n",
     );
@@ -165,10 +169,57 @@ async fn main() -> Result<()> {
     Ok(())
 }
 
+/// The line that marks a section of BENCHMARKS.md as measured by hand,
+/// which a bench run keeps as it is.
+const KEPT: &str = "<!-- kept by hack/bench.sh: measured once, by hand -->";
+
+/// The `## ` sections of `md` that hold the [`KEPT`] marker, each up to the
+/// next `## ` heading or the figure.
+fn kept_sections(md: &str) -> String {
+    let mut out = String::new();
+    let mut section = String::new();
+    let flush = |section: &mut String, out: &mut String| {
+        if section.contains(KEPT) {
+            out.push('\n');
+            out.push_str(section.trim_end());
+            out.push('\n');
+        }
+        section.clear();
+    };
+    for line in md.lines() {
+        if line.starts_with("## ") || line.starts_with("![") {
+            flush(&mut section, &mut out);
+        }
+        if line.starts_with("## ") || !section.is_empty() {
+            section.push_str(line);
+            section.push('\n');
+        }
+    }
+    flush(&mut section, &mut out);
+    out
+}
+
 fn uname() -> String {
     std::process::Command::new("uname")
         .arg("-sr")
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_marked_sections_are_kept() {
+        let md = format!(
+            "# Benchmarks\n\n## Measured\n\n| a |\n\n## By hand\n\n{KEPT}\n\n| b |\n\n\
+             ## Also measured\n\n| c |\n\n![latency distributions](benchmarks.svg)\n\nThe figure.\n"
+        );
+        let kept = kept_sections(&md);
+        assert_eq!(kept, format!("\n## By hand\n\n{KEPT}\n\n| b |\n"));
+        assert_eq!(kept_sections(&kept), kept, "kept again on the next run");
+        assert_eq!(kept_sections("# Benchmarks\n\n## Measured\n"), "");
+    }
 }
