@@ -16,7 +16,17 @@
 //! of `device-plugins/` but skips directories (`removeContents` in
 //! `pkg/kubelet/cm/devicemanager/manager.go`).
 //!
-//! The file is written whole, to a temporary file renamed over the old one:
+//! An Allocate appends one line per new assignment to a journal beside the
+//! record (`assignments.journal`, `O_APPEND`): a constant cost, where
+//! writing the whole record would grow with every device handed out. The
+//! record itself is rewritten (compacted: the journal folded in, then
+//! emptied) off the Allocate's path, when the journal grows past
+//! [`COMPACT_BYTES`] and whenever devices are forgotten; a reader takes the
+//! record, then the journal's lines over it, so a kill between the two
+//! steps of a compaction loses nothing. A line cut short by a kill is
+//! dropped with a warning.
+//!
+//! The record is written whole, to a temporary file renamed over the old one:
 //! a process that dies at any point (a crash, an OOM kill, the pod
 //! replaced) leaves the old record or the new one, never a mix, and what it
 //! wrote is in the page cache for the next daemon. [`flush`] then makes it
@@ -50,6 +60,15 @@ pub const MAX_BYTES: u64 = 8 << 20;
 pub const MAX_ENTRIES: usize = 65_536;
 /// The format's version; a file of another version is not read.
 const VERSION: u32 = 1;
+/// The journal's file name, beside the record.
+pub const JOURNAL_NAME: &str = "assignments.journal";
+/// The journal's size past which it is folded into the record.
+pub const COMPACT_BYTES: u64 = 64 << 10;
+
+/// The journal beside the record at `record`.
+pub fn journal_path(record: &Path) -> PathBuf {
+    record.with_file_name(JOURNAL_NAME)
+}
 
 /// The record's path under the device-plugins directory `plugin_dir`.
 pub fn path_in(plugin_dir: &Path) -> PathBuf {
@@ -113,35 +132,139 @@ pub fn parse(text: &[u8]) -> Parsed {
         return out;
     }
     for e in file.devices {
-        let valid_id = parse_device_id(&e.device_id).is_some_and(|(r, _)| r == e.resource);
-        let ifindex = u32::try_from(e.ifindex)
-            .ok()
-            .filter(|i| *i >= 1 && *i <= i32::MAX as u32);
-        match (valid_id, ifindex) {
-            (false, _) => out.dropped.push(format!(
-                "entry {:?}: not a device ID of resource {:?}",
-                e.device_id, e.resource
-            )),
-            (true, None) => out.dropped.push(format!(
-                "entry {:?}: ifindex {} is not one the kernel gives",
-                e.device_id, e.ifindex
-            )),
-            (true, Some(_)) if out.devices.contains_key(&e.device_id) => out
+        match checked(&e) {
+            Err(why) => out.dropped.push(why),
+            Ok(_) if out.devices.contains_key(&e.device_id) => out
                 .dropped
                 .push(format!("entry {:?}: a duplicate", e.device_id)),
-            (true, Some(_)) if out.devices.len() >= MAX_ENTRIES => {
+            Ok(_) if out.devices.len() >= MAX_ENTRIES => {
                 out.dropped.push(format!(
                     "entry {:?} and the rest: more than {MAX_ENTRIES} entries",
                     e.device_id
                 ));
                 break;
             }
-            (true, Some(i)) => {
+            Ok(i) => {
                 out.devices.insert(e.device_id, (e.resource, i));
             }
         }
     }
     out
+}
+
+/// The entry's ifindex when it names a device of its resource and an
+/// ifindex the kernel can give, else why not.
+fn checked(e: &FileEntry) -> std::result::Result<u32, String> {
+    if parse_device_id(&e.device_id).is_none_or(|(r, _)| r != e.resource) {
+        return Err(format!(
+            "entry {:?}: not a device ID of resource {:?}",
+            e.device_id, e.resource
+        ));
+    }
+    u32::try_from(e.ifindex)
+        .ok()
+        .filter(|i| *i >= 1 && *i <= i32::MAX as u32)
+        .ok_or_else(|| {
+            format!(
+                "entry {:?}: ifindex {} is not one the kernel gives",
+                e.device_id, e.ifindex
+            )
+        })
+}
+
+/// Applies the journal's `text` over `parsed`, line by line: a later line
+/// for a device replaces what it had. A line that is not a valid entry (one
+/// cut short by a kill, at the end) is dropped with the reason.
+pub fn replay(parsed: &mut Parsed, text: &[u8]) {
+    for (n, line) in text.split(|b| *b == b'\n').enumerate() {
+        if line.is_empty() {
+            continue;
+        }
+        let e: FileEntry = match serde_json::from_slice(line) {
+            Ok(e) => e,
+            Err(e) => {
+                parsed
+                    .dropped
+                    .push(format!("journal line {}: not an entry ({e})", n + 1));
+                continue;
+            }
+        };
+        match checked(&e) {
+            Err(why) => parsed
+                .dropped
+                .push(format!("journal line {}: {why}", n + 1)),
+            Ok(_)
+                if !parsed.devices.contains_key(&e.device_id)
+                    && parsed.devices.len() >= MAX_ENTRIES =>
+            {
+                parsed.dropped.push(format!(
+                    "journal line {}: more than {MAX_ENTRIES} entries",
+                    n + 1
+                ));
+            }
+            Ok(i) => {
+                parsed.devices.insert(e.device_id, (e.resource, i));
+            }
+        }
+    }
+}
+
+/// The journal line of one entry.
+pub fn journal_line(e: Entry<'_>) -> Vec<u8> {
+    let mut line = serde_json::to_vec(&FileEntry {
+        device_id: e.device_id.to_string(),
+        resource: e.resource.to_string(),
+        ifindex: u64::from(e.ifindex),
+    })
+    .unwrap_or_default();
+    line.push(b'\n');
+    line
+}
+
+/// Appends `lines` to the journal beside the record at `record` in one
+/// write, creating the directory (owner-only) and the journal (0600) when
+/// missing.
+pub fn append(record: &Path, lines: &[u8]) -> Result<()> {
+    let dir = record.parent().unwrap_or(Path::new("."));
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(Error::io(
+            "creating the directory of the record of handed-out devices",
+            dir,
+        ))?;
+    let journal = journal_path(record);
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .open(&journal)
+        .and_then(|mut f| f.write_all(lines))
+        .map_err(Error::io(
+            "appending to the journal of handed-out devices",
+            &journal,
+        ))
+}
+
+/// The journal's size in bytes (0 when there is none).
+pub fn journal_len(record: &Path) -> u64 {
+    std::fs::metadata(journal_path(record)).map_or(0, |m| m.len())
+}
+
+/// Empties the journal beside the record at `record` (after its lines were
+/// folded into the record).
+pub fn clear_journal(record: &Path) -> Result<()> {
+    let journal = journal_path(record);
+    match std::fs::OpenOptions::new().write(true).open(&journal) {
+        Ok(f) => f.set_len(0),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+    .map_err(Error::io(
+        "emptying the journal of handed-out devices",
+        &journal,
+    ))
 }
 
 /// The record's text for `entries` (sorted by device ID, so equal records
@@ -165,9 +288,32 @@ pub fn render<'a>(entries: impl IntoIterator<Item = Entry<'a>>) -> Vec<u8> {
     text
 }
 
-/// Reads the record at `path`: `Ok(None)` when there is none yet; a file
-/// too big or unreadable is an error.
+/// Reads the record at `path` and the journal beside it: `Ok(None)` when
+/// there is neither yet; a file too big or unreadable is an error.
+pub fn load_all(path: &Path) -> Result<Option<Parsed>> {
+    let base = load(path)?;
+    let journal = read_bounded(&journal_path(path))?;
+    Ok(match (base, journal) {
+        (None, None) => None,
+        (base, journal) => {
+            let mut parsed = base.unwrap_or_default();
+            if let Some(text) = journal {
+                replay(&mut parsed, &text);
+            }
+            Some(parsed)
+        }
+    })
+}
+
+/// Reads the record at `path` (without its journal): `Ok(None)` when there
+/// is none yet; a file too big or unreadable is an error.
 pub fn load(path: &Path) -> Result<Option<Parsed>> {
+    Ok(read_bounded(path)?.map(|text| parse(&text)))
+}
+
+/// The bytes of the file at `path`, `Ok(None)` when it is missing; over
+/// [`MAX_BYTES`] or unreadable is an error.
+fn read_bounded(path: &Path) -> Result<Option<Vec<u8>>> {
     let file = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -192,7 +338,7 @@ pub fn load(path: &Path) -> Result<Option<Parsed>> {
     let mut text = Vec::with_capacity(len as usize);
     std::io::Read::read_to_end(&mut std::io::Read::take(file, MAX_BYTES + 1), &mut text)
         .map_err(Error::io("reading the record of handed-out devices", path))?;
-    Ok(Some(parse(&text)))
+    Ok(Some(text))
 }
 
 /// Replaces the record at `path` with `text`, crash-safely: a temporary
@@ -234,12 +380,20 @@ pub fn save(path: &Path, text: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// Flushes the record at `path` and its directory to disk (`fsync`), so
-/// the last [`save`] survives a power loss too.
+/// Flushes the record at `path`, its journal and their directory to disk
+/// (`fsync`), so the last [`save`] and [`append`] survive a power loss too.
 pub fn flush(path: &Path) -> Result<()> {
-    std::fs::File::open(path)
-        .and_then(|f| f.sync_all())
-        .map_err(Error::io("flushing the record of handed-out devices", path))?;
+    for file in [path.to_path_buf(), journal_path(path)] {
+        match std::fs::File::open(&file) {
+            Ok(f) => f.sync_all(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        }
+        .map_err(Error::io(
+            "flushing the record of handed-out devices",
+            &file,
+        ))?;
+    }
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
@@ -252,6 +406,22 @@ pub fn flush(path: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_journal_replays_over_the_record_last_line_first() {
+        let mut parsed = parse(&render([entry("dpMvp0", "dp", 40)]));
+        let mut journal = journal_line(entry("dpMvp0", "dp", 50));
+        journal.extend(journal_line(entry("dpMvp1", "dp", 41)));
+        journal.extend(journal_line(entry("otherMvp1", "dp", 42)));
+        journal.extend(journal_line(entry("dpMvp2", "dp", 0)));
+        journal.extend(b"{\"deviceID\":\"dpMvp3\"");
+        replay(&mut parsed, &journal);
+        assert_eq!(parsed.devices.get("dpMvp0"), Some(&("dp".into(), 50)));
+        assert_eq!(parsed.devices.get("dpMvp1"), Some(&("dp".into(), 41)));
+        assert_eq!(parsed.devices.len(), 2);
+        assert_eq!(parsed.dropped.len(), 3, "{:?}", parsed.dropped);
+        assert!(parsed.dropped[2].starts_with("journal line 5: not an entry"));
+    }
 
     fn entry<'a>(device_id: &'a str, resource: &'a str, ifindex: u32) -> Entry<'a> {
         Entry {

@@ -24,17 +24,17 @@ use tracing::{info, warn};
 /// The ifindex each device's macvtap had when Allocate last handed it out
 /// (so its pod's containers get `/dev/tap<ifindex>`), with its resource's
 /// short name. Written by the plugin servers, read by the healer; when made
-/// with [`Assignments::persisted`], every change is also written to a file
-/// ([`crate::assignment_file`]) before it is answered, so a restarted daemon
-/// heals what the previous one handed out; a thread of its own then flushes
-/// each write to disk ([`assignment_file::flush`]), off the Allocate's path.
+/// with [`Assignments::persisted`], every new assignment is also appended
+/// to the record's journal ([`crate::assignment_file`]) before it is
+/// answered, so a restarted daemon heals what the previous one handed out;
+/// a thread of its own then flushes it to disk and folds the journal into
+/// the record when it has grown, off the Allocate's path.
 #[derive(Debug, Clone, Default)]
 pub struct Assignments {
     inner: Arc<Mutex<Record>>,
-    /// Held while the file is written: the number of the last change the
-    /// file holds. Allocates that change the record while a write is under
-    /// way share the next write.
-    written: Arc<Mutex<u64>>,
+    /// Held while the files are written, so an append and a compaction
+    /// never interleave.
+    io: Arc<Mutex<()>>,
     /// Wakes the flushing thread after a write (none without a file).
     flush: Option<mpsc::Sender<()>>,
 }
@@ -43,8 +43,6 @@ pub struct Assignments {
 struct Record {
     by_device: HashMap<String, Assigned>,
     file: Option<PathBuf>,
-    /// How many changes were made.
-    changes: u64,
 }
 
 /// Where a device's macvtap was when it was handed out.
@@ -62,7 +60,7 @@ impl Assignments {
     /// with a warning).
     pub fn persisted(path: PathBuf) -> Self {
         let mut by_device = HashMap::new();
-        match assignment_file::load(&path) {
+        match assignment_file::load_all(&path) {
             Ok(None) => {}
             Ok(Some(parsed)) => {
                 for why in &parsed.dropped {
@@ -77,20 +75,21 @@ impl Assignments {
             Err(e) => warn!(error = %e,
                 "cannot read the record of handed-out devices; starting without it (a lost link handed out before this start is not healed)"),
         }
+        let inner = Arc::new(Mutex::new(Record {
+            by_device,
+            file: Some(path.clone()),
+        }));
+        let io = Arc::new(Mutex::new(()));
         Self {
-            inner: Arc::new(Mutex::new(Record {
-                by_device,
-                file: Some(path.clone()),
-                changes: 0,
-            })),
-            written: Arc::new(Mutex::new(0)),
-            flush: spawn_flusher(path),
+            flush: spawn_flusher(path, inner.clone(), io.clone()),
+            inner,
+            io,
         }
     }
 
     /// Records that `device_id` of `resource` was handed out as `/dev/tap<ifindex>`.
     pub fn assigned(&self, device_id: &str, resource: &str, ifindex: u32) {
-        self.update(|m| insert(m, device_id, resource, ifindex));
+        self.insert_logged(resource, &[(device_id, ifindex)]);
     }
 
     /// Records the devices of an Allocate of `resource` that asked for `ids`
@@ -98,25 +97,29 @@ impl Assignments {
     /// answer leaves.
     pub fn handed_out(&self, resource: &str, ids: &[String], resp: &AllocateResponse) {
         let specs = resp.container_responses.iter().flat_map(|c| &c.devices);
-        let got: Vec<(&String, u32)> = ids
+        let got: Vec<(&str, u32)> = ids
             .iter()
             .zip(specs)
-            .filter_map(|(id, spec)| Some((id, tap_index(&spec.host_path)?)))
+            .filter_map(|(id, spec)| Some((id.as_str(), tap_index(&spec.host_path)?)))
             .collect();
-        self.update(|m| {
-            got.iter().fold(false, |changed, (id, i)| {
-                insert(m, id, resource, *i) || changed
-            })
-        });
+        self.insert_logged(resource, &got);
     }
 
-    /// Forgets each device for which `keep` says false.
+    /// Forgets each device for which `keep` says false; the record is
+    /// rewritten without them (a compaction).
     pub fn retain(&self, keep: impl Fn(&str, &Assigned) -> bool) {
-        self.update(|m| {
-            let before = m.len();
-            m.retain(|id, at| keep(id, at));
-            m.len() != before
-        });
+        let changed = {
+            let mut r = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            let before = r.by_device.len();
+            r.by_device.retain(|id, at| keep(id, at));
+            r.by_device.len() != before
+        };
+        if changed {
+            if let Err(e) = compact(&self.inner, &self.io) {
+                warn!(error = %e, "cannot rewrite the record of handed-out devices; a restarted daemon may heal a forgotten device's link");
+            }
+            self.wake_flusher();
+        }
     }
 
     /// Where `device_id` was handed out, if this daemon (or one before it,
@@ -137,57 +140,86 @@ impl Assignments {
         self.len() == 0
     }
 
-    /// Applies `change` (true when it changed something) and, when it did,
-    /// returns once the file holds it (written by this call, or by another
-    /// that started after the change).
-    fn update(&self, change: impl FnOnce(&mut HashMap<String, Assigned>) -> bool) {
-        let mine = {
+    /// Inserts `got` (device ID, ifindex) of `resource`; those new or
+    /// changed are appended to the journal in one write before this returns.
+    fn insert_logged(&self, resource: &str, got: &[(&str, u32)]) {
+        let (path, lines) = {
             let mut r = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-            if !change(&mut r.by_device) || r.file.is_none() {
-                return;
-            }
-            r.changes += 1;
-            r.changes
-        };
-        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
-        if *written >= mine {
-            return;
-        }
-        let (path, text, now) = {
-            let r = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-            let text = assignment_file::render(r.by_device.iter().map(|(id, at)| {
-                assignment_file::Entry {
-                    device_id: id,
-                    resource: &at.resource,
-                    ifindex: at.ifindex,
-                }
-            }));
-            (r.file.clone().unwrap_or_default(), text, r.changes)
-        };
-        match assignment_file::save(&path, &text) {
-            Ok(()) => {
-                *written = now;
-                if let Some(f) = &self.flush {
-                    let _ = f.send(());
+            let mut lines = Vec::new();
+            for (id, ifindex) in got {
+                if insert(&mut r.by_device, id, resource, *ifindex) {
+                    lines.extend(assignment_file::journal_line(assignment_file::Entry {
+                        device_id: id,
+                        resource,
+                        ifindex: *ifindex,
+                    }));
                 }
             }
+            match (&r.file, lines.is_empty()) {
+                (Some(path), false) => (path.clone(), lines),
+                _ => return,
+            }
+        };
+        let appended = {
+            let _io = self.io.lock().unwrap_or_else(|e| e.into_inner());
+            assignment_file::append(&path, &lines)
+        };
+        match appended {
+            Ok(()) => self.wake_flusher(),
             Err(e) => warn!(error = %e,
                 "cannot write the record of handed-out devices: a daemon restarted later will not heal the lost links of devices handed out since"),
         }
     }
+
+    fn wake_flusher(&self) {
+        if let Some(f) = &self.flush {
+            let _ = f.send(());
+        }
+    }
 }
 
-/// Starts the thread that flushes the record at `path` to disk after each
-/// write (writes that come while it flushes share the next flush); it ends
-/// when every [`Assignments`] sharing it is gone. `None` (and a warning)
-/// when no thread can start: the writes still outlive the process.
-fn spawn_flusher(path: PathBuf) -> Option<mpsc::Sender<()>> {
+/// Folds the journal into the record: the record rewritten whole from what
+/// `inner` holds, then the journal emptied, with the files' lock `io` held.
+fn compact(inner: &Mutex<Record>, io: &Mutex<()>) -> Result<()> {
+    let _io = io.lock().unwrap_or_else(|e| e.into_inner());
+    let (path, text) = {
+        let r = inner.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(path) = r.file.clone() else {
+            return Ok(());
+        };
+        let text =
+            assignment_file::render(r.by_device.iter().map(|(id, at)| assignment_file::Entry {
+                device_id: id,
+                resource: &at.resource,
+                ifindex: at.ifindex,
+            }));
+        (path, text)
+    };
+    assignment_file::save(&path, &text)?;
+    assignment_file::clear_journal(&path)
+}
+
+/// Starts the thread that, after each write, folds the journal into the
+/// record once it is over [`assignment_file::COMPACT_BYTES`] and flushes
+/// the files to disk (writes that come meanwhile share the next round); it
+/// ends when every [`Assignments`] sharing it is gone. `None` (and a
+/// warning) when no thread can start: the writes still outlive the process.
+fn spawn_flusher(
+    path: PathBuf,
+    inner: Arc<Mutex<Record>>,
+    io: Arc<Mutex<()>>,
+) -> Option<mpsc::Sender<()>> {
     let (tx, rx) = mpsc::channel::<()>();
     let spawned = std::thread::Builder::new()
         .name("record-flush".into())
         .spawn(move || {
             while rx.recv().is_ok() {
                 while rx.try_recv().is_ok() {}
+                if assignment_file::journal_len(&path) > assignment_file::COMPACT_BYTES {
+                    if let Err(e) = compact(&inner, &io) {
+                        warn!(error = %e, "cannot fold the journal into the record of handed-out devices");
+                    }
+                }
                 if let Err(e) = assignment_file::flush(&path) {
                     warn!(error = %e, "cannot flush the record of handed-out devices to disk");
                 }
@@ -376,13 +408,55 @@ mod tests {
             (1, None),
             "forgotten in the file too"
         );
-        // An unchanged record is not written again.
+        // An unchanged record is not written again: neither the journal
+        // nor the record.
         std::fs::remove_file(&path).unwrap();
+        let journal = assignment_file::journal_path(&path);
+        let len = assignment_file::journal_len(&path);
         c.assigned("dpMvp1", "dp", 45);
         c.retain(|_, _| true);
         assert!(!path.exists());
+        assert_eq!(assignment_file::journal_len(&path), len);
         c.assigned("dpMvp1", "dp", 46);
-        assert!(path.exists());
+        assert!(assignment_file::journal_len(&path) > len, "{journal:?}");
+        assert_eq!(
+            Assignments::persisted(path.clone())
+                .get("dpMvp1")
+                .unwrap()
+                .ifindex,
+            46
+        );
+    }
+
+    #[test]
+    fn an_allocate_appends_one_line_and_a_compaction_folds_the_journal_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("assignments.json");
+        let a = Assignments::persisted(path.clone());
+        a.assigned("dpMvp0", "dp", 40);
+        let one = assignment_file::journal_len(&path);
+        a.assigned("dpMvp1", "dp", 41);
+        // Each new assignment costs one line, whatever the record holds.
+        assert_eq!(assignment_file::journal_len(&path), 2 * one);
+        assert!(!path.exists(), "the record is not rewritten per Allocate");
+        // Forgetting compacts: the record holds what memory holds, the
+        // journal is empty, and a new daemon reads the same.
+        a.retain(|id, _| id != "dpMvp0");
+        assert_eq!(assignment_file::journal_len(&path), 0);
+        let base = assignment_file::load(&path).unwrap().unwrap();
+        assert_eq!(base.devices.keys().collect::<Vec<_>>(), ["dpMvp1"]);
+        // A line cut short by a kill is dropped, the others kept.
+        a.assigned("dpMvp2", "dp", 42);
+        let journal = assignment_file::journal_path(&path);
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&journal)
+            .unwrap();
+        std::io::Write::write_all(&mut f, b"{\"deviceID\":\"dpMvp3\",\"reso").unwrap();
+        let b = Assignments::persisted(path.clone());
+        assert_eq!(b.len(), 2);
+        assert_eq!(b.get("dpMvp2").unwrap().ifindex, 42);
+        assert_eq!(b.get("dpMvp3"), None);
     }
 
     #[test]
@@ -412,16 +486,25 @@ mod tests {
         std::fs::write(&path, "{\"version\":1,\"devi").unwrap();
         let a = Assignments::persisted(path.clone());
         assert!(a.is_empty());
-        // A directory where the file should be: the write fails, memory holds.
+        // Directories where the files should be: the writes fail, memory holds.
         std::fs::remove_file(&path).unwrap();
         std::fs::create_dir(&path).unwrap();
+        std::fs::create_dir(assignment_file::journal_path(&path)).unwrap();
         a.assigned("dpMvp0", "dp", 40);
+        a.assigned("dpMvp1", "dp", 41);
+        a.retain(|id, _| id != "dpMvp1");
         assert_eq!(a.get("dpMvp0").unwrap().ifindex, 40);
-        let names: Vec<_> = std::fs::read_dir(dir.path())
+        assert_eq!(a.get("dpMvp1"), None);
+        let mut names: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
-        assert_eq!(names, ["assignments.json"], "no temporary file left");
+        names.sort();
+        assert_eq!(
+            names,
+            ["assignments.journal", "assignments.json"],
+            "no temporary file left"
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::health::{NicHealth, resource_health};
 use crate::links::{LinkTable, LinkUpdate};
 use crate::server::ResourceState;
 use crate::topology::numa_node;
-use macvtap_link::Link;
+use macvtap_link::{Link, MacvtapMode};
 use tokio::time::Instant;
 use tracing::info;
 
@@ -102,7 +102,7 @@ impl Daemon {
                 (Some(c), Some(p)) => {
                     p.discovered != discovered
                         || p.config() != cfg
-                        || touches_nic(&self.links, &cfg.lower_device, c)
+                        || touches_nic(&self.links, &cfg.lower_device, cfg.mode, c)
                 }
                 _ => true,
             };
@@ -214,15 +214,19 @@ impl Daemon {
 }
 
 /// Whether a change of the links `changed` (their old and new states)
-/// touches NIC `lower` among `links` (the state after): the NIC is one of
-/// them, or its master is, or a macvlan/macvtap port on it is (a port can
-/// be in the way of a passthru macvtap: `health::port_in_the_way`).
-fn touches_nic(links: &LinkTable, lower: &str, changed: &[&Link]) -> bool {
+/// touches the NIC `lower` of a resource in `mode` among `links` (the state
+/// after): the NIC is one of them, or its master is, or a macvlan/macvtap
+/// port on it that can be in the way of the mode (`health::port_in_the_way`:
+/// any port beside a passthru resource, a passthru port beside any). So the
+/// resource's own bridge-mode macvtaps, made by every Allocate, do not make
+/// it revisit its devices.
+fn touches_nic(links: &LinkTable, lower: &str, mode: MacvtapMode, changed: &[&Link]) -> bool {
     let nic = links.by_name(lower);
     let is_port_on_nic = |l: &Link| {
         nic.is_some_and(|n| l.lower_index == Some(n.index))
             && !l.lower_in_other_netns
             && matches!(l.kind.as_deref(), Some("macvtap" | "macvlan"))
+            && (mode == MacvtapMode::Passthru || l.macvtap_mode == Some(MacvtapMode::Passthru))
     };
     changed.iter().any(|l| l.name == lower || is_port_on_nic(l))
         || nic
@@ -251,12 +255,13 @@ mod tests {
             link(5, "br0", None),
             link(9, "veth9", Some(5)),
         ]);
-        let touches = |l: &Link| {
+        let touches_in = |mode: MacvtapMode, l: &Link| {
             ["eth1", "eth2", "gone"]
                 .into_iter()
-                .filter(|n| touches_nic(&links, n, &[l]))
+                .filter(|n| touches_nic(&links, n, mode, &[l]))
                 .collect::<Vec<_>>()
         };
+        let touches = |l: &Link| touches_in(MacvtapMode::Passthru, l);
         assert_eq!(touches(&link(2, "eth1", None)), ["eth1"]);
         assert_eq!(touches(&link(5, "br0", None)), ["eth1"], "eth1's master");
         assert!(
@@ -276,6 +281,14 @@ mod tests {
         assert_eq!(touches(&port("macvlan")), ["eth2"]);
         assert_eq!(touches(&port("macvtap")), ["eth2"]);
         assert!(touches(&port("veth")).is_empty());
+        // Beside a bridge-mode resource only a passthru port is in the way;
+        // its own bridge macvtaps (one per Allocate) are not.
+        assert!(touches_in(MacvtapMode::Bridge, &port("macvtap")).is_empty());
+        let passthru = Link {
+            macvtap_mode: Some(MacvtapMode::Passthru),
+            ..port("macvtap")
+        };
+        assert_eq!(touches_in(MacvtapMode::Bridge, &passthru), ["eth2"]);
         let elsewhere = Link {
             lower_in_other_netns: true,
             ..port("macvtap")
