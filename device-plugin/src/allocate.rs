@@ -9,9 +9,10 @@
 use crate::config::ResourceConfig;
 use crate::devices::device_index;
 use crate::error::{Error, Result};
-use crate::health::{PortInTheWay, port_in_the_way};
+use crate::health::port_in_the_way;
 use crate::host::Host;
 use crate::master::{Owner, receive_path_owner};
+use crate::port::PortInTheWay;
 use kubelet_proto::v1beta1::{
     AllocateRequest, AllocateResponse, ContainerAllocateResponse, DeviceSpec,
 };

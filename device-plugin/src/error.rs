@@ -41,7 +41,7 @@ pub const LOWER_DEVICE_BUSY: Refusal = Refusal {
 /// resource's mode (a passthru macvtap must be alone on its NIC).
 pub const PORT_IN_THE_WAY: Refusal = Refusal {
     code: tonic::Code::FailedPrecondition,
-    words: crate::health::PASSTHRU_ALONE,
+    words: crate::port::PASSTHRU_ALONE,
 };
 /// Refused: the device's `/dev/tapN` never appeared, for a reason found on
 /// the node (its `/dev` is not devtmpfs).
@@ -152,7 +152,7 @@ pub enum Error {
         /// The resource.
         resource: String,
         /// The port in the way.
-        port: crate::health::PortInTheWay,
+        port: crate::port::PortInTheWay,
     },
     /// Creating or checking the macvtap of a device failed.
     #[error("device {device_id} (macvtap {link}): {source}")]
@@ -393,7 +393,7 @@ mod tests {
             },
             Error::PortInTheWay {
                 resource,
-                port: crate::health::PortInTheWay {
+                port: crate::port::PortInTheWay {
                     lower: "eth1".into(),
                     link: Some(("mvt0123456789ab".into(), "macvtap".into())),
                     ours_passthru: true,

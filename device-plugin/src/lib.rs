@@ -17,7 +17,7 @@
 //! lost links; [`assignment_file`] keeps what heal needs across restarts),
 //! [`host`] (the kernel handle Allocate, reclaim and heal share),
 //! [`events`] (Kubernetes Events on the Node), [`metrics`], [`procstat`],
-//! [`liveness`] and [`http`] (observability), [`options`] (what the daemon is told, from
+//! [`liveness`] and [`http`] (observability), [`port`] (a port in the way of passthru), [`options`] (what the daemon is told, from
 //! [`cli`]), [`daemon`] (the loop tying them together), [`doctor`] (the
 //! `doctor` subcommand's checks of a node).
 
@@ -43,6 +43,7 @@ pub mod logging;
 pub mod master;
 pub mod metrics;
 pub mod options;
+pub mod port;
 pub mod procstat;
 pub mod reclaim;
 pub mod registration;
