@@ -435,6 +435,27 @@ pub fn tap_nodes() -> Vec<String> {
     v
 }
 
+/// Checks after a test's teardown: no `mvt…` link on `node`, no `/dev/tap*`
+/// node beyond `taps_before`, and none of the processes `pids` alive.
+pub fn nothing_left(node: &Node, taps_before: &[String], pids: &[u32]) -> Result<()> {
+    let leftover: Vec<String> = node
+        .ns
+        .links()?
+        .into_iter()
+        .filter(|l| l.starts_with("mvt"))
+        .collect();
+    ensure!(leftover.is_empty(), "links left on the node: {leftover:?}");
+    let extra: Vec<String> = tap_nodes()
+        .into_iter()
+        .filter(|t| !taps_before.contains(t))
+        .collect();
+    ensure!(extra.is_empty(), "tap nodes left behind: {extra:?}");
+    for pid in pids {
+        ensure!(!alive(*pid), "process {pid} is still running");
+    }
+    Ok(())
+}
+
 /// Whether process `pid` still exists (and is not a zombie).
 pub fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))

@@ -209,27 +209,6 @@ fn delete_pod(
     node.wait_for_reclaim()
 }
 
-/// Checks after teardown: no `mvt…` link on the node, the same `/dev/tap*`
-/// nodes as before, and none of the given processes alive.
-fn nothing_left(node: &Node, taps_before: &[String], pids: &[u32]) -> Result<()> {
-    let leftover: Vec<String> = node
-        .ns
-        .links()?
-        .into_iter()
-        .filter(|l| l.starts_with("mvt"))
-        .collect();
-    ensure!(leftover.is_empty(), "links left on the node: {leftover:?}");
-    let extra: Vec<String> = node::tap_nodes()
-        .into_iter()
-        .filter(|t| !taps_before.contains(t))
-        .collect();
-    ensure!(extra.is_empty(), "tap nodes left behind: {extra:?}");
-    for pid in pids {
-        ensure!(!node::alive(*pid), "process {pid} is still running");
-    }
-    Ok(())
-}
-
 /// The pod link's flags contain `flag`.
 fn has_flag(netns: &TestNs, ifname: &str, flag: &str) -> Result<bool> {
     let v = netns.link_json(ifname)?.unwrap_or_default();
@@ -333,7 +312,7 @@ impl Setup {
         self.node.stop_device_plugin()?;
         let mut all = vec![self.dp];
         all.extend_from_slice(pids);
-        nothing_left(&self.node, &self.taps_before, &all)?;
+        node::nothing_left(&self.node, &self.taps_before, &all)?;
         println!("\n{}", steps.summary());
         Ok(())
     }

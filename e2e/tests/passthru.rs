@@ -177,19 +177,7 @@ async fn a_vm_on_a_passthru_macvtap_gives_the_nic_its_mac_and_pings_the_peer() -
     node.hold(RESOURCE, &[])?;
     node.wait_for_reclaim()?;
     node.stop_device_plugin()?;
-    let leftover: Vec<String> = node
-        .ns
-        .links()?
-        .into_iter()
-        .filter(|l| l.starts_with("mvt"))
-        .collect();
-    ensure!(leftover.is_empty(), "links left on the node: {leftover:?}");
-    let extra: Vec<String> = node::tap_nodes()
-        .into_iter()
-        .filter(|t| !taps_before.contains(t))
-        .collect();
-    ensure!(extra.is_empty(), "tap nodes left behind: {extra:?}");
-    ensure!(!node::alive(dp), "the device plugin is still running");
+    node::nothing_left(&node, &taps_before, &[dp])?;
     println!("\n{}", steps.summary());
     Ok(())
 }
