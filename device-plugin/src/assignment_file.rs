@@ -225,15 +225,7 @@ pub fn journal_line(e: Entry<'_>) -> Vec<u8> {
 /// write, creating the directory (owner-only) and the journal (0600) when
 /// missing.
 pub fn append(record: &Path, lines: &[u8]) -> Result<()> {
-    let dir = record.parent().unwrap_or(Path::new("."));
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(Error::io(
-            "creating the directory of the record of handed-out devices",
-            dir,
-        ))?;
+    create_dir_of(record)?;
     let journal = journal_path(record);
     std::fs::OpenOptions::new()
         .append(true)
@@ -341,11 +333,10 @@ fn read_bounded(path: &Path) -> Result<Option<Vec<u8>>> {
     Ok(Some(text))
 }
 
-/// Replaces the record at `path` with `text`, crash-safely: a temporary
-/// file beside it, flushed, renamed over it, then the directory flushed.
-/// Creates the directory (owner-only) when it is missing.
-pub fn save(path: &Path, text: &[u8]) -> Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
+/// Creates the directory of the record at `record` (owner-only) when it is
+/// missing.
+fn create_dir_of(record: &Path) -> Result<()> {
+    let dir = record.parent().unwrap_or(Path::new("."));
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -354,6 +345,15 @@ pub fn save(path: &Path, text: &[u8]) -> Result<()> {
             "creating the directory of the record of handed-out devices",
             dir,
         ))?;
+    Ok(())
+}
+
+/// Replaces the record at `path` with `text`: a temporary file beside it
+/// renamed over it, so a process killed at any point leaves the old record
+/// or the new one ([`flush`] makes it durable). Creates the directory
+/// (owner-only) when it is missing.
+pub fn save(path: &Path, text: &[u8]) -> Result<()> {
+    create_dir_of(path)?;
     let tmp = path.with_extension(format!("json.tmp.{}", std::process::id()));
     let written = (|| {
         let mut f = std::fs::OpenOptions::new()
