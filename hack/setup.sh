@@ -2,6 +2,7 @@
 # Installs what building, the sandbox and the tests need on a fresh Debian
 # machine (run as root). Idempotent: quick when everything is there.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 need_root() {
   if [ "$(id -u)" -ne 0 ]; then
@@ -14,7 +15,6 @@ need_root
 packages=(
   iproute2                      # ip netns, ip link (tests, sandbox)
   iputils-ping                  # connectivity checks in tests
-  containernetworking-plugins   # reference IPAM plugins under /usr/lib/cni
   dnsmasq-base                  # DHCP server of the dhcp IPAM test (Debian's dnsmasq, without its system service)
   qemu-system-x86               # the e2e and sandbox VM (TCG)
   busybox-static                # the test guest's initramfs
@@ -23,29 +23,9 @@ packages=(
   libvirt-clients               # virsh
   iperf3                        # data path benchmarks
   runc                          # runs the DaemonSet's containers as a node's runtime does
-  strace                        # crash tests and the soak kill the CNI or the daemon at a chosen system call (fault injection)
+  strace                        # crash tests and the soak kill the CNI or the daemon at a chosen system call (fault injection); the churn test counts the daemon's link dumps and sysfs reads
   podman                        # builds the image from the static binaries (hack/build-image.sh --prebuilt)
-  strace                        # the churn test counts the daemon's link dumps and sysfs reads
 )
-# Go 1.23 builds the real Multus (v4.2.2) that the node e2e runs; Debian
-# bookworm has it only in bookworm-backports. The suite is added on the
-# mirror this machine's own apt sources already use (never a host name
-# written here).
-backports=/etc/apt/sources.list.d/bookworm-backports.sources
-if [ ! -x /usr/lib/go-1.23/bin/go ] && [ ! -f "$backports" ] \
-  && ! grep -rqsE '^[^#]*bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
-  mirror=$(apt-get indextargets --format '$(REPO_URI) $(RELEASE)' 'Created-By: Packages' 2>/dev/null \
-    | awk '$2 == "bookworm" { print $1; exit }')
-  if [ -z "$mirror" ]; then
-    echo "hack/setup.sh: no bookworm suite in this machine's apt sources; add bookworm-backports (for golang-1.23-go) by hand" >&2
-    exit 1
-  fi
-  echo "==> adding bookworm-backports from $mirror (for golang-1.23-go)"
-  printf 'Types: deb\nURIs: %s\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
-    "$mirror" >"$backports"
-  apt-get update -qq
-fi
-packages+=(golang-1.23-go)      # builds Multus v4.2.2 for the node e2e (bookworm-backports)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -72,6 +52,22 @@ if ! command -v cargo >/dev/null; then
   echo "hack/setup.sh: cargo is missing; install Rust (https://rustup.rs) first" >&2
   exit 1
 fi
+# Go builds the Go programs the tests run beside ours (Multus, the reference
+# CNI plugins; test-support/src/gopeers.rs) from the pinned modules under
+# hack/peers/, fetched from the Go module proxy. It must be the machine's
+# own Go (GOTOOLCHAIN=local: nothing else is downloaded), at least the
+# newest `go` line among those modules.
+need_go=$(sed -n 's/^go \([0-9.]*\)$/\1/p' hack/peers/*/go.mod | sort -V | tail -1)
+if ! command -v go >/dev/null; then
+  echo "hack/setup.sh: go is missing: install Go $need_go or newer (it builds Multus and the reference CNI plugins the tests run from hack/peers/)" >&2
+  exit 1
+fi
+have_go=$(GOTOOLCHAIN=local go env GOVERSION)
+if [ "$(printf '%s\n%s\n' "$need_go" "${have_go#go}" | sort -V | head -1)" != "$need_go" ]; then
+  echo "hack/setup.sh: this machine's Go is $have_go, but hack/peers/ needs go $need_go: install Go $need_go or newer" >&2
+  exit 1
+fi
+
 if ! cargo nextest --version >/dev/null 2>&1; then
   echo "==> installing cargo-nextest"
   cargo install --locked cargo-nextest

@@ -16,13 +16,11 @@ use macvtap_link::{Kernel, Link, LinkChange, MacvtapMode, Op, link_name_for_devi
 use nix::errno::Errno;
 use serde_json::Value;
 use std::collections::HashMap;
-use std::path::Path;
 use test_support::fake::{FakeKernel, HOST};
 
 pub(crate) const POD: &str = "/run/netns/pod-a";
 pub(crate) const DEVICE: &str = "lower0Mvp0";
 pub(crate) const MAC: &str = "02:23:45:67:89:01";
-const STATIC: &str = "/usr/lib/cni/static";
 
 /// A node with NIC `lower0`, the device plugin's macvtap for [`DEVICE`] on
 /// it, and an empty pod namespace.
@@ -31,6 +29,8 @@ pub(crate) struct Node {
     /// The macvtap as the device plugin made it.
     pub(crate) orig: Link,
     ipam_dir: tempfile::TempDir,
+    /// The reference plugins' directory, after `ipam_dir` in `CNI_PATH`.
+    plugins: std::path::PathBuf,
 }
 
 impl Node {
@@ -49,14 +49,17 @@ impl Node {
             )
             .unwrap();
         drop(host);
-        assert!(
-            Path::new(STATIC).exists(),
-            "NOT RUN: {STATIC} is missing; hack/setup.sh installs containernetworking-plugins"
-        );
+        // The reference static IPAM plugin, built from hack/peers/cni-plugins.
+        let plugins = test_support::gopeers::cni_plugins_dir().unwrap();
+        let static_plugin = plugins.join("static");
         let ipam_dir = tempfile::tempdir().unwrap();
         for name in ["static-logged", "static-add-fails", "static-del-fails"] {
             let path = ipam_dir.path().join(name);
-            std::fs::write(&path, WRAPPER.replace("@STATIC@", STATIC)).unwrap();
+            std::fs::write(
+                &path,
+                WRAPPER.replace("@STATIC@", &static_plugin.display().to_string()),
+            )
+            .unwrap();
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
         }
@@ -64,6 +67,7 @@ impl Node {
             kernel,
             orig,
             ipam_dir,
+            plugins,
         }
     }
 
@@ -75,7 +79,11 @@ impl Node {
             ("CNI_IFNAME", "net1".to_string()),
             (
                 "CNI_PATH",
-                format!("{}:/usr/lib/cni", self.ipam_dir.path().display()),
+                format!(
+                    "{}:{}",
+                    self.ipam_dir.path().display(),
+                    self.plugins.display()
+                ),
             ),
         ]
         .into_iter()

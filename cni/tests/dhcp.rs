@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-use common::dhcp::{DhcpDaemon, Dnsmasq, lock, wait_until};
+use common::dhcp::{DhcpDaemon, Dnsmasq, dhcp_plugin, lock, wait_until};
 use common::*;
 use serde_json::{Value, json};
 use std::net::Ipv4Addr;
@@ -93,7 +93,7 @@ fn add_without_the_dhcp_daemon_names_the_fix_and_rolls_back() {
     assert_eq!(run.code, 1, "{} / {}", run.stdout, run.stderr);
     let msg = run.json()["msg"].as_str().unwrap().to_string();
     assert!(
-        msg.contains("start `/usr/lib/cni/dhcp daemon`"),
+        msg.contains(&format!("start `{} daemon`", dhcp_plugin().display())),
         "the error names the fix: {msg}"
     );
     assert_eq!(sb.node_links(), before, "rolled back");

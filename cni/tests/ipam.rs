@@ -1,4 +1,5 @@
-//! IPAM delegation with the reference plugins from containernetworking-plugins.
+//! IPAM delegation with the reference plugins (v1.10.0, built from
+//! hack/peers/cni-plugins).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -7,11 +8,7 @@ use serde_json::{Value, json};
 use test_support::sh;
 
 fn require_plugin(name: &str) {
-    let p = format!("/usr/lib/cni/{name}");
-    assert!(
-        std::path::Path::new(&p).exists(),
-        "NOT RUN: {p} is missing; install containernetworking-plugins (.ci/run does)"
-    );
+    test_support::gopeers::cni_plugin(name).unwrap();
 }
 
 fn leases(dir: &std::path::Path) -> Vec<String> {

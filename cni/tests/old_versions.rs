@@ -35,10 +35,7 @@ fn add_and_del_work_in_0_1_0_and_0_2_0() {
 
 #[test]
 fn host_local_in_0_2_0_prints_ip4_and_lands_on_the_link() {
-    assert!(
-        std::path::Path::new("/usr/lib/cni/host-local").exists(),
-        "NOT RUN: /usr/lib/cni/host-local is missing; install containernetworking-plugins"
-    );
+    test_support::gopeers::cni_plugin("host-local").unwrap();
     let sb = Sandbox::new();
     sb.allocate("eth0Mvp0");
     let data = tempfile::tempdir().unwrap();

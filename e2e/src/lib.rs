@@ -5,7 +5,6 @@
 
 pub mod bench;
 pub mod cpio;
-pub mod gobuild;
 pub mod guest;
 pub mod host_kubelet;
 pub mod icmp;

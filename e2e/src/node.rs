@@ -524,7 +524,7 @@ pub fn run_cni_output(call: &CniCall, wrapper: &[&str]) -> Result<std::process::
         )
         .env("CNI_NETNS", call.netns)
         .env("CNI_IFNAME", call.ifname)
-        .env("CNI_PATH", "/usr/lib/cni")
+        .env("CNI_PATH", test_support::gopeers::cni_plugins_dir()?)
         .env("CNI_ARGS", call.args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -9,7 +9,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use anyhow::{Context, Result};
-use macvtap_e2e::gobuild::{GO_MACVTAP, build};
 use macvtap_e2e::node::{Node, binary};
 use macvtap_e2e::sandbox::TestNs;
 use serde_json::{Value, json};
@@ -18,6 +17,7 @@ use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
+use test_support::gopeers::{GO_MACVTAP_V0_13_1, build};
 
 /// What Multus puts in `CNI_ARGS` for a pod (before any `MAC=`).
 const MULTUS_ARGS: &str = "IgnoreUnknown=true;K8S_POD_NAMESPACE=default;\
@@ -243,7 +243,7 @@ fn run(
         .env("CNI_CONTAINERID", format!("sandbox-{}", netns.name))
         .env("CNI_NETNS", netns.path())
         .env("CNI_IFNAME", IFNAME)
-        .env("CNI_PATH", "/usr/lib/cni")
+        .env("CNI_PATH", test_support::gopeers::cni_plugins_dir()?)
         .env("CNI_ARGS", args)
         .env("MACVTAP_CNI_SETTINGS", settings)
         .stdin(Stdio::piped())
@@ -408,8 +408,9 @@ fn readme_table() -> String {
 }
 
 #[test]
+#[ignore = "github.com/kubevirt/macvtap-cni is not served by the Go module proxy (403 Forbidden: This module version is not available, for every version, on 2026-12-01); see hack/peers/README.md"]
 fn both_cnis_give_the_same_results_and_links_but_for_the_listed_differences() {
-    let go = build(&GO_MACVTAP).unwrap().remove(0);
+    let go = build(&GO_MACVTAP_V0_13_1).unwrap().remove(0);
     let ours = binary("macvtap-cni", "macvtap").unwrap();
     let node = Node::new().unwrap();
     let settings = node.kubelet_dir.path().join("macvtap.settings.json");

@@ -14,7 +14,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use anyhow::{Context, Result, ensure};
-use macvtap_e2e::gobuild::{GO_MACVTAP, build};
 use macvtap_e2e::guest::{self, Guest, SERVING};
 use macvtap_e2e::host_kubelet::HostDevicePlugins;
 use macvtap_e2e::icmp::Pinger;
@@ -30,6 +29,7 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use test_kubelet::{Daemon, PluginClient, TestKubelet};
+use test_support::gopeers::{GO_MACVTAP_V0_13_1, build};
 
 /// The ConfigMap both plugins read (`DP_MACVTAP_CONF`).
 const CONF: &str = r#"[{"name":"dataplane","lowerDevice":"lower0","mode":"bridge","capacity":10}]"#;
@@ -95,7 +95,7 @@ struct Site {
 
 impl Site {
     async fn start() -> Result<Self> {
-        let bins = build(&GO_MACVTAP)?;
+        let bins = build(&GO_MACVTAP_V0_13_1)?;
         let host_dir = HostDevicePlugins::claim()?;
         let mut node = Node::new()?;
         node.kubelet = Some(
@@ -438,6 +438,7 @@ impl Pinging {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "github.com/kubevirt/macvtap-cni is not served by the Go module proxy (403 Forbidden: This module version is not available, for every version, on 2026-12-01); see hack/peers/README.md"]
 async fn upgrade_from_the_go_project_in_place_and_roll_back() -> Result<()> {
     let mut site = Site::start().await?;
     let taps_before = tap_nodes();

@@ -9,6 +9,9 @@
 //! - [`tapnode`]: how tests that run at once avoid two macvtaps claiming one
 //!   `/dev/tapN`: [`tap_node_lock`] for tests whose macvtaps get
 //!   kernel-chosen ifindexes, [`unique_ifindex`] for tests that choose one.
+//! - [`gopeers`]: the Go programs the tests run beside ours (Multus, the
+//!   reference CNI plugins, the Go project we replace), built from the Go
+//!   module proxy by the pinned modules under `hack/peers/`.
 //! - [`capture`]: every frame an interface sees, from an `AF_PACKET`
 //!   socket, for tests that show a link stayed silent or spoke.
 //!
@@ -18,6 +21,7 @@
 
 pub mod capture;
 pub mod fake;
+pub mod gopeers;
 pub mod netns;
 pub mod tapnode;
 

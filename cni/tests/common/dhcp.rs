@@ -14,8 +14,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use test_support::{TestNs, require_root};
 
-/// The reference dhcp plugin (also its daemon, with the `daemon` argument).
-pub const DHCP_PLUGIN: &str = "/usr/lib/cni/dhcp";
+/// The reference dhcp plugin (also its daemon, with the `daemon` argument),
+/// built from hack/peers/cni-plugins.
+pub fn dhcp_plugin() -> PathBuf {
+    test_support::gopeers::cni_plugin("dhcp").unwrap()
+}
 /// The daemon's socket, where the plugin looks for it.
 pub const DHCP_SOCKET: &str = "/run/cni/dhcp.sock";
 /// The lock every test holds while it uses [`DHCP_SOCKET`].
@@ -32,15 +35,12 @@ pub struct DhcpLock {
 /// removed.
 pub fn lock() -> DhcpLock {
     require_root().unwrap();
-    for (path, package) in [
-        (DHCP_PLUGIN, "containernetworking-plugins"),
-        ("/usr/sbin/dnsmasq", "dnsmasq-base"),
-    ] {
-        assert!(
-            Path::new(path).exists(),
-            "NOT RUN: {path} is missing; install {package} (hack/setup.sh does)"
-        );
-    }
+    dhcp_plugin();
+    let dnsmasq = "/usr/sbin/dnsmasq";
+    assert!(
+        Path::new(dnsmasq).exists(),
+        "NOT RUN: {dnsmasq} is missing; install dnsmasq-base (hack/setup.sh does)"
+    );
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -63,7 +63,7 @@ pub fn lock() -> DhcpLock {
     DhcpLock { _lock: lock }
 }
 
-/// `/usr/lib/cni/dhcp daemon`, stopped (and its socket removed) on drop.
+/// `dhcp daemon` (the reference plugin), stopped (and its socket removed) on drop.
 pub struct DhcpDaemon {
     child: Child,
     log: PathBuf,
@@ -74,7 +74,7 @@ impl DhcpDaemon {
     pub fn start(_lock: &DhcpLock, log_dir: &Path) -> Self {
         std::fs::create_dir_all("/run/cni").unwrap();
         let log = log_dir.join("dhcp-daemon.log");
-        let child = Command::new(DHCP_PLUGIN)
+        let child = Command::new(dhcp_plugin())
             .args(["daemon", "-socketpath", DHCP_SOCKET])
             .stdin(Stdio::null())
             .stdout(File::create(&log).unwrap())

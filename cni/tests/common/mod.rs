@@ -84,7 +84,13 @@ impl Sandbox {
             ("CNI_CONTAINERID", format!("ctr-{}", self.pod.name)),
             ("CNI_NETNS", self.pod.path()),
             ("CNI_IFNAME", "net1".to_string()),
-            ("CNI_PATH", "/usr/lib/cni".to_string()),
+            (
+                "CNI_PATH",
+                test_support::gopeers::cni_plugins_dir()
+                    .unwrap()
+                    .display()
+                    .to_string(),
+            ),
         ];
         for (k, v) in extra_env {
             env.retain(|(e, _)| e != k);

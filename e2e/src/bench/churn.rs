@@ -7,7 +7,6 @@
 //! default directory (the only one the Go plugin knows).
 
 use super::report::Report;
-use crate::gobuild::{GO_MACVTAP, build};
 use crate::host_kubelet::HostDevicePlugins;
 use crate::kubelet_socket::LenientUnary;
 use crate::node::WAIT;
@@ -145,17 +144,16 @@ async fn run_one(
 }
 
 /// Runs the churn comparison at each of `link_counts`, `cycles` cycles
-/// each, with our daemon at `ours`, and adds its section to `report`.
+/// each, with our daemon at `ours` and the Go project's at `go` (ours alone
+/// when it could not be built: its columns then say so), and adds its
+/// section to `report`.
 pub async fn compare(
     ours: &Path,
+    go: Option<&Path>,
     link_counts: &[usize],
     cycles: usize,
     report: &mut Report,
 ) -> Result<()> {
-    let go = build(&GO_MACVTAP)?
-        .into_iter()
-        .find(|p| p.ends_with("deviceplugin"))
-        .context("the Go project's deviceplugin binary")?;
     let host = HostDevicePlugins::claim()?;
     let kubelet = TestKubelet::start(host.dir())
         .await
@@ -211,21 +209,37 @@ pub async fn compare(
     let events = (cycles * OPS_PER_CYCLE) as f64;
     for &n in link_counts {
         let o = run_one(ours, &our_args, &our_env, &kubelet, n, cycles, logs.path()).await?;
-        let g = run_one(&go, &go_args, &go_env, &kubelet, n, cycles, logs.path()).await?;
-        let ratio = if g.cpu.is_zero() {
-            "n/a".to_string()
-        } else {
-            format!("{:.2}", o.cpu.as_secs_f64() / g.cpu.as_secs_f64())
+        let g = match go {
+            Some(go) => {
+                Some(run_one(go, &go_args, &go_env, &kubelet, n, cycles, logs.path()).await?)
+            }
+            None => None,
         };
+        let go_cols = match &g {
+            Some(g) if g.cpu.is_zero() => format!(
+                "{:.2} | {:.0} | {:.2} | n/a",
+                0.0,
+                0.0,
+                g.idle.as_secs_f64()
+            ),
+            Some(g) => format!(
+                "{:.2} | {:.0} | {:.2} | {:.2}",
+                g.cpu.as_secs_f64(),
+                g.cpu.as_secs_f64() * 1e6 / events,
+                g.idle.as_secs_f64(),
+                o.cpu.as_secs_f64() / g.cpu.as_secs_f64()
+            ),
+            None => "not run | not run | not run | n/a".to_string(),
+        };
+        let wall = g
+            .as_ref()
+            .map_or(o.churn_wall, |g| o.churn_wall.max(g.churn_wall));
         let line = format!(
-            "| {n} | {:.2} | {:.0} | {:.2} | {:.2} | {:.0} | {:.2} | {ratio} | {:.1} |\n",
+            "| {n} | {:.2} | {:.0} | {:.2} | {go_cols} | {:.1} |\n",
             o.cpu.as_secs_f64(),
             o.cpu.as_secs_f64() * 1e6 / events,
             o.idle.as_secs_f64(),
-            g.cpu.as_secs_f64(),
-            g.cpu.as_secs_f64() * 1e6 / events,
-            g.idle.as_secs_f64(),
-            o.churn_wall.as_secs_f64().max(g.churn_wall.as_secs_f64()),
+            wall.as_secs_f64(),
         );
         print!("{line}");
         table.push_str(&line);

@@ -17,9 +17,9 @@ use std::time::Instant;
 pub struct Plugins {
     /// Our `macvtap` (release build).
     pub ours: PathBuf,
-    /// Debian's Go `macvlan`.
+    /// The reference plugins' Go `macvlan` (v1.10.0).
     pub go_macvlan: PathBuf,
-    /// Debian's `host-local`.
+    /// The reference plugins' `host-local` (v1.10.0).
     pub host_local: PathBuf,
 }
 
@@ -529,7 +529,7 @@ pub fn check_plugins(p: &Plugins) -> Result<()> {
     for path in [&p.ours, &p.go_macvlan, &p.host_local] {
         if !path.exists() {
             bail!(
-                "{} is missing (build with cargo build --release; apt-get install containernetworking-plugins)",
+                "{} is missing (hack/build-static.sh builds ours; the reference plugins come from hack/peers/cni-plugins)",
                 path.display()
             );
         }

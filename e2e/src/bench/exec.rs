@@ -6,6 +6,12 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The reference plugins' directory (`CNI_PATH` for IPAM and chained
+/// plugins), built on first use from hack/peers/cni-plugins.
+fn cni_path() -> Result<std::path::PathBuf> {
+    test_support::gopeers::cni_plugins_dir()
+}
+
 /// One timed plugin run.
 #[derive(Debug)]
 pub struct Exec {
@@ -49,7 +55,7 @@ pub fn cni_with_env(
         )
         .env("CNI_NETNS", netns)
         .env("CNI_IFNAME", ifname)
-        .env("CNI_PATH", "/usr/lib/cni")
+        .env("CNI_PATH", cni_path()?)
         .env("CNI_ARGS", args)
         .env("MACVTAP_CNI_LOG_LEVEL", "warn")
         .envs(env.iter().copied())

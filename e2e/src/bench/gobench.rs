@@ -1,5 +1,6 @@
 //! Side by side with the Go project we replace, kubevirt/macvtap-cni
-//! v0.13.1, built from its source tarball ([`crate::gobuild::GO_MACVTAP`]):
+//! v0.13.1, built from its pinned module
+//! (`test_support::gopeers::GO_MACVTAP_V0_13_1`, `hack/peers/`):
 //! its CNI against ours on host macvtaps handed over as in production, and
 //! its device plugin against ours under test kubelets (start to Register,
 //! Allocate of new and of held devices, memory, idle CPU). Every pair runs
@@ -10,7 +11,6 @@ use super::dp::{cpu_ticks, rss_kib, scrap_macvtaps};
 use super::exec;
 use super::report::{Report, Row};
 use super::stats::Samples;
-use crate::gobuild::{GO_MACVTAP, build};
 use crate::host_kubelet::HostDevicePlugins;
 use crate::kubelet_socket::LenientUnary;
 use crate::node::Node;
@@ -32,10 +32,10 @@ pub struct GoProject {
 }
 
 impl GoProject {
-    /// Builds the Go project once (cached under `target/`) and returns its
-    /// binaries.
+    /// Builds the Go project once (cached, see `test_support::gopeers`)
+    /// and returns its binaries.
     pub fn build() -> Result<Self> {
-        let bins = build(&GO_MACVTAP)?;
+        let bins = test_support::gopeers::build(&test_support::gopeers::GO_MACVTAP_V0_13_1)?;
         match bins.as_slice() {
             [cni, dp] => Ok(Self {
                 cni: cni.clone(),

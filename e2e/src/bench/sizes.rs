@@ -1,5 +1,5 @@
-//! Binary sizes of what ships, beside the Go project we replace and Debian's
-//! Go `macvlan` plugin.
+//! Binary sizes of what ships, beside the Go project we replace and the
+//! reference plugins' Go `macvlan`.
 
 use super::cni::Plugins;
 use super::gobench::GoProject;
@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 
 /// Sizes of our static (shipped) and dynamic release binaries, each with its
 /// ratio to the Go project's counterpart (kubevirt/macvtap-cni v0.13.1, as
-/// `go build` makes it with CGO off) when `go` is given, and Debian's Go
-/// `macvlan` plugin for scale.
+/// `go build` makes it with CGO off) when `go` is given, and the reference
+/// plugins' Go `macvlan` for scale.
 pub fn table(
     root: &Path,
     plugins: &Plugins,
@@ -55,7 +55,7 @@ pub fn table(
             go_dp,
         ),
         (
-            "Go macvlan (Debian containernetworking-plugins, another plugin, for scale)",
+            "Go macvlan (reference CNI plugins v1.10.0, another plugin, for scale)",
             plugins.go_macvlan.clone(),
             None,
         ),

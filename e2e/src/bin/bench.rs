@@ -16,11 +16,12 @@ async fn main() -> Result<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(200);
+    let reference = test_support::gopeers::cni_plugins_dir()?;
     let plugins = cni::Plugins {
         // What ships: the static build of hack/build-static.sh.
         ours: root.join("target/static/macvtap"),
-        go_macvlan: "/usr/lib/cni/macvlan".into(),
-        host_local: "/usr/lib/cni/host-local".into(),
+        go_macvlan: reference.join("macvlan"),
+        host_local: reference.join("host-local"),
     };
     cni::check_plugins(&plugins)?;
     let mut report = Report::default();
@@ -37,9 +38,25 @@ async fn main() -> Result<()> {
     let want = |s: &str| only.is_empty() || only.split(',').any(|o| o == s);
     let mut panels = Vec::new();
     // The Go project we replace (kubevirt/macvtap-cni v0.13.1), built once
-    // from its source tarball and cached under target/.
-    let go = if want("gocni") || want("godp") || want("sizes") {
-        Some(gobench::GoProject::build()?)
+    // from its pinned module (hack/peers/). A subset that names gocni or
+    // godp fails when it cannot be built; any other run says loudly that its
+    // Go columns were not run, and why, and goes on with ours.
+    let go = if want("gocni") || want("godp") || want("sizes") || want("churn") {
+        match gobench::GoProject::build() {
+            Ok(go) => Some(go),
+            Err(e) if only.is_empty() || !(want("gocni") || want("godp")) => {
+                eprintln!("NOT RUN: the side-by-side figures of the Go project: {e:#}");
+                report.section(
+                    "Not run: the Go project side by side",
+                    &format!(
+                        "The side-by-side CNI and device plugin benchmarks, and the Go columns of \
+                         the churn and size tables, did not run: {e:#}"
+                    ),
+                );
+                None
+            }
+            Err(e) => return Err(e),
+        }
     } else {
         None
     };
@@ -111,6 +128,7 @@ async fn main() -> Result<()> {
             .unwrap_or(100);
         churn::compare(
             &root.join("target/static/macvtap-deviceplugin"),
+            go.as_ref().map(|g| g.deviceplugin.as_path()),
             &[10, 100, 500, 2000],
             cycles,
             &mut report,

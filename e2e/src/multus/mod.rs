@@ -2,10 +2,9 @@
 //! container runtime runs it, with what it needs around it; one file per
 //! job:
 //!
-//! - [`build`] compiles Multus once from its source tarball (in
-//!   `../shared/peers/` beside the checkout or in `$MACVTAP_PEERS_DIR`)
-//!   with Go 1.23 into `target/e2e-multus/` and caches it
-//!   ([`crate::gobuild`], which builds the Go project we replace too).
+//! - [`build`] builds Multus once from its pinned module
+//!   (`hack/peers/multus`, fetched from the Go module proxy) and caches it
+//!   (`test_support::gopeers`, which builds the other Go peers too).
 //! - the fake Kubernetes API server the thin plugin talks to is
 //!   `test_kubelet::FakeApiServer` (GET pod, GET NAD, PUT pod status, POST
 //!   events).
@@ -24,10 +23,10 @@ pub use runner::{DelegateCall, Multus, MultusRun, Pod};
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-/// Builds Multus once (cached under `target/e2e-multus/`) and returns the
-/// path of its thin plugin.
+/// Builds Multus once (cached outside the checkout, see
+/// `test_support::gopeers`) and returns the path of its thin plugin.
 pub fn build() -> anyhow::Result<std::path::PathBuf> {
-    let mut bins = crate::gobuild::build(&crate::gobuild::MULTUS)?;
+    let mut bins = test_support::gopeers::build(&test_support::gopeers::MULTUS)?;
     bins.pop()
         .ok_or_else(|| anyhow::anyhow!("the Multus build named no binary"))
 }

@@ -139,15 +139,16 @@ impl Multus {
         std::fs::create_dir_all(&bindir)?;
         std::fs::create_dir_all(&records)?;
         let ours = binary("macvtap-cni", "macvtap")?;
+        let reference = test_support::gopeers::cni_plugins_dir()?;
         for plugin in RECORDED {
             let real = if plugin == "macvtap" {
                 ours.clone()
             } else {
-                PathBuf::from("/usr/lib/cni").join(plugin)
+                reference.join(plugin)
             };
             ensure!(
                 real.exists(),
-                "{} is missing (apt-get install containernetworking-plugins)",
+                "{} is missing (the reference plugins are built from hack/peers/cni-plugins)",
                 real.display()
             );
             write_recorder(&bindir, &records, plugin, &real)?;
@@ -251,7 +252,7 @@ impl Multus {
             .env("CNI_CONTAINERID", &sandbox_id)
             .env("CNI_NETNS", netns.path())
             .env("CNI_IFNAME", "eth0")
-            .env("CNI_PATH", "/usr/lib/cni")
+            .env("CNI_PATH", test_support::gopeers::cni_plugins_dir()?)
             .env("CNI_ARGS", args)
             .env("MACVTAP_CNI_SETTINGS", &self.settings)
             .stdin(Stdio::piped())
