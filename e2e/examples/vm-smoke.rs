@@ -2,7 +2,11 @@
 //! with QEMU (uid 107) on a tap node or with libvirtd (uid 107) on an interface name.
 //! `vm-smoke qemu POD_NS /dev/tapN MAC` or `vm-smoke libvirt POD_NS IFNAME MAC`.
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    macvtap_e2e::exit::report(run())
+}
+
+fn run() -> anyhow::Result<()> {
     let a: Vec<String> = std::env::args().collect();
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e-guest");
     let g = macvtap_e2e::guest::build(&dir)?;

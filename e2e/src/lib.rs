@@ -5,6 +5,7 @@
 
 pub mod bench;
 pub mod cpio;
+pub mod exit;
 pub mod guest;
 pub mod host_kubelet;
 pub mod icmp;

@@ -9,7 +9,11 @@ use std::path::PathBuf;
 use test_kubelet::TestPodResources;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> Result<()> {
+async fn main() -> std::process::ExitCode {
+    macvtap_e2e::exit::report(run().await)
+}
+
+async fn run() -> Result<()> {
     macvtap_e2e::sandbox::require_root()?;
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let n: usize = std::env::var("BENCH_N")

@@ -1,7 +1,7 @@
 //! `macvtap-sandbox`: the main job on one machine. A throwaway sandbox node
 //! where the real device plugin registers with a test kubelet, a device is
 //! allocated as for an admitted VM pod, the real Multus (v4.2.2, built once
-//! with Go 1.23) runs our CNI as a runtime runs Multus, a VM boots on the
+//! from its pinned module, `hack/peers/multus`) runs our CNI as a runtime runs Multus, a VM boots on the
 //! macvtap (QEMU as uid 107, as virt-launcher) and pings a peer host, and
 //! everything is cleaned up. Each step is printed in plain words. Run by `hack/sandbox.sh`.
 
@@ -20,7 +20,11 @@ const POD: &str = "virt-launcher-vm-demo-x7k2p";
 const VM_MAC: &str = "52:54:00:c0:ff:ee";
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> Result<()> {
+async fn main() -> std::process::ExitCode {
+    macvtap_e2e::exit::report(run().await)
+}
+
+async fn run() -> Result<()> {
     require_root()?;
     let mut s = Steps::new();
 
@@ -59,7 +63,9 @@ async fn main() -> Result<()> {
         "registered macvtap.network.kubevirt.io/dataplane; ListAndWatch shows 50 healthy devices",
     );
 
-    s.step("the real Multus (built once from ../shared/peers/, cached in target/)");
+    s.step(
+        "the real Multus (built once from hack/peers/multus through the Go module proxy, cached)",
+    );
     let multus = tokio::task::block_in_place(|| Multus::start(&n))?;
     s.say(format!(
         "{} {}, a fake API server at {} in the node namespace, {} -> the test kubelet's PodResources",
