@@ -23,6 +23,13 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use test_kubelet::PluginClient;
 
+pub mod fds;
+pub mod kill;
+pub mod trace;
+
+use kill::Sends;
+use trace::Trace;
+
 /// The resource the soak's device plugin serves on `lower0`.
 pub const RESOURCE: &str = "soak";
 /// Its devices: more than the soak keeps live, so freed devices rest and
@@ -37,6 +44,10 @@ const MAX_KILL_AT: u64 = 10;
 /// Lifecycles the last daemon runs before its first sample counts (its
 /// allocator and connections settle).
 const WARM_UP: usize = 10;
+/// How many of the failing device's steps a failure prints.
+const TRACE_EVENTS: usize = 40;
+/// How many daemon log lines a failure prints.
+const LOG_LINES: usize = 80;
 /// Samples per median in [`check_flat`].
 const WINDOW: usize = 9;
 /// How much the median of the last daemon's open descriptors may rise:
@@ -76,6 +87,10 @@ pub struct Report {
     pub del_kills: usize,
     /// The daemon's descriptors and memory, one sample per lifecycle.
     pub samples: Vec<Sample>,
+    /// The last daemon's descriptors at its first sample.
+    pub fds_first: Vec<fds::Fd>,
+    /// The last daemon's descriptors at the end, before it stops.
+    pub fds_last: Vec<fds::Fd>,
     /// Wall time of the run.
     pub took: Duration,
 }
@@ -161,6 +176,31 @@ struct Soak {
     report: Report,
     live: Vec<Pod>,
     next_pod: usize,
+    trace: Trace,
+    /// Where each device's link last was on the node: its ifindex, as
+    /// the soak last saw it.
+    last_index: std::collections::HashMap<String, u32>,
+}
+
+/// How a CNI run ended: its output and, for a run meant to be killed,
+/// what its trace says it sent.
+struct CniRun {
+    out: std::process::Output,
+    sends: Option<Sends>,
+}
+
+impl CniRun {
+    fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.out.stdout).trim().to_string()
+    }
+
+    /// The plugin's log lines (its stderr), indented, for the trace.
+    fn log(&self) -> String {
+        String::from_utf8_lossy(&self.out.stderr)
+            .lines()
+            .map(|l| format!("\n    cni: {l}"))
+            .collect()
+    }
 }
 
 fn full_resource() -> String {
@@ -196,24 +236,24 @@ pub async fn run(cfg: Settings) -> Result<Report> {
         cfg,
         live: Vec::new(),
         next_pod: 0,
+        trace: Trace::default(),
+        last_index: Default::default(),
     };
-    let seed = soak.cfg.seed;
     let mut step = 0usize;
     while soak.report.lifecycles < soak.cfg.lifecycles {
         step += 1;
-        soak.step()
-            .await
-            .and_then(|()| soak.check_live())
-            .with_context(|| {
-                format!(
-                    "soak seed {seed}, step {step}, after {} lifecycles; daemon log:\n{}",
-                    soak.report.lifecycles,
-                    soak.node.daemon_log()
-                )
-            })?;
+        soak.trace.begin(step);
+        let done = soak.step().await.and_then(|()| soak.check_live());
+        if let Err(e) = done {
+            return Err(e.context(soak.failure_report(step)));
+        }
     }
     while let Some(pod) = soak.live.pop() {
-        soak.stop_pod(pod)?;
+        step += 1;
+        soak.trace.begin(step);
+        if let Err(e) = soak.stop_pod(pod) {
+            return Err(e.context(soak.failure_report(step)));
+        }
     }
     soak.node.wait_for_reclaim()?;
     let mut taps_now = Vec::new();
@@ -230,6 +270,9 @@ pub async fn run(cfg: Settings) -> Result<Report> {
         .filter(|l| l != "lo" && l != "lower0")
         .collect();
     ensure!(left.is_empty(), "links left on the node: {left:?}");
+    if let Some(pid) = soak.node.device_plugin_pid() {
+        soak.report.fds_last = fds::list(pid)?;
+    }
     check_flat(&soak.report.samples)?;
     soak.node.stop_device_plugin()?;
     soak.report.took = t.elapsed();
@@ -302,10 +345,24 @@ impl Soak {
             .filter(|d| !self.live.iter().any(|p| &p.device == d))
             .collect();
         let device = free[self.rng.below(free.len() as u64) as usize].clone();
+        let link = macvtap_link::link_name_for_device(&device);
+        let before = self.node.ns.link(&link)?.map(|l| l.index);
         let alloc = Node::allocate(&mut self.client, &device).await?;
         let ifindex = alloc.ifindex()?;
+        self.last_index.insert(device.clone(), ifindex);
+        // Whether the link was still on the node is timing (the reclaim's
+        // grace), not the seed: say what it was.
+        let met = match before {
+            Some(i) if i == ifindex => format!("reused the link on the node at /dev/tap{i}"),
+            Some(i) => {
+                format!("the node had the link at ifindex {i}, Allocate answered /dev/tap{ifindex}")
+            }
+            None => format!("a new link at /dev/tap{ifindex}"),
+        };
         self.next_pod += 1;
         let name = format!("virt-launcher-soak-{}", self.next_pod);
+        self.trace
+            .note(Some(&device), format!("Allocate for {name}: {met}"));
         self.node
             .pod_resources
             .as_ref()
@@ -313,13 +370,9 @@ impl Soak {
             .add_pod("default", &name, &[(&full_resource(), &[&device])]);
         let mut ns = TestNs::new("pod")?;
         let kill_at = self.rng.chance(25).then(|| 1 + self.rng.below(MAX_KILL_AT));
-        let out = self.cni("ADD", &name, &device, &ns, kill_at)?;
-        if !out.status.success() {
-            ensure!(
-                kill_at.is_some(),
-                "ADD of {device} for {name} failed: {}",
-                String::from_utf8_lossy(&out.stdout)
-            );
+        let run = self.cni("ADD", &name, &device, &ns, kill_at)?;
+        let killed = self.judge("ADD", &name, &device, &ns, kill_at, &run)?;
+        if killed {
             self.report.add_kills += 1;
             // containerd's RunPodSandbox failure path: DEL with the same
             // arguments, the sandbox gone, then a new sandbox and ADD.
@@ -338,17 +391,48 @@ impl Soak {
         Ok(())
     }
 
+    /// Says how a run meant to be killed at `kill_at` (or not) ended, and
+    /// whether it was killed: a failure that was no kill is an error.
+    fn judge(
+        &mut self,
+        command: &str,
+        pod: &str,
+        device: &str,
+        ns: &TestNs,
+        kill_at: Option<u64>,
+        run: &CniRun,
+    ) -> Result<bool> {
+        let how = match (&run.sends, run.out.status.success()) {
+            (Some(s), _) => format!("{s}"),
+            (None, true) => "succeeded".to_string(),
+            (None, false) => "failed".to_string(),
+        };
+        self.trace.note(
+            Some(device),
+            format!(
+                "{command} for {pod} in {}{}: {how}{}",
+                ns.name,
+                kill_at
+                    .map(|k| format!(", to be killed at netlink send {k}"))
+                    .unwrap_or_default(),
+                run.log()
+            ),
+        );
+        if run.out.status.success() {
+            return Ok(false);
+        }
+        ensure!(
+            run.sends.as_ref().is_some_and(|s| s.killed),
+            "{command} of {device} for {pod} failed ({how}): {}",
+            run.stdout()
+        );
+        Ok(true)
+    }
+
     fn stop_pod(&mut self, pod: Pod) -> Result<()> {
         let kill_at = self.rng.chance(20).then(|| 1 + self.rng.below(MAX_KILL_AT));
-        let out = self.cni("DEL", &pod.name, &pod.device, &pod.ns, kill_at)?;
-        if !out.status.success() {
-            ensure!(
-                kill_at.is_some(),
-                "DEL of {} for {} failed: {}",
-                pod.device,
-                pod.name,
-                String::from_utf8_lossy(&out.stdout)
-            );
+        let run = self.cni("DEL", &pod.name, &pod.device, &pod.ns, kill_at)?;
+        if self.judge("DEL", &pod.name, &pod.device, &pod.ns, kill_at, &run)? {
             self.report.del_kills += 1;
             self.cni_ok("DEL", &pod.name, &pod.device, &pod.ns)
                 .context("DEL again after a killed DEL")?;
@@ -362,6 +446,10 @@ impl Soak {
             .as_ref()
             .context("PodResources not started")?
             .remove_pod("default", &pod.name);
+        self.trace.note(
+            Some(&pod.device),
+            format!("{} gone from PodResources", pod.name),
+        );
         self.report.lifecycles += 1;
         self.sample()
     }
@@ -373,7 +461,7 @@ impl Soak {
         device: &str,
         ns: &TestNs,
         kill_at: Option<u64>,
-    ) -> Result<std::process::Output> {
+    ) -> Result<CniRun> {
         let mut conf: Value = serde_json::from_str(NAD)?;
         conf["deviceID"] = Value::from(device);
         let args = format!(
@@ -381,23 +469,14 @@ impl Soak {
              K8S_POD_INFRA_CONTAINER_ID=sandbox-{}",
             ns.name
         );
-        let inject = kill_at.map(|k| format!("inject=sendto:signal=KILL:when={k}"));
-        let wrapper: Vec<&str> = match &inject {
-            // Killed on entry to its k-th netlink send: the sends before it
-            // took effect, nothing after them runs.
-            Some(i) => vec![
-                "strace",
-                "-f",
-                "-qq",
-                "-o",
-                "/dev/null",
-                "-e",
-                "trace=sendto",
-                "-e",
-                i,
-            ],
-            None => Vec::new(),
-        };
+        let trace_file = tempfile::NamedTempFile::new()?;
+        let trace_path = trace_file.path().to_string_lossy().into_owned();
+        // Killed on entry to its k-th netlink send: the sends before it
+        // took effect, nothing after them runs.
+        let wrapper = kill_at
+            .map(|k| kill::strace_args(k, &trace_path))
+            .unwrap_or_default();
+        let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
         let ns_path = ns.path();
         let conf = conf.to_string();
         let call = CniCall {
@@ -410,18 +489,50 @@ impl Soak {
             conf: &conf,
             settings: Some(&self.settings_file),
         };
-        tokio::task::block_in_place(|| run_cni_output(&call, &wrapper))
+        let out = tokio::task::block_in_place(|| run_cni_output(&call, &wrapper))?;
+        let sends = match kill_at {
+            Some(_) => Some(Sends::parse(&std::fs::read_to_string(trace_file.path())?)),
+            None => None,
+        };
+        Ok(CniRun { out, sends })
     }
 
-    fn cni_ok(&self, command: &str, pod: &str, device: &str, ns: &TestNs) -> Result<()> {
-        let out = self.cni(command, pod, device, ns, None)?;
-        ensure!(
-            out.status.success(),
-            "CNI {command} of {device} for {pod} failed: {} {}",
-            String::from_utf8_lossy(&out.stdout).trim(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+    fn cni_ok(&mut self, command: &str, pod: &str, device: &str, ns: &TestNs) -> Result<()> {
+        let run = self.cni(command, pod, device, ns, None)?;
+        self.judge(command, pod, device, ns, None, &run)?;
         Ok(())
+    }
+
+    /// What a failure at `step` prints: the seed and the step, the steps
+    /// about the device it concerns, and the daemon log cut to that device.
+    fn failure_report(&self, step: usize) -> String {
+        let device = self.trace.current_device();
+        let log = self.node.daemon_log();
+        let log = match device {
+            Some(d) => trace::log_about(
+                &log,
+                d,
+                &macvtap_link::link_name_for_device(d),
+                self.last_index.get(d).copied(),
+                LOG_LINES,
+            ),
+            None => {
+                let lines: Vec<&str> = log.lines().collect();
+                lines[lines.len().saturating_sub(LOG_LINES)..].join("\n")
+            }
+        };
+        format!(
+            "soak seed {}, step {step}, after {} lifecycles (replay: SOAK_SEED={}){}; its steps:\n{}\n\
+             daemon log{}:\n{log}",
+            self.cfg.seed,
+            self.report.lifecycles,
+            self.cfg.seed,
+            device.map(|d| format!(", about {d}")).unwrap_or_default(),
+            self.trace.about(device, TRACE_EVENTS),
+            device
+                .map(|d| format!(" (the lines about {d}, its link, its tap node, and warnings)"))
+                .unwrap_or_default()
+        )
     }
 
     /// Every live pod's link is in its namespace, at the ifindex of the
@@ -445,6 +556,7 @@ impl Soak {
     async fn restart_kubelet(&mut self) -> Result<()> {
         let k = self.node.kubelet.take().context("kubelet not started")?;
         self.node.kubelet = Some(k.restart().await?);
+        self.trace.note(None, "kubelet restarted");
         self.client = self.node.plugin(RESOURCE, CAPACITY).await?;
         self.report.kubelet_restarts += 1;
         Ok(())
@@ -453,6 +565,7 @@ impl Soak {
     async fn flap_nic(&mut self) -> Result<()> {
         let kubelet = self.node.kubelet.as_ref().context("kubelet not started")?;
         let full = full_resource();
+        self.trace.note(None, "NIC down, then up");
         self.node.ns.ip(&["link", "set", "lower0", "down"])?;
         kubelet
             .wait_resource(&full, WAIT, |v| {
@@ -479,7 +592,16 @@ impl Soak {
             .as_ref()
             .context("kubelet not started")?
             .registration_count(&full);
-        if self.rng.chance(50) {
+        let kill = self.rng.chance(50);
+        self.trace.note(
+            None,
+            if kill {
+                "device plugin killed (SIGKILL) and started"
+            } else {
+                "device plugin stopped (SIGTERM) and started"
+            },
+        );
+        if kill {
             self.node.kill_device_plugin()?;
             self.report.plugin_kills += 1;
         } else {
@@ -509,6 +631,9 @@ impl Soak {
             .find_map(|l| l.strip_prefix("VmRSS:"))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
             .context("no VmRSS")?;
+        if self.report.samples.last().is_none_or(|s| s.pid != pid) {
+            self.report.fds_first = fds::list(pid)?;
+        }
         self.report.samples.push(Sample {
             pid,
             lifecycles: self.report.lifecycles,
