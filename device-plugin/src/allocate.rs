@@ -9,10 +9,12 @@
 use crate::config::ResourceConfig;
 use crate::devices::device_index;
 use crate::error::{Error, Result};
+use crate::heal::Assignments;
 use crate::health::port_in_the_way;
 use crate::host::Host;
 use crate::master::{Owner, receive_path_owner};
 use crate::port::PortInTheWay;
+use crate::reclaim::AllocationClock;
 use kubelet_proto::v1beta1::{
     AllocateRequest, AllocateResponse, ContainerAllocateResponse, DeviceSpec,
 };
@@ -20,7 +22,7 @@ use macvtap_link::tapdev::{parse_major_minor, tap_node_path};
 use macvtap_link::{Link, Links, Linux, MacvtapMode, link_name_for_device};
 use nix::errno::Errno;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
 /// Where the kernel's tap nodes live, on the host and in the container.
@@ -67,6 +69,41 @@ pub fn allocate(req: &AllocateRequest, cfg: &ResourceConfig) -> Result<AllocateR
         }
         result
     })
+}
+
+/// An Allocate as the plugin server serves it, on `host` (the real
+/// kernel's through [`allocate`] when `None`): the devices' leak clocks
+/// restarted before their links are touched and once they are ready, the
+/// links made or reused, and what was handed out recorded for healing
+/// before the answer leaves.
+pub fn serve(
+    host: Option<&Host>,
+    req: &AllocateRequest,
+    cfg: &ResourceConfig,
+    clock: &AllocationClock,
+    assignments: &Assignments,
+) -> Result<AllocateResponse> {
+    let ids: Vec<String> = req
+        .container_requests
+        .iter()
+        .flat_map(|c| c.devices_ids.iter().cloned())
+        .collect();
+    let links: Vec<String> = ids.iter().map(|id| link_name_for_device(id)).collect();
+    for l in &links {
+        clock.allocated(l, Instant::now());
+    }
+    let resp = match host {
+        Some(host) => {
+            check_request(req, cfg)?;
+            allocate_on(host, req, cfg)
+        }
+        None => allocate(req, cfg),
+    }?;
+    assignments.handed_out(&cfg.name, &ids, &resp);
+    for l in &links {
+        clock.allocated(l, Instant::now());
+    }
+    Ok(resp)
 }
 
 thread_local! {

@@ -313,6 +313,15 @@ impl FakeKernel {
         });
     }
 
+    /// Removes the hooks that never ran (their point never came) and says
+    /// how many there were.
+    pub fn drop_hooks(&self) -> usize {
+        let mut st = self.state();
+        let n = st.hooks.len();
+        st.hooks.clear();
+        n
+    }
+
     /// The calls other processes made in hooks, in order.
     pub fn other_calls(&self) -> Vec<Call> {
         self.state().other_calls.clone()
