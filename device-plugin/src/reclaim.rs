@@ -16,6 +16,7 @@
 //! through the reclaimer's kernel (the real one in the daemon, the fake in
 //! unit tests), on a blocking thread.
 
+pub use crate::clock::AllocationClock;
 use crate::config::ResourceConfig;
 use crate::error::{Error, Result};
 use crate::events::{EventSink, NodeEvent};
@@ -32,7 +33,7 @@ use nix::errno::Errno;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
@@ -44,33 +45,6 @@ const POD_RESOURCES_WAIT: Duration = Duration::from_secs(5);
 /// How long an Allocate is remembered at the least (the reclaim grace when
 /// that is longer); older ones are forgotten so the map stays small.
 const MIN_CLOCK_MEMORY: Duration = Duration::from_secs(1);
-
-/// When each device link was last handed out by Allocate, shared by the
-/// plugin servers (which write) and the reclaimer (which reads).
-#[derive(Debug, Clone, Default)]
-pub struct AllocationClock {
-    last: Arc<Mutex<HashMap<String, Instant>>>,
-}
-
-impl AllocationClock {
-    /// Records that the link named `link` was allocated at `now`.
-    pub fn allocated(&self, link: &str, now: Instant) {
-        let mut m = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        m.insert(link.to_string(), now);
-    }
-
-    /// When the link named `link` was last allocated.
-    pub fn last_allocated(&self, link: &str) -> Option<Instant> {
-        let m = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        m.get(link).copied()
-    }
-
-    /// Forgets allocations older than `age` at `now`, keeping the map small.
-    pub fn forget_older_than(&self, age: Duration, now: Instant) {
-        let mut m = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        m.retain(|_, t| now.duration_since(*t) < age);
-    }
-}
 
 /// A link as the reclaimer tells links apart: a link deleted and created
 /// again under the same name has another ifindex, and starts over.
@@ -251,7 +225,9 @@ impl Reclaimer {
                 Error::Task(format!("the task healing and reclaiming links failed: {e}"))
             })??;
         metrics.links_healed(done.healed);
-        metrics.leaked_links_removed(self.finish(&done));
+        let removed = self.finish(&done);
+        metrics.leaked_links_removed(removed);
+        debug!(healed = done.healed, removed, "reclaim round done");
         Ok(RoundOutcome::Done)
     }
 
@@ -291,6 +267,8 @@ impl Reclaimer {
         RoundWork {
             kernel: self.kernel.clone(),
             dev_dir: self.dev_dir.clone(),
+            clock: self.clock.clone(),
+            grace: self.grace,
         }
     }
 
@@ -353,11 +331,16 @@ pub struct Done {
 pub struct RoundWork {
     kernel: SharedKernel,
     dev_dir: PathBuf,
+    clock: AllocationClock,
+    grace: Duration,
 }
 
 impl RoundWork {
     /// Carries out `plan` with the current `resources`: re-creates the lost
-    /// links, then deletes the leaked ones.
+    /// links, then deletes the leaked ones that are still what the plan saw
+    /// and whose device no Allocate has handed out since (the plan is as
+    /// old as the kubelet's answer: an Allocate may have reused the link
+    /// meanwhile, and a pod's CNI ADD moved it).
     pub fn carry_out(&self, plan: &Plan, resources: &[ResourceConfig]) -> Result<Done> {
         let healed = if plan.lost.is_empty() {
             0
@@ -372,7 +355,12 @@ impl RoundWork {
         let deleted = if plan.due.is_empty() {
             Vec::new()
         } else {
-            delete_links(self.kernel.links(None)?.as_ref(), &plan.due)?
+            delete_unallocated(
+                self.kernel.links(None)?.as_ref(),
+                &self.clock,
+                self.grace,
+                &plan.due,
+            )?
         };
         Ok(Done { healed, deleted })
     }
@@ -413,14 +401,41 @@ fn identity(l: &Link) -> LinkIdentity {
     (l.name.clone(), l.index)
 }
 
-/// Deletes each of `links` from `handle`'s namespace; returns those it
-/// deleted (one already gone is neither deleted nor an error).
-fn delete_links(handle: &dyn Links, links: &[Link]) -> Result<Vec<LinkIdentity>> {
+/// Deletes each of `links` from `handle`'s namespace that no Allocate has
+/// handed out within `grace` and that is still the link it was (its name at
+/// its ifindex, a macvtap), holding `clock` meanwhile so that no Allocate
+/// starts on one in between; returns those it deleted (one gone by now is
+/// neither deleted nor an error).
+fn delete_unallocated(
+    handle: &dyn Links,
+    clock: &AllocationClock,
+    grace: Duration,
+    links: &[Link],
+) -> Result<Vec<LinkIdentity>> {
+    let held = clock.hold();
+    let now = Instant::now();
     let mut deleted = Vec::new();
     for l in links {
+        if held.allocated_within(&l.name, grace, now) {
+            debug!(ifname = %l.name, ifindex = l.index,
+                "keeping a link that looked leaked: its device was allocated since the round asked the kubelet");
+            continue;
+        }
+        match handle.get_link_by_index(l.index) {
+            Ok(Some(now)) if now.name == l.name && now.is_macvtap() => {}
+            Ok(_) => {
+                debug!(ifname = %l.name, ifindex = l.index,
+                    "not deleting a link that looked leaked: it is no longer on the node as it was");
+                continue;
+            }
+            Err(e) => {
+                warn!(ifname = %l.name, error = %e, "could not look at a leaked macvtap before deleting it");
+                continue;
+            }
+        }
         match handle.del_link(l.index, &l.name) {
             Ok(()) => {
-                info!(ifname = %l.name, "deleted a leaked macvtap (allocated to no pod)");
+                info!(ifname = %l.name, ifindex = l.index, "deleted a leaked macvtap (allocated to no pod)");
                 deleted.push(identity(l));
             }
             Err(e) if e.errno() == Some(Errno::ENODEV) => {}
