@@ -186,9 +186,22 @@ fn device_error<'a>(
     }
 }
 
+/// What [`recreate_device`] came to.
+#[derive(Debug)]
+pub enum Recreated {
+    /// The link is back, its tap node checked.
+    Made(Link),
+    /// `/dev/tap<index>` is another macvtap's (the device's own, in a pod's
+    /// namespace by now): the link made was deleted again.
+    NodeElsewhere,
+}
+
 /// Re-creates the lost macvtap of device `id` on `lower` with ifindex
 /// `index`, the one whose `/dev/tap<index>` the kubelet keeps handing to the
-/// device's pod, and checks that node. Deletes what it made on failure.
+/// device's pod, and checks that node. Deletes what it made on failure, and
+/// at once when the node is another macvtap's: devtmpfs makes a node only
+/// for the first of two macvtaps that share an ifindex in different
+/// namespaces, so the new link would never get one.
 pub fn recreate_device(
     host: &Host,
     cfg: &ResourceConfig,
@@ -196,7 +209,7 @@ pub fn recreate_device(
     id: &str,
     index: u32,
     dev_dir: &Path,
-) -> Result<Link> {
+) -> Result<Recreated> {
     let name = link_name_for_device(id);
     let wrap = device_error(id, &name);
     let link = host
@@ -209,8 +222,20 @@ pub fn recreate_device(
             Some(index),
         )
         .map_err(wrap)?;
+    // devtmpfs made (or did not make) the node before the create returned.
+    let node = tap_node_path(dev_dir, link.index);
+    if let Ok(Some(found)) = host.kernel().tap_node(&node) {
+        let ours = host
+            .kernel()
+            .tap_device(host.netns(), &name)
+            .map_err(wrap)?;
+        if found != ours {
+            delete_quietly(host.links(), &link);
+            return Ok(Recreated::NodeElsewhere);
+        }
+    }
     checked_or_deleted(host, id, &link, dev_dir)?;
-    Ok(link)
+    Ok(Recreated::Made(link))
 }
 
 /// Checks the tap node of `link`, just made for device `id`, and returns its
