@@ -57,19 +57,34 @@ pub fn check_request(req: &AllocateRequest, cfg: &ResourceConfig) -> Result<()> 
 /// tap node. On any failure every link made for this request is deleted.
 pub fn allocate(req: &AllocateRequest, cfg: &ResourceConfig) -> Result<AllocateResponse> {
     check_request(req, cfg)?;
-    CACHED_HOST.with(|cell| {
-        let host = match cell.borrow_mut().take() {
-            Some(cached) => cached,
-            None => Host::current(&Linux)?,
-        };
-        let result = allocate_on(&host, req, cfg);
-        // A socket that saw an error is not reused.
-        if result.is_ok() {
-            *cell.borrow_mut() = Some(host);
-        }
-        result
-    })
+    // The spare is the host namespace's; a thread elsewhere (only in
+    // tests: the daemon never leaves it) opens its own.
+    let spare = SPARE_HOST
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take_if(|h| h.netns().is_current());
+    let host = match spare {
+        Some(host) => host,
+        None => Host::current(&Linux)?,
+    };
+    let result = allocate_on(&host, req, cfg);
+    // A socket that saw an error is not reused; of two Allocates at once,
+    // the second to finish closes its own.
+    if result.is_ok() {
+        SPARE_HOST
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(host);
+    }
+    result
 }
+
+/// The host handle (the namespace's descriptor and a netlink socket) that
+/// Allocates share, saving a socket set-up per request (the daemon never
+/// leaves the host namespace). One, whatever thread of the blocking pool
+/// serves the next Allocate: a handle per thread would hold a pair of
+/// descriptors for every thread the pool ever ran an Allocate on.
+static SPARE_HOST: std::sync::Mutex<Option<Host<'static>>> = std::sync::Mutex::new(None);
 
 /// An Allocate as the plugin server serves it, on `host` (the real
 /// kernel's through [`allocate`] when `None`): the devices' leak clocks
@@ -104,13 +119,6 @@ pub fn serve(
         clock.allocated(l, Instant::now());
     }
     Ok(resp)
-}
-
-thread_local! {
-    /// The blocking pool's threads keep their host handle (its netlink
-    /// socket) between Allocates (the daemon never leaves the host
-    /// namespace), saving a socket set-up per request.
-    static CACHED_HOST: std::cell::RefCell<Option<Host<'static>>> = const { std::cell::RefCell::new(None) };
 }
 
 /// [`allocate`] on `host` (the real kernel's in the daemon, the fake's in
@@ -657,6 +665,73 @@ fn delete_quietly(handle: &dyn Links, link: &Link) {
 mod tests {
     use super::*;
     use kubelet_proto::v1beta1::ContainerAllocateRequest;
+
+    /// Issue 37's first failure: the soak's daemon held two descriptors
+    /// more (its namespace and a netlink socket) for every thread of the
+    /// blocking pool that had served an Allocate. Allocates on many threads
+    /// in one namespace (as the daemon's, the host's) now keep one handle.
+    #[test]
+    fn allocates_on_many_threads_keep_one_host_handle_between_them() {
+        use std::os::fd::AsFd;
+        use std::os::unix::fs::MetadataExt;
+        use std::sync::{Arc, Barrier};
+        use test_support::netns::{TestNs, require_root};
+        require_root().unwrap();
+        let _lock = test_support::tapnode::tap_node_lock().unwrap();
+        let ns = TestNs::new("spare").unwrap();
+        ns.add_nic("lower0").unwrap();
+        let netns = ns.netns().unwrap();
+        let id = |m: std::fs::Metadata| (m.dev(), m.ino());
+        let target = id(std::fs::metadata(ns.path()).unwrap());
+        // Descriptors of this process on the test's namespace.
+        let held = || {
+            std::fs::read_dir("/proc/self/fd")
+                .unwrap()
+                .filter_map(|e| std::fs::metadata(e.ok()?.path()).ok())
+                .filter(|m| id(m.clone()) == target)
+                .count()
+        };
+        let before = held();
+        const THREADS: usize = 4;
+        let cfg = ResourceConfig {
+            capacity: THREADS as u32,
+            ..ResourceConfig::for_nic("lower0")
+        };
+        let (allocated, done) = (
+            Arc::new(Barrier::new(THREADS + 1)),
+            Arc::new(Barrier::new(THREADS + 1)),
+        );
+        let threads: Vec<_> = (0..THREADS)
+            .map(|i| {
+                let fd = netns.as_fd().try_clone_to_owned().unwrap();
+                let (cfg, allocated, done) = (cfg.clone(), allocated.clone(), done.clone());
+                std::thread::spawn(move || {
+                    nix::sched::setns(fd, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+                    let req = AllocateRequest {
+                        container_requests: vec![ContainerAllocateRequest {
+                            devices_ids: vec![format!("lower0Mvp{i}")],
+                        }],
+                    };
+                    let got = allocate(&req, &cfg);
+                    // Alive until counted: a thread's own handle would
+                    // live as long as the thread.
+                    allocated.wait();
+                    done.wait();
+                    got.map(|_| ())
+                })
+            })
+            .collect();
+        allocated.wait();
+        let kept = held() - before;
+        done.wait();
+        for t in threads {
+            t.join().unwrap().unwrap();
+        }
+        // The spare holds the namespace (and its macvtaps): let it go.
+        drop(SPARE_HOST.lock().unwrap().take());
+        assert_eq!(held(), before);
+        assert_eq!(kept, 1, "{THREADS} threads served an Allocate each");
+    }
 
     #[test]
     fn unknown_ids_are_invalid_arguments() {
