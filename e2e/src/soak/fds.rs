@@ -14,12 +14,25 @@ pub struct Fd {
     pub fd: u32,
     /// What it is, e.g. `netlink route` or `anon_inode:[eventpoll]`.
     pub what: String,
+    /// Whether it lacks close-on-exec: every descriptor Rust's standard
+    /// library and tokio open has it, so one without it was inherited from
+    /// whoever started the process.
+    pub inherited: bool,
 }
 
 impl fmt::Display for Fd {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.fd, self.what)
+        write!(f, "{}: {}", self.fd, self.what)?;
+        if self.inherited {
+            f.write_str(" (inherited)")?;
+        }
+        Ok(())
     }
+}
+
+/// One a line, as `fd: what`.
+pub fn render(fds: &[Fd]) -> String {
+    fds.iter().map(|f| format!("  {f}\n")).collect()
 }
 
 /// The descriptors of process `pid`, in descriptor order. One that closes
@@ -37,12 +50,29 @@ pub fn list(pid: u32) -> Result<Vec<Fd>> {
             continue;
         };
         let target = target.to_string_lossy().into_owned();
-        let what = target
+        let what = match target
             .strip_prefix("socket:[")
             .and_then(|i| i.strip_suffix(']'))
-            .and_then(|inode| sockets.get(inode).cloned())
-            .unwrap_or(target);
-        out.push(Fd { fd, what });
+        {
+            Some(inode) => sockets.get(inode).cloned().unwrap_or_else(|| {
+                format!(
+                    "{target}, in neither namespace's tables (a unix connection accepted from \
+                     a client in a third namespace, or one closing)"
+                )
+            }),
+            None => target,
+        };
+        let flags = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).unwrap_or_default();
+        let inherited = flags
+            .lines()
+            .find_map(|l| l.strip_prefix("flags:"))
+            .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+            .is_some_and(|f| f & nix::libc::O_CLOEXEC as u32 == 0);
+        out.push(Fd {
+            fd,
+            what,
+            inherited,
+        });
     }
     out.sort_by_key(|f| f.fd);
     Ok(out)
@@ -81,6 +111,9 @@ fn socket_table(pid: u32) -> HashMap<String, String> {
         |t: &str| std::fs::read_to_string(format!("/proc/{pid}/net/{t}")).unwrap_or_default();
     // sk Eth Pid Groups Rmem Wmem Dump Locks Drops Inode
     for line in read("netlink").lines().skip(1) {
+        if line.starts_with("sk ") {
+            continue;
+        }
         let f: Vec<&str> = line.split_whitespace().collect();
         if f.len() >= 10 {
             let proto = match f[1] {

@@ -24,9 +24,11 @@ use std::time::{Duration, Instant};
 use test_kubelet::PluginClient;
 
 pub mod fds;
+pub mod flat;
 pub mod kill;
 pub mod trace;
 
+pub use flat::{Sample, check_flat};
 use kill::Sends;
 use trace::Trace;
 
@@ -41,19 +43,15 @@ const IFNAME: &str = "net1";
 /// The highest netlink send a killed CNI run dies at (a DEL or ADD makes
 /// fewer; a run that makes fewer than its number ends normally).
 const MAX_KILL_AT: u64 = 10;
-/// Lifecycles the last daemon runs before its first sample counts (its
-/// allocator and connections settle).
-const WARM_UP: usize = 10;
+/// How often (percent) a pod given a device whose link an earlier pod left
+/// on the node waits for the reclaim to delete it before the Allocate; the
+/// others take it at once (Allocate reuses it, unless the reclaim's grace
+/// ends just then: timing, printed in the trace).
+const RECLAIM_FIRST: u64 = 15;
 /// How many of the failing device's steps a failure prints.
 const TRACE_EVENTS: usize = 40;
 /// How many daemon log lines a failure prints.
 const LOG_LINES: usize = 80;
-/// Samples per median in [`check_flat`].
-const WINDOW: usize = 9;
-/// How much the median of the last daemon's open descriptors may rise:
-/// connections that outlive a call (the kubelet's, the test's), not one
-/// per lifecycle.
-const FD_SLACK: u64 = 2;
 
 /// What a soak run does.
 #[derive(Debug, Clone)]
@@ -123,17 +121,36 @@ impl Report {
     }
 }
 
-/// The daemon's open descriptors and resident memory after a lifecycle.
-#[derive(Debug, Clone, Copy)]
-pub struct Sample {
-    /// The daemon's process ID (a restart changes it).
-    pub pid: u32,
-    /// Lifecycles completed when it was taken.
-    pub lifecycles: usize,
-    /// Entries in `/proc/<pid>/fd`.
-    pub fds: usize,
-    /// VmRSS in KiB.
-    pub rss_kib: u64,
+impl Report {
+    /// The last daemon's descriptors at its first sample and at the end,
+    /// one a line with its target, and how many of each kind came or went.
+    pub fn descriptors(&self) -> String {
+        let (first, last) = (fds::kinds(&self.fds_first), fds::kinds(&self.fds_last));
+        let mut changed = Vec::new();
+        for kind in first.keys().chain(last.keys()) {
+            let (a, b) = (
+                first.get(kind).copied().unwrap_or(0),
+                last.get(kind).copied().unwrap_or(0),
+            );
+            if a != b
+                && !changed
+                    .iter()
+                    .any(|c: &String| c.starts_with(&format!("{kind}:")))
+            {
+                changed.push(format!("{kind}: {a} -> {b}"));
+            }
+        }
+        format!(
+            "the last daemon's descriptors at its first sample:\n{}at the end:\n{}changed: {}",
+            fds::render(&self.fds_first),
+            fds::render(&self.fds_last),
+            if changed.is_empty() {
+                "none".to_string()
+            } else {
+                changed.join(", ")
+            }
+        )
+    }
 }
 
 /// splitmix64: small, and the same sequence for a seed everywhere.
@@ -271,49 +288,12 @@ pub async fn run(cfg: Settings) -> Result<Report> {
         .collect();
     ensure!(left.is_empty(), "links left on the node: {left:?}");
     if let Some(pid) = soak.node.device_plugin_pid() {
-        soak.report.fds_last = fds::list(pid)?;
+        soak.report.fds_last = soak.at_rest(pid)?;
     }
-    check_flat(&soak.report.samples)?;
+    check_flat(&soak.report.samples).with_context(|| soak.report.descriptors())?;
     soak.node.stop_device_plugin()?;
     soak.report.took = t.elapsed();
     Ok(soak.report)
-}
-
-/// Checks that the last daemon's descriptors and memory stayed flat: the
-/// median of its last `WINDOW` samples against that of its first `WINDOW`
-/// after `WARM_UP` (medians, so a call in flight at one sample does not
-/// count; a leak of one descriptor every few lifecycles does).
-pub fn check_flat(samples: &[Sample]) -> Result<()> {
-    let last_pid = samples.last().context("no samples")?.pid;
-    let own: Vec<&Sample> = samples.iter().filter(|s| s.pid == last_pid).collect();
-    ensure!(
-        own.len() >= WARM_UP + 4 * WINDOW,
-        "the last daemon ran only {} lifecycles: too few to tell flat from growing",
-        own.len()
-    );
-    let median = |w: &[&Sample], f: fn(&Sample) -> u64| {
-        let mut v: Vec<u64> = w.iter().map(|s| f(s)).collect();
-        v.sort_unstable();
-        v[v.len() / 2]
-    };
-    let (early, late) = (&own[WARM_UP..WARM_UP + WINDOW], &own[own.len() - WINDOW..]);
-    let span = own.len() - WARM_UP;
-    let (fds0, fds1) = (
-        median(early, |s| s.fds as u64),
-        median(late, |s| s.fds as u64),
-    );
-    ensure!(
-        fds1 <= fds0 + FD_SLACK,
-        "the daemon's descriptors grew from {fds0} to {fds1} (medians) over {span} lifecycles: {:?}",
-        own.iter().map(|s| s.fds).collect::<Vec<_>>()
-    );
-    let (rss0, rss1) = (median(early, |s| s.rss_kib), median(late, |s| s.rss_kib));
-    let allowed = rss0 + (rss0 / 5).max(2048);
-    ensure!(
-        rss1 <= allowed,
-        "the daemon's memory grew from {rss0} KiB to {rss1} KiB (medians) over {span} lifecycles"
-    );
-    Ok(())
 }
 
 impl Soak {
@@ -346,6 +326,18 @@ impl Soak {
             .collect();
         let device = free[self.rng.below(free.len() as u64) as usize].clone();
         let link = macvtap_link::link_name_for_device(&device);
+        // Drawn whatever the node holds, so that the seed's later choices
+        // never depend on timing.
+        let reclaim_first = self.rng.chance(RECLAIM_FIRST);
+        if reclaim_first && self.node.ns.link(&link)?.is_some() {
+            self.trace.note(
+                Some(&device),
+                "its link from an earlier pod is on the node: waiting for the reclaim to delete it (the seed's choice)",
+            );
+            wait_until("the reclaim of the device's link", || {
+                Ok(self.node.ns.link(&link)?.is_none())
+            })?;
+        }
         let before = self.node.ns.link(&link)?.map(|l| l.index);
         let alloc = Node::allocate(&mut self.client, &device).await?;
         let ifindex = alloc.ifindex()?;
@@ -505,7 +497,13 @@ impl Soak {
 
     /// What a failure at `step` prints: the seed and the step, the steps
     /// about the device it concerns, and the daemon log cut to that device.
-    fn failure_report(&self, step: usize) -> String {
+    /// The daemon is stopped first, so its log holds whatever it did up to
+    /// the failure (a line is written after the call it reports).
+    fn failure_report(&mut self, step: usize) -> String {
+        let stopped = match self.node.stop_device_plugin() {
+            Ok(()) => String::new(),
+            Err(e) => format!(" (stopping the daemon: {e:#})"),
+        };
         let device = self.trace.current_device();
         let log = self.node.daemon_log();
         let log = match device {
@@ -523,7 +521,7 @@ impl Soak {
         };
         format!(
             "soak seed {}, step {step}, after {} lifecycles (replay: SOAK_SEED={}){}; its steps:\n{}\n\
-             daemon log{}:\n{log}",
+             daemon log{}{stopped}:\n{log}",
             self.cfg.seed,
             self.report.lifecycles,
             self.cfg.seed,
@@ -619,27 +617,42 @@ impl Soak {
         Ok(())
     }
 
+    /// The daemon's descriptors once no more are open than at its last
+    /// samples (the median of the last window: a reclaim round in flight
+    /// holds a socket or two for a moment); the last listing if they never
+    /// are within [`WAIT`].
+    fn at_rest(&self, pid: u32) -> Result<Vec<fds::Fd>> {
+        let mut level: Vec<usize> = self
+            .report
+            .samples
+            .iter()
+            .rev()
+            .take_while(|s| s.pid == pid)
+            .take(flat::WINDOW)
+            .map(|s| s.fds)
+            .collect();
+        level.sort_unstable();
+        let level = level.get(level.len() / 2).copied().unwrap_or(usize::MAX);
+        let mut listed = fds::list(pid)?;
+        let deadline = Instant::now() + WAIT;
+        while listed.len() > level && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+            listed = fds::list(pid)?;
+        }
+        Ok(listed)
+    }
+
     fn sample(&mut self) -> Result<()> {
         let pid = self
             .node
             .device_plugin_pid()
             .context("the device plugin is not running")?;
-        let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))?.count();
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-        let rss_kib = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .context("no VmRSS")?;
         if self.report.samples.last().is_none_or(|s| s.pid != pid) {
             self.report.fds_first = fds::list(pid)?;
         }
-        self.report.samples.push(Sample {
-            pid,
-            lifecycles: self.report.lifecycles,
-            fds,
-            rss_kib,
-        });
+        self.report
+            .samples
+            .push(flat::sample(pid, self.report.lifecycles)?);
         Ok(())
     }
 }
@@ -674,46 +687,5 @@ mod tests {
         let mut r = Rng(8);
         let c: Vec<u64> = (0..8).map(|_| r.below(100)).collect();
         assert_ne!(a, c);
-    }
-
-    fn s(pid: u32, lifecycles: usize, fds: usize, rss_kib: u64) -> Sample {
-        Sample {
-            pid,
-            lifecycles,
-            fds,
-            rss_kib,
-        }
-    }
-
-    #[test]
-    fn growing_descriptors_or_memory_of_the_last_daemon_fail() {
-        let flat: Vec<Sample> = (0..60)
-            .map(|i| s(2, i, 20 + (i % 7 == 0) as usize * 5, 9000))
-            .collect();
-        check_flat(&flat).unwrap();
-        let mut leak = flat.clone();
-        for (i, x) in leak.iter_mut().enumerate() {
-            x.fds = 20 + i / 8;
-        }
-        assert!(
-            check_flat(&leak)
-                .unwrap_err()
-                .to_string()
-                .contains("descriptors")
-        );
-        let mut bloat = flat.clone();
-        for x in bloat.iter_mut().skip(40) {
-            x.rss_kib = 12000;
-        }
-        assert!(
-            check_flat(&bloat)
-                .unwrap_err()
-                .to_string()
-                .contains("memory")
-        );
-        // An earlier daemon's samples do not count.
-        let mut restarted: Vec<Sample> = (0..5).map(|i| s(1, i, 90, 90000)).collect();
-        restarted.extend(flat);
-        check_flat(&restarted).unwrap();
     }
 }
