@@ -11,6 +11,12 @@
 //! container starts only after the CNI took the link. The clock is kept per
 //! link identity (name and ifindex), so a recreated link starts over.
 //!
+//! A round decides ([`Reclaimer::plan`]) from what it listed and was told,
+//! and acts later ([`RoundWork::carry_out`]): meanwhile an Allocate may
+//! reuse a link the round found leaked, and the pod's CNI ADD move it. So a
+//! link is deleted only while the [`AllocationClock`] is held, if no
+//! Allocate handed it out since, and if it is still the link the round saw.
+//!
 //! The same round first heals the opposite case, a device a pod holds whose
 //! macvtap is gone everywhere ([`crate::heal`]). Every kernel operation goes
 //! through the reclaimer's kernel (the real one in the daemon, the fake in
@@ -422,7 +428,7 @@ fn delete_unallocated(
             continue;
         }
         match handle.get_link_by_index(l.index) {
-            Ok(Some(now)) if now.name == l.name && now.is_macvtap() => {}
+            Ok(Some(current)) if current.name == l.name && current.is_macvtap() => {}
             Ok(_) => {
                 debug!(ifname = %l.name, ifindex = l.index,
                     "not deleting a link that looked leaked: it is no longer on the node as it was");
