@@ -54,11 +54,9 @@ pub fn list(pid: u32) -> Result<Vec<Fd>> {
             .strip_prefix("socket:[")
             .and_then(|i| i.strip_suffix(']'))
         {
+            // The kind first, the inode last, as `kinds` counts them.
             Some(inode) => sockets.get(inode).cloned().unwrap_or_else(|| {
-                format!(
-                    "{target}, in neither namespace's tables (a unix connection accepted from \
-                     a client in a third namespace, or one closing)"
-                )
+                format!("socket in neither namespace's tables (closing, or another namespace's):[{inode}]")
             }),
             None => target,
         };
@@ -107,13 +105,20 @@ fn kind(what: &str) -> String {
 /// namespace (unreadable tables give nothing: the inode is shown bare).
 fn socket_table(pid: u32) -> HashMap<String, String> {
     let mut m = HashMap::new();
-    let read =
-        |t: &str| std::fs::read_to_string(format!("/proc/{pid}/net/{t}")).unwrap_or_default();
+    // A unix socket accepted from a client in another namespace is in the
+    // client's namespace's table: read the caller's too (the soak's kubelet
+    // and its client connect from it). The header lines are skipped.
+    let read = |t: &str| {
+        let own = std::fs::read_to_string(format!("/proc/{pid}/net/{t}")).unwrap_or_default();
+        let here = std::fs::read_to_string(format!("/proc/self/net/{t}")).unwrap_or_default();
+        own.lines()
+            .skip(1)
+            .chain(here.lines().skip(1))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
     // sk Eth Pid Groups Rmem Wmem Dump Locks Drops Inode
-    for line in read("netlink").lines().skip(1) {
-        if line.starts_with("sk ") {
-            continue;
-        }
+    for line in read("netlink") {
         let f: Vec<&str> = line.split_whitespace().collect();
         if f.len() >= 10 {
             let proto = match f[1] {
@@ -128,7 +133,7 @@ fn socket_table(pid: u32) -> HashMap<String, String> {
         }
     }
     // Num RefCount Protocol Flags Type St Inode Path
-    for line in read("unix").lines().skip(1) {
+    for line in read("unix") {
         let f: Vec<&str> = line.split_whitespace().collect();
         if f.len() >= 7 {
             let state = match f[5] {
@@ -152,7 +157,7 @@ fn socket_table(pid: u32) -> HashMap<String, String> {
         ("udp6", "udp6"),
     ] {
         // sl local rem st tx:rx tr:when retrnsmt uid timeout inode
-        for line in read(t).lines().skip(1) {
+        for line in read(t) {
             let f: Vec<&str> = line.split_whitespace().collect();
             if f.len() >= 10 {
                 m.insert(f[9].to_string(), format!("{name} {}", f[1]));
@@ -168,18 +173,23 @@ mod tests {
 
     #[test]
     fn a_process_own_descriptors_are_told_apart() {
-        let sock =
-            std::os::unix::net::UnixListener::bind(tempfile::tempdir().unwrap().path().join("s"));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let client = std::os::unix::net::UnixStream::connect(&path).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
         let file = std::fs::File::open("/dev/null").unwrap();
         let fds = list(std::process::id()).unwrap();
-        assert!(fds.iter().any(|f| f.what == "/dev/null"), "{fds:?}");
-        if sock.is_ok() {
-            assert!(
-                fds.iter().any(|f| f.what.starts_with("unix listening ")),
-                "{fds:?}"
-            );
-        }
-        drop(file);
+        let what = |fd: &dyn std::os::fd::AsRawFd| {
+            let n = fd.as_raw_fd() as u32;
+            fds.iter().find(|f| f.fd == n).unwrap().clone()
+        };
+        let shown = path.display();
+        assert_eq!(what(&listener).what, format!("unix listening {shown}"));
+        assert_eq!(what(&accepted).what, format!("unix connected {shown}"));
+        assert_eq!(what(&client).what, "unix connected");
+        assert_eq!(what(&file).what, "/dev/null");
+        assert!(!what(&file).inherited, "opened with close-on-exec");
         assert_eq!(kind("anon_inode:[eventpoll]"), "anon_inode:[eventpoll]");
         assert_eq!(kind("pipe:[1234]"), "pipe");
         assert_eq!(kind("netlink route"), "netlink route");
