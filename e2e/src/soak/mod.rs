@@ -272,31 +272,43 @@ pub async fn run(cfg: Settings) -> Result<Report> {
             return Err(e.context(soak.failure_report(step)));
         }
     }
-    soak.node.wait_for_reclaim()?;
-    let mut taps_now = Vec::new();
-    wait_until("every tap node of the soak to go", || {
-        taps_now = tap_nodes();
-        Ok(taps_now == taps_before)
-    })
-    .with_context(|| format!("/dev tap nodes before: {taps_before:?}, now: {taps_now:?}"))?;
-    let left: Vec<String> = soak
-        .node
-        .ns
-        .links()?
-        .into_iter()
-        .filter(|l| l != "lo" && l != "lower0")
-        .collect();
-    ensure!(left.is_empty(), "links left on the node: {left:?}");
-    if let Some(pid) = soak.node.device_plugin_pid() {
-        soak.report.fds_last = soak.at_rest(pid)?;
-    }
-    check_flat(&soak.report.samples).with_context(|| soak.report.descriptors())?;
-    soak.node.stop_device_plugin()?;
+    let (seed, lifecycles) = (soak.cfg.seed, soak.report.lifecycles);
+    soak.end_checks(&taps_before).with_context(|| {
+        format!(
+            "soak seed {seed}, at the end after {lifecycles} lifecycles (replay: SOAK_SEED={seed})"
+        )
+    })?;
     soak.report.took = t.elapsed();
     Ok(soak.report)
 }
 
 impl Soak {
+    /// What the end of a run checks: every link reclaimed and every tap
+    /// node gone, nothing else left on the node, and the last daemon flat
+    /// after its warm-up; then the daemon stops cleanly.
+    fn end_checks(&mut self, taps_before: &[String]) -> Result<()> {
+        self.node.wait_for_reclaim()?;
+        let mut taps_now = Vec::new();
+        wait_until("every tap node of the soak to go", || {
+            taps_now = tap_nodes();
+            Ok(taps_now == taps_before)
+        })
+        .with_context(|| format!("/dev tap nodes before: {taps_before:?}, now: {taps_now:?}"))?;
+        let left: Vec<String> = self
+            .node
+            .ns
+            .links()?
+            .into_iter()
+            .filter(|l| l != "lo" && l != "lower0")
+            .collect();
+        ensure!(left.is_empty(), "links left on the node: {left:?}");
+        if let Some(pid) = self.node.device_plugin_pid() {
+            self.report.fds_last = self.at_rest(pid)?;
+        }
+        check_flat(&self.report.samples).with_context(|| self.report.descriptors())?;
+        self.node.stop_device_plugin()
+    }
+
     async fn step(&mut self) -> Result<()> {
         let first_half = self.report.lifecycles < self.cfg.lifecycles / 2;
         match self.rng.below(100) {
