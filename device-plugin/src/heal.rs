@@ -321,7 +321,11 @@ pub fn heal(
         };
         let name = link_name_for_device(&l.device_id);
         let node = tap_node_path(dev_dir, l.at.ifindex);
-        settle(handle, &lower)?;
+        if let Err(e) = settle(handle, &lower) {
+            warn!(device_id = %l.device_id, error = %e,
+                "cannot wait for link changes in flight, so cannot tell whether the device's macvtap is lost: not re-created now");
+            continue;
+        }
         if let Some(why) = still_there(host, &name, l.at.ifindex, &node)? {
             debug!(device_id = %l.device_id, ifname = %name, ifindex = l.at.ifindex, why,
                 "not lost after all: its link was moving between namespaces when the round looked");
@@ -715,6 +719,17 @@ mod tests {
         assert_eq!(heal(&host, &lost, &resources, dev.path()).unwrap(), 0);
         assert_eq!(kernel.links_of(HOST).len(), 1, "only the NIC on the host");
         assert_eq!(kernel.count(Op::AddMacvtap), 1);
+    }
+
+    #[test]
+    fn a_device_is_left_when_moves_in_flight_cannot_be_waited_for() {
+        let (kernel, lost, resources, dev) = held_device();
+        kernel.fail(Op::SetLink, 1, nix::errno::Errno::EIO);
+        let host = Host::current(&kernel).unwrap();
+        assert_eq!(heal(&host, &lost, &resources, dev.path()).unwrap(), 0);
+        assert_eq!(kernel.count(Op::AddMacvtap), 0);
+        // The next round waits, looks again and heals it.
+        assert_eq!(heal(&host, &lost, &resources, dev.path()).unwrap(), 1);
     }
 
     #[test]
