@@ -9,10 +9,12 @@
 use crate::config::ResourceConfig;
 use crate::devices::device_index;
 use crate::error::{Error, Result};
+use crate::heal::Assignments;
 use crate::health::port_in_the_way;
 use crate::host::Host;
 use crate::master::{Owner, receive_path_owner};
 use crate::port::PortInTheWay;
+use crate::reclaim::AllocationClock;
 use kubelet_proto::v1beta1::{
     AllocateRequest, AllocateResponse, ContainerAllocateResponse, DeviceSpec,
 };
@@ -20,7 +22,7 @@ use macvtap_link::tapdev::{parse_major_minor, tap_node_path};
 use macvtap_link::{Link, Links, Linux, MacvtapMode, link_name_for_device};
 use nix::errno::Errno;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
 /// Where the kernel's tap nodes live, on the host and in the container.
@@ -55,25 +57,68 @@ pub fn check_request(req: &AllocateRequest, cfg: &ResourceConfig) -> Result<()> 
 /// tap node. On any failure every link made for this request is deleted.
 pub fn allocate(req: &AllocateRequest, cfg: &ResourceConfig) -> Result<AllocateResponse> {
     check_request(req, cfg)?;
-    CACHED_HOST.with(|cell| {
-        let host = match cell.borrow_mut().take() {
-            Some(cached) => cached,
-            None => Host::current(&Linux)?,
-        };
-        let result = allocate_on(&host, req, cfg);
-        // A socket that saw an error is not reused.
-        if result.is_ok() {
-            *cell.borrow_mut() = Some(host);
-        }
-        result
-    })
+    // The spare is the host namespace's; a thread elsewhere (only in
+    // tests: the daemon never leaves it) opens its own.
+    let spare = SPARE_HOST
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take_if(|h| h.netns().is_current());
+    let host = match spare {
+        Some(host) => host,
+        None => Host::current(&Linux)?,
+    };
+    let result = allocate_on(&host, req, cfg);
+    // A socket that saw an error is not reused; of two Allocates at once,
+    // the second to finish closes its own.
+    if result.is_ok() {
+        SPARE_HOST
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(host);
+    }
+    result
 }
 
-thread_local! {
-    /// The blocking pool's threads keep their host handle (its netlink
-    /// socket) between Allocates (the daemon never leaves the host
-    /// namespace), saving a socket set-up per request.
-    static CACHED_HOST: std::cell::RefCell<Option<Host<'static>>> = const { std::cell::RefCell::new(None) };
+/// The host handle (the namespace's descriptor and a netlink socket) that
+/// Allocates share, saving a socket set-up per request (the daemon never
+/// leaves the host namespace). One, whatever thread of the blocking pool
+/// serves the next Allocate: a handle per thread would hold a pair of
+/// descriptors for every thread the pool ever ran an Allocate on.
+static SPARE_HOST: std::sync::Mutex<Option<Host<'static>>> = std::sync::Mutex::new(None);
+
+/// An Allocate as the plugin server serves it, on `host` (the real
+/// kernel's through [`allocate`] when `None`): the devices' leak clocks
+/// restarted before their links are touched and once they are ready, the
+/// links made or reused, and what was handed out recorded for healing
+/// before the answer leaves.
+pub fn serve(
+    host: Option<&Host>,
+    req: &AllocateRequest,
+    cfg: &ResourceConfig,
+    clock: &AllocationClock,
+    assignments: &Assignments,
+) -> Result<AllocateResponse> {
+    let ids: Vec<String> = req
+        .container_requests
+        .iter()
+        .flat_map(|c| c.devices_ids.iter().cloned())
+        .collect();
+    let links: Vec<String> = ids.iter().map(|id| link_name_for_device(id)).collect();
+    for l in &links {
+        clock.allocated(l, Instant::now());
+    }
+    let resp = match host {
+        Some(host) => {
+            check_request(req, cfg)?;
+            allocate_on(host, req, cfg)
+        }
+        None => allocate(req, cfg),
+    }?;
+    assignments.handed_out(&cfg.name, &ids, &resp);
+    for l in &links {
+        clock.allocated(l, Instant::now());
+    }
+    Ok(resp)
 }
 
 /// [`allocate`] on `host` (the real kernel's in the daemon, the fake's in
@@ -149,9 +194,22 @@ fn device_error<'a>(
     }
 }
 
+/// What [`recreate_device`] came to.
+#[derive(Debug)]
+pub enum Recreated {
+    /// The link is back, its tap node checked.
+    Made(Link),
+    /// `/dev/tap<index>` is another macvtap's (the device's own, in a pod's
+    /// namespace by now): the link made was deleted again.
+    NodeElsewhere,
+}
+
 /// Re-creates the lost macvtap of device `id` on `lower` with ifindex
 /// `index`, the one whose `/dev/tap<index>` the kubelet keeps handing to the
-/// device's pod, and checks that node. Deletes what it made on failure.
+/// device's pod, and checks that node. Deletes what it made on failure, and
+/// at once when the node is another macvtap's: devtmpfs makes a node only
+/// for the first of two macvtaps that share an ifindex in different
+/// namespaces, so the new link would never get one.
 pub fn recreate_device(
     host: &Host,
     cfg: &ResourceConfig,
@@ -159,7 +217,7 @@ pub fn recreate_device(
     id: &str,
     index: u32,
     dev_dir: &Path,
-) -> Result<Link> {
+) -> Result<Recreated> {
     let name = link_name_for_device(id);
     let wrap = device_error(id, &name);
     let link = host
@@ -172,8 +230,20 @@ pub fn recreate_device(
             Some(index),
         )
         .map_err(wrap)?;
+    // devtmpfs made (or did not make) the node before the create returned.
+    let node = tap_node_path(dev_dir, link.index);
+    if let Ok(Some(found)) = host.kernel().tap_node(&node) {
+        let ours = host
+            .kernel()
+            .tap_device(host.netns(), &name)
+            .map_err(wrap)?;
+        if found != ours {
+            delete_quietly(host.links(), &link);
+            return Ok(Recreated::NodeElsewhere);
+        }
+    }
     checked_or_deleted(host, id, &link, dev_dir)?;
-    Ok(link)
+    Ok(Recreated::Made(link))
 }
 
 /// Checks the tap node of `link`, just made for device `id`, and returns its
@@ -595,6 +665,73 @@ fn delete_quietly(handle: &dyn Links, link: &Link) {
 mod tests {
     use super::*;
     use kubelet_proto::v1beta1::ContainerAllocateRequest;
+
+    /// Issue 37's first failure: the soak's daemon held two descriptors
+    /// more (its namespace and a netlink socket) for every thread of the
+    /// blocking pool that had served an Allocate. Allocates on many threads
+    /// in one namespace (as the daemon's, the host's) now keep one handle.
+    #[test]
+    fn allocates_on_many_threads_keep_one_host_handle_between_them() {
+        use std::os::fd::AsFd;
+        use std::os::unix::fs::MetadataExt;
+        use std::sync::{Arc, Barrier};
+        use test_support::netns::{TestNs, require_root};
+        require_root().unwrap();
+        let _lock = test_support::tapnode::tap_node_lock().unwrap();
+        let ns = TestNs::new("spare").unwrap();
+        ns.add_nic("lower0").unwrap();
+        let netns = ns.netns().unwrap();
+        let id = |m: std::fs::Metadata| (m.dev(), m.ino());
+        let target = id(std::fs::metadata(ns.path()).unwrap());
+        // Descriptors of this process on the test's namespace.
+        let held = || {
+            std::fs::read_dir("/proc/self/fd")
+                .unwrap()
+                .filter_map(|e| std::fs::metadata(e.ok()?.path()).ok())
+                .filter(|m| id(m.clone()) == target)
+                .count()
+        };
+        let before = held();
+        const THREADS: usize = 4;
+        let cfg = ResourceConfig {
+            capacity: THREADS as u32,
+            ..ResourceConfig::for_nic("lower0")
+        };
+        let (allocated, done) = (
+            Arc::new(Barrier::new(THREADS + 1)),
+            Arc::new(Barrier::new(THREADS + 1)),
+        );
+        let threads: Vec<_> = (0..THREADS)
+            .map(|i| {
+                let fd = netns.as_fd().try_clone_to_owned().unwrap();
+                let (cfg, allocated, done) = (cfg.clone(), allocated.clone(), done.clone());
+                std::thread::spawn(move || {
+                    nix::sched::setns(fd, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+                    let req = AllocateRequest {
+                        container_requests: vec![ContainerAllocateRequest {
+                            devices_ids: vec![format!("lower0Mvp{i}")],
+                        }],
+                    };
+                    let got = allocate(&req, &cfg);
+                    // Alive until counted: a thread's own handle would
+                    // live as long as the thread.
+                    allocated.wait();
+                    done.wait();
+                    got.map(|_| ())
+                })
+            })
+            .collect();
+        allocated.wait();
+        let kept = held() - before;
+        done.wait();
+        for t in threads {
+            t.join().unwrap().unwrap();
+        }
+        // The spare holds the namespace (and its macvtaps): let it go.
+        drop(SPARE_HOST.lock().unwrap().take());
+        assert_eq!(held(), before);
+        assert_eq!(kept, 1, "{THREADS} threads served an Allocate each");
+    }
 
     #[test]
     fn unknown_ids_are_invalid_arguments() {

@@ -3,23 +3,27 @@
 //! DEL takes the macvtap with it, and the kubelet keeps handing the pod's
 //! containers the `/dev/tap<N>` of the first Allocate. When no link of the
 //! device's name is in the host namespace and `/dev/tap<N>` is gone
-//! (devtmpfs keeps a tap node exactly as long as its macvtap exists in any
-//! namespace), the macvtap is created again on the resource's NIC with
-//! ifindex N, so the sandbox's retried CNI ADD works and the kubelet's
-//! DeviceSpec is right again. Each reclaim round ([`crate::reclaim`]) heals
-//! first; a tap node's deletion in `/dev` starts a round at once.
+//! (devtmpfs keeps a tap node as long as its macvtap exists in any
+//! namespace, but for the moment the macvtap moves between two: CNI ADD and
+//! DEL move it, so each device is looked at again once moves in flight have
+//! ended), the macvtap is created again on the resource's NIC with ifindex
+//! N, so the sandbox's retried CNI ADD works and the kubelet's DeviceSpec
+//! is right again. Each reclaim round ([`crate::reclaim`]) heals first; a
+//! tap node's deletion in `/dev` starts a round at once.
 
 use crate::allocate;
+use crate::allocate::Recreated;
 use crate::assignment_file;
 use crate::config::ResourceConfig;
 use crate::error::Result;
 use crate::host::Host;
 use kubelet_proto::v1beta1::AllocateResponse;
-use macvtap_link::{Link, link_name_for_device};
+use macvtap_link::tapdev::tap_node_path;
+use macvtap_link::{Link, LinkChange, Links, link_name_for_device};
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, mpsc};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// The ifindex each device's macvtap had when Allocate last handed it out
 /// (so its pod's containers get `/dev/tap<ifindex>`), with its resource's
@@ -286,8 +290,16 @@ pub fn lost_devices(
 }
 
 /// Re-creates each lost device's macvtap with its old ifindex; returns how
-/// many came back. A device whose ifindex is taken on the host, or whose
-/// resource or NIC is gone, is logged and left.
+/// many came back. A device whose ifindex is taken on the host by another
+/// link, or whose resource or NIC is gone, is logged and left.
+///
+/// `lost` was judged from links listed before the kubelet answered and a
+/// tap node looked at after, and a macvtap moving between namespaces is in
+/// neither and has no node for that moment (devtmpfs deletes it and makes
+/// it again): so each device is looked at again first, after every move in
+/// flight has ended ([`settle`]), and one whose link is on the host or whose
+/// node exists is not lost. A link made while the device's own moved into a
+/// pod gets no node (the name is the other's) and is deleted at once.
 pub fn heal(
     host: &Host,
     lost: &[Lost],
@@ -307,16 +319,27 @@ pub fn heal(
                 "a pod holds this device but its macvtap is gone, and so is its NIC: not re-created");
             continue;
         };
-        if let Some(other) = handle.get_link_by_index(l.at.ifindex)? {
-            warn!(device_id = %l.device_id, ifindex = l.at.ifindex, other = %other.name,
-                "a pod holds this device but its macvtap is gone, and its ifindex is now taken on the host, so /dev/tap{} cannot come back: the pod needs to be re-created", l.at.ifindex);
+        let name = link_name_for_device(&l.device_id);
+        let node = tap_node_path(dev_dir, l.at.ifindex);
+        if let Err(e) = settle(handle, &lower) {
+            warn!(device_id = %l.device_id, error = %e,
+                "cannot wait for link changes in flight, so cannot tell whether the device's macvtap is lost: not re-created now");
+            continue;
+        }
+        if let Some(why) = still_there(host, &name, l.at.ifindex, &node)? {
+            debug!(device_id = %l.device_id, ifname = %name, ifindex = l.at.ifindex, why,
+                "not lost after all: its link was moving between namespaces when the round looked");
             continue;
         }
         match allocate::recreate_device(host, cfg, &lower, &l.device_id, l.at.ifindex, dev_dir) {
-            Ok(link) => {
+            Ok(Recreated::Made(link)) => {
                 healed += 1;
                 info!(device_id = %l.device_id, ifname = %link.name, ifindex = link.index,
                     "re-created the macvtap of a device a pod still holds (its namespace went without CNI DEL), so the sandbox's retried ADD finds it");
+            }
+            Ok(Recreated::NodeElsewhere) => {
+                debug!(device_id = %l.device_id, ifname = %name, ifindex = l.at.ifindex,
+                    "not lost after all: its link moved into a pod meanwhile and has /dev/tap{}; the link made for it is deleted again", l.at.ifindex);
             }
             Err(e) => {
                 warn!(device_id = %l.device_id, error = %e, "could not re-create a lost macvtap")
@@ -324,6 +347,40 @@ pub fn heal(
         }
     }
     Ok(healed)
+}
+
+/// Returns once every link change in flight on the node has ended: a move
+/// between namespaces holds the kernel's RTNL lock from start to end, and a
+/// change request (here one that changes nothing on `lower`) waits for it.
+fn settle(handle: &dyn Links, lower: &Link) -> Result<()> {
+    handle.set_link(lower.index, &lower.name, &LinkChange::default())?;
+    Ok(())
+}
+
+/// Why the device whose link is `name` with ifindex `index` (tap node
+/// `node`) is not lost, read now: its link is on the host, or its node
+/// exists (its link is in a pod's namespace), or another link holds the
+/// index on the host (logged: the device cannot come back). `None` when
+/// it is lost.
+fn still_there(host: &Host, name: &str, index: u32, node: &Path) -> Result<Option<&'static str>> {
+    let handle = host.links();
+    if handle.get_link(name)?.is_some() {
+        return Ok(Some("its link is on the node"));
+    }
+    if !matches!(host.kernel().tap_node(node), Ok(None)) {
+        return Ok(Some(
+            "its tap node exists: the link is in a pod's namespace",
+        ));
+    }
+    match handle.get_link_by_index(index)? {
+        Some(other) if other.name == name => Ok(Some("its link is on the node")),
+        Some(other) => {
+            warn!(ifname = %name, ifindex = index, other = %other.name,
+                "a pod holds this device but its macvtap is gone, and its ifindex is now taken on the host by another link, so /dev/tap{} cannot come back: the pod needs to be re-created", index);
+            Ok(Some("its ifindex is taken by another link"))
+        }
+        None => Ok(None),
+    }
 }
 
 #[cfg(test)]
@@ -585,6 +642,94 @@ mod tests {
         let links = host.links().list_links().unwrap();
         assert_eq!(lost_devices(&allocated, &a, &links, node_exists), []);
         assert_eq!(kernel.count(Op::AddMacvtap), 1, "only the set-up's");
+    }
+
+    /// What `f` logs, as text.
+    fn logged(f: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Buf(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let out = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_writer(move || out.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let bytes = buf.0.lock().unwrap().clone();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// Issue 37, seed 1796164578509130593: the round listed the links while
+    /// the device's was in a pod and looked at `/dev/tapN` while DEL moved
+    /// it back; by the time heal runs, the link is on the host at its
+    /// ifindex. Heal took the device's own link for another holding the
+    /// index and warned that the pod must be re-created.
+    #[test]
+    fn a_link_back_on_the_host_is_not_lost_and_not_another_link_in_the_way() {
+        let (kernel, lost, resources, dev) = held_device();
+        let lower = kernel.link(HOST, "lower0").unwrap();
+        let host = Host::current(&kernel).unwrap();
+        host.links()
+            .add_macvtap_at(
+                &link_name_for_device("dpMvp1"),
+                lower.index,
+                MacvtapMode::Bridge,
+                None,
+                Some(40),
+            )
+            .unwrap();
+        let log = logged(|| {
+            assert_eq!(heal(&host, &lost, &resources, dev.path()).unwrap(), 0);
+        });
+        assert!(!log.contains("taken on the host"), "{log}");
+        assert!(log.contains("not lost after all"), "{log}");
+        assert_eq!(
+            kernel.count(Op::AddMacvtap),
+            1,
+            "only the one back from the pod"
+        );
+    }
+
+    /// The round looked while the device's link moved into a pod (no node
+    /// for that moment), and heal runs once it is there: nothing is made,
+    /// since a second link with its ifindex on the host would get no node
+    /// and make CNI DEL delete the pod's link as in the way.
+    #[test]
+    fn a_link_that_moved_into_a_pod_is_not_made_again_on_the_host() {
+        let (kernel, lost, resources, dev) = held_device();
+        let lower = kernel.link(HOST, "lower0").unwrap();
+        let host = Host::current(&kernel).unwrap();
+        let name = link_name_for_device("dpMvp1");
+        host.links()
+            .add_macvtap_at(&name, lower.index, MacvtapMode::Bridge, None, Some(40))
+            .unwrap();
+        kernel.add_netns("/run/netns/pod");
+        let pod = kernel.open_netns(Path::new("/run/netns/pod")).unwrap();
+        host.links().set_link_ns(40, &name, &pod, "net1").unwrap();
+        assert_eq!(heal(&host, &lost, &resources, dev.path()).unwrap(), 0);
+        assert_eq!(kernel.links_of(HOST).len(), 1, "only the NIC on the host");
+        assert_eq!(kernel.count(Op::AddMacvtap), 1);
+    }
+
+    #[test]
+    fn a_device_is_left_when_moves_in_flight_cannot_be_waited_for() {
+        let (kernel, lost, resources, dev) = held_device();
+        kernel.fail(Op::SetLink, 1, nix::errno::Errno::EIO);
+        let host = Host::current(&kernel).unwrap();
+        assert_eq!(heal(&host, &lost, &resources, dev.path()).unwrap(), 0);
+        assert_eq!(kernel.count(Op::AddMacvtap), 0);
+        // The next round waits, looks again and heals it.
+        assert_eq!(heal(&host, &lost, &resources, dev.path()).unwrap(), 1);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::fmt;
 pub struct Host<'k> {
     kernel: &'k dyn Kernel,
     netns: Netns,
-    links: Box<dyn Links + 'k>,
+    links: Box<dyn Links + Send + 'k>,
 }
 
 impl<'k> Host<'k> {

@@ -24,6 +24,7 @@
 pub mod allocate;
 pub mod assignment_file;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod devices;

@@ -11,15 +11,22 @@
 //! container starts only after the CNI took the link. The clock is kept per
 //! link identity (name and ifindex), so a recreated link starts over.
 //!
+//! A round decides ([`Reclaimer::plan`]) from what it listed and was told,
+//! and acts later ([`RoundWork::carry_out`]): meanwhile an Allocate may
+//! reuse a link the round found leaked, and the pod's CNI ADD move it. So a
+//! link is deleted only while the [`AllocationClock`] is held, if no
+//! Allocate handed it out since, and if it is still the link the round saw.
+//!
 //! The same round first heals the opposite case, a device a pod holds whose
 //! macvtap is gone everywhere ([`crate::heal`]). Every kernel operation goes
 //! through the reclaimer's kernel (the real one in the daemon, the fake in
 //! unit tests), on a blocking thread.
 
+pub use crate::clock::AllocationClock;
 use crate::config::ResourceConfig;
 use crate::error::{Error, Result};
 use crate::events::{EventSink, NodeEvent};
-use crate::heal::{Assignments, heal, lost_devices};
+use crate::heal::{Assignments, Lost, heal, lost_devices};
 use crate::host::Host;
 use crate::metrics::{Metrics, RoundOutcome};
 use kubelet_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
@@ -32,7 +39,7 @@ use nix::errno::Errno;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
@@ -44,33 +51,6 @@ const POD_RESOURCES_WAIT: Duration = Duration::from_secs(5);
 /// How long an Allocate is remembered at the least (the reclaim grace when
 /// that is longer); older ones are forgotten so the map stays small.
 const MIN_CLOCK_MEMORY: Duration = Duration::from_secs(1);
-
-/// When each device link was last handed out by Allocate, shared by the
-/// plugin servers (which write) and the reclaimer (which reads).
-#[derive(Debug, Clone, Default)]
-pub struct AllocationClock {
-    last: Arc<Mutex<HashMap<String, Instant>>>,
-}
-
-impl AllocationClock {
-    /// Records that the link named `link` was allocated at `now`.
-    pub fn allocated(&self, link: &str, now: Instant) {
-        let mut m = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        m.insert(link.to_string(), now);
-    }
-
-    /// When the link named `link` was last allocated.
-    pub fn last_allocated(&self, link: &str) -> Option<Instant> {
-        let m = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        m.get(link).copied()
-    }
-
-    /// Forgets allocations older than `age` at `now`, keeping the map small.
-    pub fn forget_older_than(&self, age: Duration, now: Instant) {
-        let mut m = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        m.retain(|_, t| now.duration_since(*t) < age);
-    }
-}
 
 /// A link as the reclaimer tells links apart: a link deleted and created
 /// again under the same name has another ifindex, and starts over.
@@ -218,8 +198,9 @@ impl Reclaimer {
         due
     }
 
-    /// One round: ask the kubelet, list links, delete what is due. Without a
-    /// PodResources socket it logs that once and does nothing.
+    /// One round: list links, ask the kubelet, decide ([`Reclaimer::plan`]),
+    /// carry it out on a blocking thread ([`RoundWork::carry_out`]). Without
+    /// a PodResources socket it logs that once and does nothing.
     pub async fn run_once(
         &mut self,
         resources: &[ResourceConfig],
@@ -240,39 +221,74 @@ impl Reclaimer {
             .await
             .map_err(|e| Error::Task(format!("the task listing links failed: {e}")))??;
         let allocated = list_allocated(&self.socket, POD_RESOURCES_WAIT).await?;
-        let healed = self.heal_lost(&links, &allocated, resources).await?;
-        metrics.links_healed(healed);
+        let plan = self.plan(&links, &allocated, resources, Instant::now());
         self.forget_unconfigured(&allocated, resources).await?;
-        let removed = self
-            .remove_leaked(&links, &allocated, resources, Instant::now())
-            .await?;
+        let work = self.work();
+        let current = resources.to_vec();
+        let done = tokio::task::spawn_blocking(move || work.carry_out(&plan, &current))
+            .await
+            .map_err(|e| {
+                Error::Task(format!("the task healing and reclaiming links failed: {e}"))
+            })??;
+        metrics.links_healed(done.healed);
+        let removed = self.finish(&done);
         metrics.leaked_links_removed(removed);
+        debug!(healed = done.healed, removed, "reclaim round done");
         Ok(RoundOutcome::Done)
     }
 
-    /// Re-creates the macvtap of each device in `allocated` that this
-    /// daemon handed out and whose link is neither among `links` (the host's)
-    /// nor anywhere else (its tap node is gone); returns how many came back.
-    pub async fn heal_lost(
-        &self,
+    /// What a round does, decided from `links` (the host's, listed first)
+    /// and `allocated` (the kubelet's answer, asked after) at `now`: the
+    /// held devices whose link looks gone everywhere, and the links that
+    /// have looked leaked past the grace period.
+    pub fn plan(
+        &mut self,
         links: &[Link],
         allocated: &HashSet<String>,
         resources: &[ResourceConfig],
-    ) -> Result<u64> {
+        now: Instant,
+    ) -> Plan {
+        let kernel = self.kernel.clone();
         let dev_dir = self.dev_dir.clone();
         let lost = lost_devices(allocated, &self.assignments, links, |i| {
-            tap_node_path(&dev_dir, i).exists()
+            !matches!(kernel.tap_node(&tap_node_path(&dev_dir, i)), Ok(None))
         });
-        if lost.is_empty() {
-            return Ok(0);
+        let lowers: HashSet<String> = resources.iter().map(|r| r.lower_device.clone()).collect();
+        self.clock
+            .forget_older_than(self.grace.max(MIN_CLOCK_MEMORY), now);
+        let mut leaked = leaked_links(links, &lowers, allocated);
+        leaked.extend(go_era_leaked_links(links, resources, allocated));
+        let due = self.due(&leaked, now);
+        debug!(
+            leaked = leaked.len(),
+            due = due.len(),
+            lost = lost.len(),
+            "reclaim round planned"
+        );
+        Plan { lost, due }
+    }
+
+    /// The kernel half of a round, to run on a blocking thread.
+    pub fn work(&self) -> RoundWork {
+        RoundWork {
+            kernel: self.kernel.clone(),
+            dev_dir: self.dev_dir.clone(),
+            clock: self.clock.clone(),
+            grace: self.grace,
         }
-        let resources = resources.to_vec();
-        let kernel = self.kernel.clone();
-        tokio::task::spawn_blocking(move || {
-            heal(&Host::current(&*kernel)?, &lost, &resources, &dev_dir)
-        })
-        .await
-        .map_err(|e| Error::Task(format!("the task re-creating lost links failed: {e}")))?
+    }
+
+    /// Takes in what a round did: the links it deleted are no longer
+    /// watched, and each gets an Event. Returns how many went.
+    pub fn finish(&mut self, done: &Done) -> u64 {
+        for id in &done.deleted {
+            self.first_seen.remove(id);
+            self.events.post(NodeEvent::LeakedLinkRemoved {
+                link: id.0.clone(),
+                ifindex: id.1,
+            });
+        }
+        done.deleted.len() as u64
     }
 
     /// Forgets the handed-out devices that no pod holds (per `allocated`)
@@ -296,42 +312,63 @@ impl Reclaimer {
             ))
         })
     }
+}
 
-    /// Deletes the links among `links` that look leaked (no device of
-    /// `allocated` is theirs) and are due at `now`, with an Event for each;
-    /// returns how many went.
-    pub async fn remove_leaked(
-        &mut self,
-        links: &[Link],
-        allocated: &HashSet<String>,
-        resources: &[ResourceConfig],
-        now: Instant,
-    ) -> Result<u64> {
-        let lowers: HashSet<String> = resources.iter().map(|r| r.lower_device.clone()).collect();
-        self.clock
-            .forget_older_than(self.grace.max(MIN_CLOCK_MEMORY), now);
-        let mut leaked = leaked_links(links, &lowers, allocated);
-        leaked.extend(go_era_leaked_links(links, resources, allocated));
-        let due = self.due(&leaked, now);
-        debug!(leaked = leaked.len(), due = due.len(), "reclaim round done");
-        if due.is_empty() {
-            return Ok(0);
-        }
-        let kernel = self.kernel.clone();
-        let deleted =
-            tokio::task::spawn_blocking(move || delete_links(kernel.links(None)?.as_ref(), &due))
-                .await
-                .map_err(|e| {
-                    Error::Task(format!("the task deleting leaked links failed: {e}"))
-                })??;
-        for id in &deleted {
-            self.first_seen.remove(id);
-            self.events.post(NodeEvent::LeakedLinkRemoved {
-                link: id.0.clone(),
-                ifindex: id.1,
-            });
-        }
-        Ok(deleted.len() as u64)
+/// What a round decided ([`Reclaimer::plan`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Held devices whose link looked gone everywhere.
+    pub lost: Vec<Lost>,
+    /// Links that have looked leaked for longer than the grace period.
+    pub due: Vec<Link>,
+}
+
+/// What a round did ([`RoundWork::carry_out`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Done {
+    /// Lost links made again.
+    pub healed: u64,
+    /// Leaked links deleted, as (name, ifindex).
+    pub deleted: Vec<(String, u32)>,
+}
+
+/// The kernel half of a round ([`Reclaimer::work`]): it heals, then deletes.
+#[derive(Clone)]
+pub struct RoundWork {
+    kernel: SharedKernel,
+    dev_dir: PathBuf,
+    clock: AllocationClock,
+    grace: Duration,
+}
+
+impl RoundWork {
+    /// Carries out `plan` with the current `resources`: re-creates the lost
+    /// links, then deletes the leaked ones that are still what the plan saw
+    /// and whose device no Allocate has handed out since (the plan is as
+    /// old as the kubelet's answer: an Allocate may have reused the link
+    /// meanwhile, and a pod's CNI ADD moved it).
+    pub fn carry_out(&self, plan: &Plan, resources: &[ResourceConfig]) -> Result<Done> {
+        let healed = if plan.lost.is_empty() {
+            0
+        } else {
+            heal(
+                &Host::current(&*self.kernel)?,
+                &plan.lost,
+                resources,
+                &self.dev_dir,
+            )?
+        };
+        let deleted = if plan.due.is_empty() {
+            Vec::new()
+        } else {
+            delete_unallocated(
+                self.kernel.links(None)?.as_ref(),
+                &self.clock,
+                self.grace,
+                &plan.due,
+            )?
+        };
+        Ok(Done { healed, deleted })
     }
 }
 
@@ -370,14 +407,41 @@ fn identity(l: &Link) -> LinkIdentity {
     (l.name.clone(), l.index)
 }
 
-/// Deletes each of `links` from `handle`'s namespace; returns those it
-/// deleted (one already gone is neither deleted nor an error).
-fn delete_links(handle: &dyn Links, links: &[Link]) -> Result<Vec<LinkIdentity>> {
+/// Deletes each of `links` from `handle`'s namespace that no Allocate has
+/// handed out within `grace` and that is still the link it was (its name at
+/// its ifindex, a macvtap), holding `clock` meanwhile so that no Allocate
+/// starts on one in between; returns those it deleted (one gone by now is
+/// neither deleted nor an error).
+fn delete_unallocated(
+    handle: &dyn Links,
+    clock: &AllocationClock,
+    grace: Duration,
+    links: &[Link],
+) -> Result<Vec<LinkIdentity>> {
+    let held = clock.hold();
+    let now = Instant::now();
     let mut deleted = Vec::new();
     for l in links {
+        if held.allocated_within(&l.name, grace, now) {
+            debug!(ifname = %l.name, ifindex = l.index,
+                "keeping a link that looked leaked: its device was allocated since the round asked the kubelet");
+            continue;
+        }
+        match handle.get_link_by_index(l.index) {
+            Ok(Some(current)) if current.name == l.name && current.is_macvtap() => {}
+            Ok(_) => {
+                debug!(ifname = %l.name, ifindex = l.index,
+                    "not deleting a link that looked leaked: it is no longer on the node as it was");
+                continue;
+            }
+            Err(e) => {
+                warn!(ifname = %l.name, error = %e, "could not look at a leaked macvtap before deleting it");
+                continue;
+            }
+        }
         match handle.del_link(l.index, &l.name) {
             Ok(()) => {
-                info!(ifname = %l.name, "deleted a leaked macvtap (allocated to no pod)");
+                info!(ifname = %l.name, ifindex = l.index, "deleted a leaked macvtap (allocated to no pod)");
                 deleted.push(identity(l));
             }
             Err(e) if e.errno() == Some(Errno::ENODEV) => {}
@@ -568,8 +632,24 @@ mod tests {
         names
     }
 
-    /// One round's deletions at `at`: the host's links listed, then `allocated`
-    /// as the kubelet's answer.
+    /// One round at `at`: the host's links listed, then `allocated` as the
+    /// kubelet's answer, the plan carried out at once.
+    fn round_done(
+        r: &mut Reclaimer,
+        kernel: &FakeKernel,
+        allocated: &[&str],
+        resources: &[ResourceConfig],
+        at: Instant,
+    ) -> Done {
+        let links = kernel.links(None).unwrap().list_links().unwrap();
+        let allocated: HashSet<String> = allocated.iter().map(|s| s.to_string()).collect();
+        let plan = r.plan(&links, &allocated, resources, at);
+        let done = r.work().carry_out(&plan, resources).unwrap();
+        r.finish(&done);
+        done
+    }
+
+    /// How many links one round at `at` deleted (see [`round_done`]).
     async fn round(
         r: &mut Reclaimer,
         kernel: &FakeKernel,
@@ -577,11 +657,9 @@ mod tests {
         resources: &[ResourceConfig],
         at: Instant,
     ) -> u64 {
-        let links = kernel.links(None).unwrap().list_links().unwrap();
-        let allocated: HashSet<String> = allocated.iter().map(|s| s.to_string()).collect();
-        r.remove_leaked(&links, &allocated, resources, at)
-            .await
-            .unwrap()
+        round_done(r, kernel, allocated, resources, at)
+            .deleted
+            .len() as u64
     }
 
     #[tokio::test]
@@ -698,28 +776,15 @@ mod tests {
         let dev = tempfile::tempdir().unwrap();
         let mut r = reclaimer_of(kernel.clone(), AllocationClock::default())
             .with_healing(assignments, dev.path().to_path_buf());
-        // The links as listed before PodResources answered: dpMvp3's is gone.
-        let links = kernel.links(None).unwrap().list_links().unwrap();
-        let allocated: HashSet<String> = ["dpMvp3".to_string()].into();
-        assert_eq!(
-            r.heal_lost(&links, &allocated, &resources).await.unwrap(),
-            1
-        );
+        // dpMvp3's link is gone from the host, and its tap node with it.
+        let t0 = Instant::now();
+        let held = ["dpMvp3"];
+        assert_eq!(round_done(&mut r, &kernel, &held, &resources, t0).healed, 1);
         let healed = kernel.link(HOST, &link_name_for_device("dpMvp3")).unwrap();
         assert_eq!(healed.index, 40);
-        // Its tap node is there now (the kernel made it): nothing more to heal.
-        std::fs::write(dev.path().join("tap40"), "").unwrap();
-        let links = kernel.links(None).unwrap().list_links().unwrap();
-        assert_eq!(
-            r.heal_lost(&links, &allocated, &resources).await.unwrap(),
-            0
-        );
-        let t0 = Instant::now();
+        assert!(kernel.tap_node(40).is_some(), "the kernel made its node");
         for at in [t0, t0 + Duration::from_secs(61)] {
-            let links = kernel.links(None).unwrap().list_links().unwrap();
-            r.remove_leaked(&links, &allocated, &resources, at)
-                .await
-                .unwrap();
+            assert_eq!(round_done(&mut r, &kernel, &held, &resources, at).healed, 0);
         }
         assert_eq!(kernel.link(HOST, &healed.name), Some(healed));
         assert_eq!(

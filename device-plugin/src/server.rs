@@ -20,7 +20,6 @@ use kubelet_proto::v1beta1::{
     PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
     PreferredAllocationResponse,
 };
-use macvtap_link::link_name_for_device;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -180,32 +179,13 @@ impl DevicePlugin for PluginService {
         let cfg = self.state.borrow().config.clone();
         let resource = cfg.resource_name();
         let started = Instant::now();
-        // Every Allocate restarts the leak clock of its devices, before the
-        // links exist (a reclaim round may run meanwhile) and once they do.
-        let ids: Vec<String> = req
-            .container_requests
-            .iter()
-            .flat_map(|c| c.devices_ids.iter().cloned())
-            .collect();
-        let links: Vec<String> = ids.iter().map(|id| link_name_for_device(id)).collect();
-        for l in &links {
-            self.ctx.clock.allocated(l, started);
-        }
-        // The devices are recorded (for healing, also in a file) before the
-        // answer leaves, so the record is never behind the kubelet.
-        let assignments = self.ctx.assignments.clone();
+        let (clock, assignments) = (self.ctx.clock.clone(), self.ctx.assignments.clone());
         let res = tokio::task::spawn_blocking(move || {
-            let resp = allocate::allocate(&req, &cfg)?;
-            assignments.handed_out(&cfg.name, &ids, &resp);
-            Ok(resp)
+            allocate::serve(None, &req, &cfg, &clock, &assignments)
         })
         .await
         .map_err(|e| Error::Task(format!("the Allocate task failed: {e}")))
         .and_then(|r| r);
-        let done = Instant::now();
-        for l in &links {
-            self.ctx.clock.allocated(l, done);
-        }
         self.ctx
             .metrics
             .allocation(&resource, res.is_ok(), started.elapsed());

@@ -72,14 +72,15 @@ pub trait Links {
 }
 
 /// The node's kernel as the binaries use it: namespaces, one [`Links`] per
-/// namespace, sysctls and tap nodes. [`crate::Linux`] is the real one.
-pub trait Kernel {
+/// namespace, sysctls and tap nodes. [`crate::Linux`] is the real one; it is
+/// shared between threads, and a namespace's [`Links`] may move to another.
+pub trait Kernel: Send + Sync {
     /// The calling thread's network namespace.
     fn current_netns(&self) -> Result<Netns>;
     /// Opens the network namespace at `path`.
     fn open_netns(&self, path: &Path) -> Result<Netns>;
     /// The links of `netns`, or of the calling thread's namespace for `None`.
-    fn links<'a>(&'a self, netns: Option<&Netns>) -> Result<Box<dyn Links + 'a>>;
+    fn links<'a>(&'a self, netns: Option<&Netns>) -> Result<Box<dyn Links + Send + 'a>>;
     /// Writes `value` to `/proc/sys/<key>` inside `netns`; a missing key is
     /// an error whose errno is `ENOENT`.
     fn write_sysctl(&self, netns: &Netns, key: &str, value: &str) -> Result<()>;
@@ -88,6 +89,11 @@ pub trait Kernel {
     /// Opens `path` without following symlinks and checks it is char device
     /// `dev`, retrying for up to `wait` while devtmpfs creates it.
     fn open_tap_node(&self, path: &Path, dev: (u64, u64), wait: Duration) -> Result<TapNode>;
+    /// The char device (major, minor) tap node `path` is now, without
+    /// following a symlink; `None` when there is no node. A macvtap's node
+    /// is gone for a moment while the macvtap moves to another namespace,
+    /// and belongs to the first of two macvtaps that share an ifindex.
+    fn tap_node(&self, path: &Path) -> Result<Option<(u64, u64)>>;
     /// Gives the opened node to `owner:group` through its descriptor.
     fn chown_tap_node(&self, node: &TapNode, owner: u32, group: u32) -> Result<()>;
 }

@@ -24,7 +24,7 @@ impl Kernel for Linux {
         Netns::open(path)
     }
 
-    fn links<'a>(&'a self, netns: Option<&Netns>) -> Result<Box<dyn Links + 'a>> {
+    fn links<'a>(&'a self, netns: Option<&Netns>) -> Result<Box<dyn Links + Send + 'a>> {
         Ok(Box::new(match netns {
             None => Handle::current()?,
             Some(ns) => Handle::in_netns(ns)?,
@@ -47,6 +47,10 @@ impl Kernel for Linux {
 
     fn open_tap_node(&self, path: &Path, dev: (u64, u64), wait: Duration) -> Result<TapNode> {
         tapdev::open_tap_node(path, dev, wait).map(|file| TapNode::opened(path, file))
+    }
+
+    fn tap_node(&self, path: &Path) -> Result<Option<(u64, u64)>> {
+        tapdev::tap_node_dev(path)
     }
 
     fn chown_tap_node(&self, node: &TapNode, owner: u32, group: u32) -> Result<()> {

@@ -55,6 +55,18 @@ impl Netns {
         }
     }
 
+    /// Whether this is the calling thread's namespace now (the same
+    /// namespace inode); false when either cannot be looked at.
+    pub fn is_current(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let held = nix::sys::stat::fstat(self.fd.as_fd());
+        let now = std::fs::metadata("/proc/thread-self/ns/net");
+        match (held, now) {
+            (Ok(h), Ok(n)) => h.st_dev == n.dev() && h.st_ino == n.ino(),
+            _ => false,
+        }
+    }
+
     /// The path this namespace was opened from ([`CURRENT_NETNS`] for
     /// [`Netns::current`]), for messages.
     pub fn path(&self) -> &Path {

@@ -36,6 +36,8 @@ pub enum Op {
     TapDevice,
     /// Opening `/dev/tapN` and checking it is the macvtap's char device.
     OpenTapNode,
+    /// Looking at which char device `/dev/tapN` is, if any.
+    StatTapNode,
     /// Giving `/dev/tapN` to a user.
     ChownTapNode,
 }
@@ -57,8 +59,21 @@ impl fmt::Display for Op {
             Op::Sysctl => "writing a sysctl",
             Op::TapDevice => "reading a tap device from sysfs",
             Op::OpenTapNode => "opening a tap node",
+            Op::StatTapNode => "looking at a tap node",
             Op::ChownTapNode => "giving a tap node to a user",
         })
+    }
+}
+
+impl Op {
+    /// Whether the operation changes links (and so, in the kernel, takes
+    /// the RTNL lock that a move holds): a create, delete, set or move, or
+    /// an address or route added.
+    pub fn changes_links(self) -> bool {
+        matches!(
+            self,
+            Op::AddMacvtap | Op::DelLink | Op::MoveLink | Op::SetLink | Op::AddAddr | Op::AddRoute
+        )
     }
 }
 

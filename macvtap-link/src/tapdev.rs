@@ -53,6 +53,29 @@ pub fn parse_major_minor(s: &str) -> Option<(u64, u64)> {
     Some((a.parse().ok()?, b.parse().ok()?))
 }
 
+/// The char device (major, minor) at `path` now, without following a
+/// symlink; `None` when nothing is there, an error when it is not a char
+/// device.
+pub fn tap_node_dev(path: &Path) -> Result<Option<(u64, u64)>> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(Error::TapNode {
+                path: path.to_path_buf(),
+                msg: e.to_string(),
+            });
+        }
+    };
+    if !meta.file_type().is_char_device() {
+        return Err(Error::TapNode {
+            path: path.to_path_buf(),
+            msg: "is not a character device".into(),
+        });
+    }
+    Ok(Some((major(meta.rdev()), minor(meta.rdev()))))
+}
+
 fn check_node_meta(path: &Path, meta: &std::fs::Metadata, dev: (u64, u64)) -> Result<()> {
     let err = |msg: String| Error::TapNode {
         path: path.to_path_buf(),
@@ -163,6 +186,24 @@ mod tests {
         assert_eq!(parse_major_minor("246:3"), Some((246, 3)));
         assert_eq!(parse_major_minor("246"), None);
         assert_eq!(parse_major_minor("a:3"), None);
+    }
+
+    #[test]
+    fn a_node_is_its_char_device_or_nothing() {
+        let null = std::fs::metadata("/dev/null").unwrap().rdev();
+        assert_eq!(
+            tap_node_dev(Path::new("/dev/null")).unwrap(),
+            Some((major(null), minor(null)))
+        );
+        let dir = std::env::temp_dir().join(format!("tap-stat-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_eq!(tap_node_dev(&dir.join("tap7")).unwrap(), None);
+        let link = dir.join("tap8");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink("/dev/null", &link).unwrap();
+        let stat = tap_node_dev(&link);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(stat.is_err(), "a symlink is no node");
     }
 
     #[test]

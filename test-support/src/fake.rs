@@ -16,6 +16,18 @@
 //! chosen call takes effect and then the caller's run is abandoned by
 //! unwinding with [`Crashed`], and every later call is refused until
 //! [`FakeKernel::restart`] starts the next process.
+//!
+//! It keeps devtmpfs' `/dev/tapN` nodes as the kernel does: a macvtap's
+//! node appears with it when no node of that name exists (two macvtaps in
+//! different namespaces may share an ifindex; the node is the first one's),
+//! goes with it, and is gone while the macvtap moves between namespaces
+//! (`NETDEV_UNREGISTER`, then `NETDEV_REGISTER` in the new one). And it lets
+//! another process act at a chosen point of a run ([`FakeKernel::before`],
+//! [`FakeKernel::amid_move`]): in the middle of a move the link is in no
+//! namespace and has no node, and the other process's first change (a
+//! create, delete, set or move, which takes the RTNL lock the move holds)
+//! waits for the move to finish, as the kernel makes it wait. The other
+//! process's calls are not counted, failed or killed with the run's.
 
 use macvtap_link::tapdev::TapNode;
 use macvtap_link::{Error, Kernel, Link, LinkChange, Links, MacvtapMode, Netns, Op, Result};
@@ -86,9 +98,49 @@ enum Life {
     Dead { tried: usize },
 }
 
+/// What another process does at a point of the run (see
+/// [`FakeKernel::before`]).
+type Act = Box<dyn FnOnce() + Send>;
+
+/// Where another process acts: before the `nth` call of `op`, or amid the
+/// `nth` move.
+struct Hook {
+    op: Op,
+    nth: usize,
+    amid: bool,
+    act: Act,
+}
+
+impl std::fmt::Debug for Hook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}{:?} {}",
+            if self.amid { "amid " } else { "before " },
+            self.op,
+            self.nth
+        )
+    }
+}
+
+/// A move half done: the link out of every namespace, its node gone.
+#[derive(Debug)]
+struct Transit {
+    link: FakeLink,
+    to: PathBuf,
+}
+
 #[derive(Debug, Default)]
 struct State {
     namespaces: BTreeMap<PathBuf, Vec<FakeLink>>,
+    /// devtmpfs: `/dev/tap<ifindex>` and the id of the link whose char
+    /// device it is.
+    tap_nodes: BTreeMap<u32, u64>,
+    hooks: Vec<Hook>,
+    transit: Option<Transit>,
+    /// Set while another process acts (a hook runs).
+    other: usize,
+    other_calls: Vec<Call>,
     next_id: u64,
     ignore_new_ifindex: bool,
     move_then_rename: bool,
@@ -150,6 +202,9 @@ impl FakeKernel {
         let Some(links) = st.namespaces.remove(Path::new(path)) else {
             return;
         };
+        for gone in links.iter().filter(|l| l.link.kind.is_some()) {
+            st.drop_node(gone);
+        }
         for mut nic in links.into_iter().filter(|l| l.link.kind.is_none()) {
             let host = Path::new(HOST);
             let taken = |st: &State, f: &dyn Fn(&Link) -> bool| {
@@ -212,16 +267,86 @@ impl FakeKernel {
         }
         let id = st.next_id;
         st.next_id += 1;
+        let new = FakeLink {
+            id,
+            link: link.clone(),
+            addrs: Vec::new(),
+            routes: Vec::new(),
+        };
+        st.make_node(&new);
         st.namespaces
             .entry(PathBuf::from(netns))
             .or_default()
-            .push(FakeLink {
-                id,
-                link: link.clone(),
-                addrs: Vec::new(),
-                routes: Vec::new(),
-            });
+            .push(new);
         link
+    }
+
+    /// The char device `/dev/tap<ifindex>` is now (the fake's major and
+    /// the link's identity), `None` when there is no such node.
+    pub fn tap_node(&self, ifindex: u32) -> Option<(u64, u64)> {
+        self.state()
+            .tap_nodes
+            .get(&ifindex)
+            .map(|id| (TAP_MAJOR, *id))
+    }
+
+    /// Lets another process run `act` right before the `nth` call (from 1)
+    /// of `op` of the run: the call then finds what `act` left.
+    pub fn before(&self, op: Op, nth: usize, act: impl FnOnce() + Send + 'static) {
+        self.state().hooks.push(Hook {
+            op,
+            nth,
+            amid: false,
+            act: Box::new(act),
+        });
+    }
+
+    /// Lets another process run `act` in the middle of the run's `nth` move
+    /// (from 1): the link has left its namespace and its tap node is gone,
+    /// and the move finishes before `act`'s first change, or after `act`.
+    pub fn amid_move(&self, nth: usize, act: impl FnOnce() + Send + 'static) {
+        self.state().hooks.push(Hook {
+            op: Op::MoveLink,
+            nth,
+            amid: true,
+            act: Box::new(act),
+        });
+    }
+
+    /// Removes the hooks that never ran (their point never came) and says
+    /// how many there were.
+    pub fn drop_hooks(&self) -> usize {
+        let mut st = self.state();
+        let n = st.hooks.len();
+        st.hooks.clear();
+        n
+    }
+
+    /// The calls other processes made in hooks, in order.
+    pub fn other_calls(&self) -> Vec<Call> {
+        self.state().other_calls.clone()
+    }
+
+    /// Runs `act` as another process.
+    fn act_as_other(&self, act: Act) {
+        self.state().other += 1;
+        // The other process's panic is the test's failure: let it through,
+        // but not with the lock's count wrong.
+        let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(act));
+        self.state().other -= 1;
+        if let Err(payload) = done {
+            std::panic::resume_unwind(payload);
+        }
+    }
+
+    /// The hook for the `nth` call of `op` (`amid` or before), taken out.
+    fn take_hook(&self, op: Op, nth: usize, amid: bool) -> Option<Act> {
+        let mut st = self.state();
+        let at = st
+            .hooks
+            .iter()
+            .position(|h| h.op == op && h.nth == nth && h.amid == amid)?;
+        Some(st.hooks.remove(at).act)
     }
 
     /// Adds a physical NIC `name` (MTU 1500, up) to `netns`.
@@ -304,9 +429,32 @@ impl FakeKernel {
     }
 
     /// Counts a call of `op`, records it, and returns the injected errno if
-    /// this call is to fail.
+    /// this call is to fail. A hook for this call runs first; a change
+    /// waits for a move half done to finish (the RTNL lock). Another
+    /// process's calls are recorded apart and never fail.
     fn begin(&self, op: Op, netns: &Path, target: &str) -> Option<Errno> {
+        let other = self.state().other > 0;
+        if !other {
+            let next = self.state().counts.get(&op).copied().unwrap_or(0) + 1;
+            if !matches!(self.state().life, Life::Dead { .. }) {
+                if let Some(act) = self.take_hook(op, next, false) {
+                    self.act_as_other(act);
+                }
+            }
+        }
         let mut st = self.state();
+        if op.changes_links() {
+            st.finish_transit();
+        }
+        if other {
+            st.other_calls.push(Call {
+                op,
+                netns: netns.to_path_buf(),
+                target: target.to_string(),
+                failed: None,
+            });
+            return None;
+        }
         if let Life::Dead { tried } = &mut st.life {
             *tried += 1;
             st.calls.push(Call {
@@ -345,7 +493,7 @@ impl FakeKernel {
     fn served<T>(&self, result: T) -> T {
         let dying = {
             let mut st = self.state();
-            let dying = st.life == Life::Dying;
+            let dying = st.life == Life::Dying && st.other == 0;
             if dying {
                 st.life = Life::Dead { tried: 0 };
             }
@@ -361,9 +509,16 @@ impl FakeKernel {
     /// Marks the last call as failed with `errno` (a failure the model
     /// itself produced) and returns the error.
     fn refuse(&self, op: Op, what: String, errno: Errno) -> Error {
-        if let Some(last) = self.state().calls.last_mut() {
+        let mut st = self.state();
+        let calls = if st.other > 0 {
+            &mut st.other_calls
+        } else {
+            &mut st.calls
+        };
+        if let Some(last) = calls.last_mut() {
             last.failed = Some(errno);
         }
+        drop(st);
         Error::Netlink {
             op,
             what,
@@ -373,6 +528,31 @@ impl FakeKernel {
 }
 
 impl State {
+    /// devtmpfs on `NETDEV_REGISTER`: the macvtap's node, unless a node of
+    /// that name exists (another namespace's macvtap with the same ifindex).
+    fn make_node(&mut self, l: &FakeLink) {
+        if l.link.is_macvtap() {
+            self.tap_nodes.entry(l.link.index).or_insert(l.id);
+        }
+    }
+
+    /// devtmpfs on `NETDEV_UNREGISTER`: the macvtap's node goes, if it is
+    /// its own.
+    fn drop_node(&mut self, l: &FakeLink) {
+        if self.tap_nodes.get(&l.link.index) == Some(&l.id) {
+            self.tap_nodes.remove(&l.link.index);
+        }
+    }
+
+    /// The second half of a move half done: the link in its new namespace,
+    /// its node made again.
+    fn finish_transit(&mut self) {
+        if let Some(t) = self.transit.take() {
+            self.make_node(&t.link);
+            self.namespaces.entry(t.to).or_default().push(t.link);
+        }
+    }
+
     fn free_index(&self, netns: &Path, from: u32) -> u32 {
         let used = |i: u32| {
             self.namespaces
@@ -522,7 +702,8 @@ impl FakeLinks<'_> {
         let ls = st.namespaces.entry(self.netns.clone()).or_default();
         match ls.iter().position(|l| l.link.index == index) {
             Some(pos) => {
-                ls.remove(pos);
+                let gone = ls.remove(pos);
+                st.drop_node(&gone);
                 Ok(())
             }
             None => {
@@ -592,6 +773,7 @@ impl FakeLinks<'_> {
             return Err(self.kernel.refuse(Op::MoveLink, what(), Errno::ENODEV));
         };
         let mut moving = ls.remove(pos);
+        st.drop_node(&moving);
         moving.link.index = index_in_target;
         if !rename_failed {
             moving.link.name = new_name.to_string();
@@ -602,8 +784,16 @@ impl FakeLinks<'_> {
         moving.link.lower_in_other_netns = to != Path::new(HOST);
         moving.addrs.clear();
         moving.routes.clear();
-        st.namespaces.entry(to).or_default().push(moving);
+        st.transit = Some(Transit { link: moving, to });
+        let nth = st.counts.get(&Op::MoveLink).copied().unwrap_or(0);
+        let mine = st.other == 0;
         drop(st);
+        if mine {
+            if let Some(act) = self.kernel.take_hook(Op::MoveLink, nth, true) {
+                self.kernel.act_as_other(act);
+            }
+        }
+        self.kernel.state().finish_transit();
         if rename_failed {
             return Err(self.kernel.refuse(Op::MoveLink, what(), Errno::EEXIST));
         }
@@ -822,7 +1012,7 @@ impl FakeKernel {
         }
     }
 
-    fn links_op<'a>(&'a self, netns: Option<&Netns>) -> Result<Box<dyn Links + 'a>> {
+    fn links_op<'a>(&'a self, netns: Option<&Netns>) -> Result<Box<dyn Links + Send + 'a>> {
         let path = netns.map_or_else(|| PathBuf::from(HOST), |n| n.path().to_path_buf());
         if let Some(errno) = self.begin(Op::OpenSocket, &path, "") {
             return Err(Error::Socket(std::io::Error::from_raw_os_error(
@@ -886,20 +1076,16 @@ impl FakeKernel {
                 msg: errno.desc().to_string(),
             });
         }
-        // The node is the device of the link whose ifindex it names, in
-        // whichever namespace the kernel created it (the fake: any).
+        // The node is the device of the link devtmpfs made it for, in
+        // whichever namespace that link is.
         let index: Option<u32> = path
             .file_name()
             .and_then(|n| n.to_str())
             .and_then(|n| n.strip_prefix("tap"))
             .and_then(|n| n.parse().ok());
-        let st = self.state();
-        let matches = st
-            .namespaces
-            .values()
-            .flatten()
-            .any(|l| Some(l.link.index) == index && (TAP_MAJOR, l.id) == dev);
-        drop(st);
+        let matches = index
+            .and_then(|i| self.state().tap_nodes.get(&i).copied())
+            .is_some_and(|id| (TAP_MAJOR, id) == dev);
         if matches {
             // The fake's chown never touches it: /dev/null stands for the node.
             File::open("/dev/null")
@@ -920,6 +1106,21 @@ impl FakeKernel {
                 ),
             })
         }
+    }
+
+    fn tap_node_op(&self, path: &Path) -> Result<Option<(u64, u64)>> {
+        if let Some(errno) = self.begin(Op::StatTapNode, path, &path.to_string_lossy()) {
+            return Err(Error::TapNode {
+                path: path.to_path_buf(),
+                msg: errno.desc().to_string(),
+            });
+        }
+        let index: Option<u32> = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("tap"))
+            .and_then(|n| n.parse().ok());
+        Ok(index.and_then(|i| self.tap_node(i)))
     }
 
     fn chown_tap_node_op(&self, node: &TapNode, owner: u32, group: u32) -> Result<()> {
@@ -944,7 +1145,7 @@ impl Kernel for FakeKernel {
         self.served(self.open_netns_op(path))
     }
 
-    fn links<'a>(&'a self, netns: Option<&Netns>) -> Result<Box<dyn Links + 'a>> {
+    fn links<'a>(&'a self, netns: Option<&Netns>) -> Result<Box<dyn Links + Send + 'a>> {
         self.served(self.links_op(netns))
     }
 
@@ -958,6 +1159,10 @@ impl Kernel for FakeKernel {
 
     fn open_tap_node(&self, path: &Path, dev: (u64, u64), wait: Duration) -> Result<TapNode> {
         self.served(self.open_tap_node_op(path, dev, wait))
+    }
+
+    fn tap_node(&self, path: &Path) -> Result<Option<(u64, u64)>> {
+        self.served(self.tap_node_op(path))
     }
 
     fn chown_tap_node(&self, node: &TapNode, owner: u32, group: u32) -> Result<()> {
@@ -1111,5 +1316,110 @@ mod tests {
         let back = k.link(HOST, &format!("dev{}", phys.index)).unwrap();
         assert!(!back.is_up());
         assert_eq!(k.links_of(HOST).len(), 2, "lower0 and the returned NIC");
+    }
+
+    #[test]
+    fn a_tap_node_follows_its_macvtap_and_belongs_to_the_first_of_an_index() {
+        let (k, nic) = setup();
+        let pod = k.open_netns(Path::new(POD)).unwrap();
+        let host = k.links(None).unwrap();
+        let m = host
+            .add_macvtap_at("mvt1", nic.index, MacvtapMode::Bridge, None, None)
+            .unwrap();
+        let dev = k.tap_device(&k.current_netns().unwrap(), "mvt1").unwrap();
+        assert_eq!(k.tap_node(m.index), Some(dev));
+        host.set_link_ns(m.index, "mvt1", &pod, "net1").unwrap();
+        assert_eq!(k.tap_node(m.index), Some(dev), "made again in the pod");
+        // A second macvtap with the same ifindex in another namespace gets
+        // no node: the name is the first one's.
+        let twin = host
+            .add_macvtap_at("mvt2", nic.index, MacvtapMode::Bridge, None, Some(m.index))
+            .unwrap();
+        assert_eq!(twin.index, m.index);
+        assert_eq!(k.tap_node(m.index), Some(dev));
+        let node = PathBuf::from(format!("/dev/tap{}", m.index));
+        let twin_dev = k.tap_device(&k.current_netns().unwrap(), "mvt2").unwrap();
+        assert!(k.open_tap_node(&node, twin_dev, Duration::ZERO).is_err());
+        assert_eq!(Kernel::tap_node(&k, &node).unwrap(), Some(dev));
+        k.remove_netns(POD);
+        assert_eq!(
+            k.tap_node(m.index),
+            None,
+            "gone with the first; never the twin's"
+        );
+        host.del_link(twin.index, "mvt2").unwrap();
+        assert_eq!(k.tap_node(m.index), None);
+    }
+
+    #[test]
+    fn amid_a_move_the_link_is_nowhere_and_a_change_waits_for_the_move() {
+        let (k, nic) = setup();
+        let k = std::sync::Arc::new(k);
+        let pod = k.open_netns(Path::new(POD)).unwrap();
+        let host = k.links(None).unwrap();
+        let m = host
+            .add_macvtap_at("mvt1", nic.index, MacvtapMode::Bridge, None, None)
+            .unwrap();
+        let dev = k.tap_device(&k.current_netns().unwrap(), "mvt1").unwrap();
+        let seen = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let (k2, seen2) = (k.clone(), seen.clone());
+        k.amid_move(1, move || {
+            let other = k2.links(None).unwrap();
+            seen2.lock().unwrap().push((
+                other.get_link_by_index(m.index).unwrap().is_some(),
+                k2.link(POD, "net1").is_some(),
+                k2.tap_node(m.index).is_some(),
+            ));
+            // A create takes the RTNL lock: the move finishes first, so the
+            // index is free on the host and the pod's link has the node.
+            other
+                .add_macvtap_at("mvt2", nic.index, MacvtapMode::Bridge, None, Some(m.index))
+                .unwrap();
+            seen2.lock().unwrap().push((
+                k2.link(HOST, "mvt2").is_some(),
+                k2.link(POD, "net1").is_some(),
+                k2.tap_node(m.index) == Some(dev),
+            ));
+        });
+        host.set_link_ns(m.index, "mvt1", &pod, "net1").unwrap();
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [(false, false, false), (true, true, true)],
+            "nowhere, no node; then moved, the node the pod link's and not the twin's"
+        );
+        assert_eq!(k.count(Op::MoveLink), 1);
+        assert_eq!(
+            k.count(Op::AddMacvtap),
+            1,
+            "the other process's create is not the run's"
+        );
+        assert_eq!(
+            k.other_calls().iter().map(|c| c.op).collect::<Vec<_>>(),
+            [Op::OpenSocket, Op::GetLink, Op::AddMacvtap]
+        );
+    }
+
+    #[test]
+    fn another_process_acts_before_a_call_and_is_never_killed_with_the_run() {
+        let (k, nic) = setup();
+        let k = std::sync::Arc::new(k);
+        let host = k.links(None).unwrap();
+        let m = host
+            .add_macvtap_at("mvt1", nic.index, MacvtapMode::Bridge, None, None)
+            .unwrap();
+        let k2 = k.clone();
+        k.before(Op::GetLink, 1, move || {
+            let other = k2.links(None).unwrap();
+            other.del_link(m.index, "mvt1").unwrap();
+        });
+        k.crash_after(Op::GetLink, 1);
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            host.get_link("mvt1").unwrap()
+        }));
+        assert!(run.is_err(), "the run died after its call");
+        assert!(k.link(HOST, "mvt1").is_none(), "deleted before the call");
+        assert_eq!(k.tap_node(m.index), None);
+        assert_eq!(k.count(Op::DelLink), 0);
+        assert_eq!(k.calls_after_death(), 0);
     }
 }

@@ -23,6 +23,15 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use test_kubelet::PluginClient;
 
+pub mod fds;
+pub mod flat;
+pub mod kill;
+pub mod trace;
+
+pub use flat::{Sample, check_flat};
+use kill::Sends;
+use trace::Trace;
+
 /// The resource the soak's device plugin serves on `lower0`.
 pub const RESOURCE: &str = "soak";
 /// Its devices: more than the soak keeps live, so freed devices rest and
@@ -34,15 +43,15 @@ const IFNAME: &str = "net1";
 /// The highest netlink send a killed CNI run dies at (a DEL or ADD makes
 /// fewer; a run that makes fewer than its number ends normally).
 const MAX_KILL_AT: u64 = 10;
-/// Lifecycles the last daemon runs before its first sample counts (its
-/// allocator and connections settle).
-const WARM_UP: usize = 10;
-/// Samples per median in [`check_flat`].
-const WINDOW: usize = 9;
-/// How much the median of the last daemon's open descriptors may rise:
-/// connections that outlive a call (the kubelet's, the test's), not one
-/// per lifecycle.
-const FD_SLACK: u64 = 2;
+/// How often (percent) a pod given a device whose link an earlier pod left
+/// on the node waits for the reclaim to delete it before the Allocate; the
+/// others take it at once (Allocate reuses it, unless the reclaim's grace
+/// ends just then: timing, printed in the trace).
+const RECLAIM_FIRST: u64 = 15;
+/// How many of the failing device's steps a failure prints.
+const TRACE_EVENTS: usize = 40;
+/// How many daemon log lines a failure prints.
+const LOG_LINES: usize = 80;
 
 /// What a soak run does.
 #[derive(Debug, Clone)]
@@ -76,6 +85,10 @@ pub struct Report {
     pub del_kills: usize,
     /// The daemon's descriptors and memory, one sample per lifecycle.
     pub samples: Vec<Sample>,
+    /// The last daemon's descriptors at its first sample.
+    pub fds_first: Vec<fds::Fd>,
+    /// The last daemon's descriptors at the end, before it stops.
+    pub fds_last: Vec<fds::Fd>,
     /// Wall time of the run.
     pub took: Duration,
 }
@@ -108,17 +121,36 @@ impl Report {
     }
 }
 
-/// The daemon's open descriptors and resident memory after a lifecycle.
-#[derive(Debug, Clone, Copy)]
-pub struct Sample {
-    /// The daemon's process ID (a restart changes it).
-    pub pid: u32,
-    /// Lifecycles completed when it was taken.
-    pub lifecycles: usize,
-    /// Entries in `/proc/<pid>/fd`.
-    pub fds: usize,
-    /// VmRSS in KiB.
-    pub rss_kib: u64,
+impl Report {
+    /// The last daemon's descriptors at its first sample and at the end,
+    /// one a line with its target, and how many of each kind came or went.
+    pub fn descriptors(&self) -> String {
+        let (first, last) = (fds::kinds(&self.fds_first), fds::kinds(&self.fds_last));
+        let mut changed = Vec::new();
+        for kind in first.keys().chain(last.keys()) {
+            let (a, b) = (
+                first.get(kind).copied().unwrap_or(0),
+                last.get(kind).copied().unwrap_or(0),
+            );
+            if a != b
+                && !changed
+                    .iter()
+                    .any(|c: &String| c.starts_with(&format!("{kind}:")))
+            {
+                changed.push(format!("{kind}: {a} -> {b}"));
+            }
+        }
+        format!(
+            "the last daemon's descriptors at its first sample:\n{}at the end:\n{}changed: {}",
+            fds::render(&self.fds_first),
+            fds::render(&self.fds_last),
+            if changed.is_empty() {
+                "none".to_string()
+            } else {
+                changed.join(", ")
+            }
+        )
+    }
 }
 
 /// splitmix64: small, and the same sequence for a seed everywhere.
@@ -161,6 +193,31 @@ struct Soak {
     report: Report,
     live: Vec<Pod>,
     next_pod: usize,
+    trace: Trace,
+    /// Where each device's link last was on the node: its ifindex, as
+    /// the soak last saw it.
+    last_index: std::collections::HashMap<String, u32>,
+}
+
+/// How a CNI run ended: its output and, for a run meant to be killed,
+/// what its trace says it sent.
+struct CniRun {
+    out: std::process::Output,
+    sends: Option<Sends>,
+}
+
+impl CniRun {
+    fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.out.stdout).trim().to_string()
+    }
+
+    /// The plugin's log lines (its stderr), indented, for the trace.
+    fn log(&self) -> String {
+        String::from_utf8_lossy(&self.out.stderr)
+            .lines()
+            .map(|l| format!("\n    cni: {l}"))
+            .collect()
+    }
 }
 
 fn full_resource() -> String {
@@ -196,84 +253,62 @@ pub async fn run(cfg: Settings) -> Result<Report> {
         cfg,
         live: Vec::new(),
         next_pod: 0,
+        trace: Trace::default(),
+        last_index: Default::default(),
     };
-    let seed = soak.cfg.seed;
     let mut step = 0usize;
     while soak.report.lifecycles < soak.cfg.lifecycles {
         step += 1;
-        soak.step()
-            .await
-            .and_then(|()| soak.check_live())
-            .with_context(|| {
-                format!(
-                    "soak seed {seed}, step {step}, after {} lifecycles; daemon log:\n{}",
-                    soak.report.lifecycles,
-                    soak.node.daemon_log()
-                )
-            })?;
+        soak.trace.begin(step);
+        let done = soak.step().await.and_then(|()| soak.check_live());
+        if let Err(e) = done {
+            return Err(e.context(soak.failure_report(step)));
+        }
     }
     while let Some(pod) = soak.live.pop() {
-        soak.stop_pod(pod)?;
+        step += 1;
+        soak.trace.begin(step);
+        if let Err(e) = soak.stop_pod(pod) {
+            return Err(e.context(soak.failure_report(step)));
+        }
     }
-    soak.node.wait_for_reclaim()?;
-    let mut taps_now = Vec::new();
-    wait_until("every tap node of the soak to go", || {
-        taps_now = tap_nodes();
-        Ok(taps_now == taps_before)
-    })
-    .with_context(|| format!("/dev tap nodes before: {taps_before:?}, now: {taps_now:?}"))?;
-    let left: Vec<String> = soak
-        .node
-        .ns
-        .links()?
-        .into_iter()
-        .filter(|l| l != "lo" && l != "lower0")
-        .collect();
-    ensure!(left.is_empty(), "links left on the node: {left:?}");
-    check_flat(&soak.report.samples)?;
-    soak.node.stop_device_plugin()?;
+    let (seed, lifecycles) = (soak.cfg.seed, soak.report.lifecycles);
+    soak.end_checks(&taps_before).with_context(|| {
+        format!(
+            "soak seed {seed}, at the end after {lifecycles} lifecycles (replay: SOAK_SEED={seed})"
+        )
+    })?;
     soak.report.took = t.elapsed();
     Ok(soak.report)
 }
 
-/// Checks that the last daemon's descriptors and memory stayed flat: the
-/// median of its last `WINDOW` samples against that of its first `WINDOW`
-/// after `WARM_UP` (medians, so a call in flight at one sample does not
-/// count; a leak of one descriptor every few lifecycles does).
-pub fn check_flat(samples: &[Sample]) -> Result<()> {
-    let last_pid = samples.last().context("no samples")?.pid;
-    let own: Vec<&Sample> = samples.iter().filter(|s| s.pid == last_pid).collect();
-    ensure!(
-        own.len() >= WARM_UP + 4 * WINDOW,
-        "the last daemon ran only {} lifecycles: too few to tell flat from growing",
-        own.len()
-    );
-    let median = |w: &[&Sample], f: fn(&Sample) -> u64| {
-        let mut v: Vec<u64> = w.iter().map(|s| f(s)).collect();
-        v.sort_unstable();
-        v[v.len() / 2]
-    };
-    let (early, late) = (&own[WARM_UP..WARM_UP + WINDOW], &own[own.len() - WINDOW..]);
-    let span = own.len() - WARM_UP;
-    let (fds0, fds1) = (
-        median(early, |s| s.fds as u64),
-        median(late, |s| s.fds as u64),
-    );
-    ensure!(
-        fds1 <= fds0 + FD_SLACK,
-        "the daemon's descriptors grew from {fds0} to {fds1} (medians) over {span} lifecycles: {:?}",
-        own.iter().map(|s| s.fds).collect::<Vec<_>>()
-    );
-    let (rss0, rss1) = (median(early, |s| s.rss_kib), median(late, |s| s.rss_kib));
-    let allowed = rss0 + (rss0 / 5).max(2048);
-    ensure!(
-        rss1 <= allowed,
-        "the daemon's memory grew from {rss0} KiB to {rss1} KiB (medians) over {span} lifecycles"
-    );
-    Ok(())
-}
-
 impl Soak {
+    /// What the end of a run checks: every link reclaimed and every tap
+    /// node gone, nothing else left on the node, and the last daemon flat
+    /// after its warm-up; then the daemon stops cleanly.
+    fn end_checks(&mut self, taps_before: &[String]) -> Result<()> {
+        self.node.wait_for_reclaim()?;
+        let mut taps_now = Vec::new();
+        wait_until("every tap node of the soak to go", || {
+            taps_now = tap_nodes();
+            Ok(taps_now == taps_before)
+        })
+        .with_context(|| format!("/dev tap nodes before: {taps_before:?}, now: {taps_now:?}"))?;
+        let left: Vec<String> = self
+            .node
+            .ns
+            .links()?
+            .into_iter()
+            .filter(|l| l != "lo" && l != "lower0")
+            .collect();
+        ensure!(left.is_empty(), "links left on the node: {left:?}");
+        if let Some(pid) = self.node.device_plugin_pid() {
+            self.report.fds_last = self.at_rest(pid)?;
+        }
+        check_flat(&self.report.samples).with_context(|| self.report.descriptors())?;
+        self.node.stop_device_plugin()
+    }
+
     async fn step(&mut self) -> Result<()> {
         let first_half = self.report.lifecycles < self.cfg.lifecycles / 2;
         match self.rng.below(100) {
@@ -302,10 +337,36 @@ impl Soak {
             .filter(|d| !self.live.iter().any(|p| &p.device == d))
             .collect();
         let device = free[self.rng.below(free.len() as u64) as usize].clone();
+        let link = macvtap_link::link_name_for_device(&device);
+        // Drawn whatever the node holds, so that the seed's later choices
+        // never depend on timing.
+        let reclaim_first = self.rng.chance(RECLAIM_FIRST);
+        if reclaim_first && self.node.ns.link(&link)?.is_some() {
+            self.trace.note(
+                Some(&device),
+                "its link from an earlier pod is on the node: waiting for the reclaim to delete it (the seed's choice)",
+            );
+            wait_until("the reclaim of the device's link", || {
+                Ok(self.node.ns.link(&link)?.is_none())
+            })?;
+        }
+        let before = self.node.ns.link(&link)?.map(|l| l.index);
         let alloc = Node::allocate(&mut self.client, &device).await?;
         let ifindex = alloc.ifindex()?;
+        self.last_index.insert(device.clone(), ifindex);
+        // Whether the link was still on the node is timing (the reclaim's
+        // grace), not the seed: say what it was.
+        let met = match before {
+            Some(i) if i == ifindex => format!("reused the link on the node at /dev/tap{i}"),
+            Some(i) => {
+                format!("the node had the link at ifindex {i}, Allocate answered /dev/tap{ifindex}")
+            }
+            None => format!("a new link at /dev/tap{ifindex}"),
+        };
         self.next_pod += 1;
         let name = format!("virt-launcher-soak-{}", self.next_pod);
+        self.trace
+            .note(Some(&device), format!("Allocate for {name}: {met}"));
         self.node
             .pod_resources
             .as_ref()
@@ -313,13 +374,9 @@ impl Soak {
             .add_pod("default", &name, &[(&full_resource(), &[&device])]);
         let mut ns = TestNs::new("pod")?;
         let kill_at = self.rng.chance(25).then(|| 1 + self.rng.below(MAX_KILL_AT));
-        let out = self.cni("ADD", &name, &device, &ns, kill_at)?;
-        if !out.status.success() {
-            ensure!(
-                kill_at.is_some(),
-                "ADD of {device} for {name} failed: {}",
-                String::from_utf8_lossy(&out.stdout)
-            );
+        let run = self.cni("ADD", &name, &device, &ns, kill_at)?;
+        let killed = self.judge("ADD", &name, &device, &ns, kill_at, &run)?;
+        if killed {
             self.report.add_kills += 1;
             // containerd's RunPodSandbox failure path: DEL with the same
             // arguments, the sandbox gone, then a new sandbox and ADD.
@@ -338,17 +395,48 @@ impl Soak {
         Ok(())
     }
 
+    /// Says how a run meant to be killed at `kill_at` (or not) ended, and
+    /// whether it was killed: a failure that was no kill is an error.
+    fn judge(
+        &mut self,
+        command: &str,
+        pod: &str,
+        device: &str,
+        ns: &TestNs,
+        kill_at: Option<u64>,
+        run: &CniRun,
+    ) -> Result<bool> {
+        let how = match (&run.sends, run.out.status.success()) {
+            (Some(s), _) => format!("{s}"),
+            (None, true) => "succeeded".to_string(),
+            (None, false) => "failed".to_string(),
+        };
+        self.trace.note(
+            Some(device),
+            format!(
+                "{command} for {pod} in {}{}: {how}{}",
+                ns.name,
+                kill_at
+                    .map(|k| format!(", to be killed at netlink send {k}"))
+                    .unwrap_or_default(),
+                run.log()
+            ),
+        );
+        if run.out.status.success() {
+            return Ok(false);
+        }
+        ensure!(
+            run.sends.as_ref().is_some_and(|s| s.killed),
+            "{command} of {device} for {pod} failed ({how}): {}",
+            run.stdout()
+        );
+        Ok(true)
+    }
+
     fn stop_pod(&mut self, pod: Pod) -> Result<()> {
         let kill_at = self.rng.chance(20).then(|| 1 + self.rng.below(MAX_KILL_AT));
-        let out = self.cni("DEL", &pod.name, &pod.device, &pod.ns, kill_at)?;
-        if !out.status.success() {
-            ensure!(
-                kill_at.is_some(),
-                "DEL of {} for {} failed: {}",
-                pod.device,
-                pod.name,
-                String::from_utf8_lossy(&out.stdout)
-            );
+        let run = self.cni("DEL", &pod.name, &pod.device, &pod.ns, kill_at)?;
+        if self.judge("DEL", &pod.name, &pod.device, &pod.ns, kill_at, &run)? {
             self.report.del_kills += 1;
             self.cni_ok("DEL", &pod.name, &pod.device, &pod.ns)
                 .context("DEL again after a killed DEL")?;
@@ -362,6 +450,10 @@ impl Soak {
             .as_ref()
             .context("PodResources not started")?
             .remove_pod("default", &pod.name);
+        self.trace.note(
+            Some(&pod.device),
+            format!("{} gone from PodResources", pod.name),
+        );
         self.report.lifecycles += 1;
         self.sample()
     }
@@ -373,7 +465,7 @@ impl Soak {
         device: &str,
         ns: &TestNs,
         kill_at: Option<u64>,
-    ) -> Result<std::process::Output> {
+    ) -> Result<CniRun> {
         let mut conf: Value = serde_json::from_str(NAD)?;
         conf["deviceID"] = Value::from(device);
         let args = format!(
@@ -381,23 +473,14 @@ impl Soak {
              K8S_POD_INFRA_CONTAINER_ID=sandbox-{}",
             ns.name
         );
-        let inject = kill_at.map(|k| format!("inject=sendto:signal=KILL:when={k}"));
-        let wrapper: Vec<&str> = match &inject {
-            // Killed on entry to its k-th netlink send: the sends before it
-            // took effect, nothing after them runs.
-            Some(i) => vec![
-                "strace",
-                "-f",
-                "-qq",
-                "-o",
-                "/dev/null",
-                "-e",
-                "trace=sendto",
-                "-e",
-                i,
-            ],
-            None => Vec::new(),
-        };
+        let trace_file = tempfile::NamedTempFile::new()?;
+        let trace_path = trace_file.path().to_string_lossy().into_owned();
+        // Killed on entry to its k-th netlink send: the sends before it
+        // took effect, nothing after them runs.
+        let wrapper = kill_at
+            .map(|k| kill::strace_args(k, &trace_path))
+            .unwrap_or_default();
+        let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
         let ns_path = ns.path();
         let conf = conf.to_string();
         let call = CniCall {
@@ -410,18 +493,56 @@ impl Soak {
             conf: &conf,
             settings: Some(&self.settings_file),
         };
-        tokio::task::block_in_place(|| run_cni_output(&call, &wrapper))
+        let out = tokio::task::block_in_place(|| run_cni_output(&call, &wrapper))?;
+        let sends = match kill_at {
+            Some(_) => Some(Sends::parse(&std::fs::read_to_string(trace_file.path())?)),
+            None => None,
+        };
+        Ok(CniRun { out, sends })
     }
 
-    fn cni_ok(&self, command: &str, pod: &str, device: &str, ns: &TestNs) -> Result<()> {
-        let out = self.cni(command, pod, device, ns, None)?;
-        ensure!(
-            out.status.success(),
-            "CNI {command} of {device} for {pod} failed: {} {}",
-            String::from_utf8_lossy(&out.stdout).trim(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+    fn cni_ok(&mut self, command: &str, pod: &str, device: &str, ns: &TestNs) -> Result<()> {
+        let run = self.cni(command, pod, device, ns, None)?;
+        self.judge(command, pod, device, ns, None, &run)?;
         Ok(())
+    }
+
+    /// What a failure at `step` prints: the seed and the step, the steps
+    /// about the device it concerns, and the daemon log cut to that device.
+    /// The daemon is stopped first, so its log holds whatever it did up to
+    /// the failure (a line is written after the call it reports).
+    fn failure_report(&mut self, step: usize) -> String {
+        let stopped = match self.node.stop_device_plugin() {
+            Ok(()) => String::new(),
+            Err(e) => format!(" (stopping the daemon: {e:#})"),
+        };
+        let device = self.trace.current_device();
+        let log = self.node.daemon_log();
+        let log = match device {
+            Some(d) => trace::log_about(
+                &log,
+                d,
+                &macvtap_link::link_name_for_device(d),
+                self.last_index.get(d).copied(),
+                LOG_LINES,
+            ),
+            None => {
+                let lines: Vec<&str> = log.lines().collect();
+                lines[lines.len().saturating_sub(LOG_LINES)..].join("\n")
+            }
+        };
+        format!(
+            "soak seed {}, step {step}, after {} lifecycles (replay: SOAK_SEED={}){}; its steps:\n{}\n\
+             daemon log{}{stopped}:\n{log}",
+            self.cfg.seed,
+            self.report.lifecycles,
+            self.cfg.seed,
+            device.map(|d| format!(", about {d}")).unwrap_or_default(),
+            self.trace.about(device, TRACE_EVENTS),
+            device
+                .map(|d| format!(" (the lines about {d}, its link, its tap node, and warnings)"))
+                .unwrap_or_default()
+        )
     }
 
     /// Every live pod's link is in its namespace, at the ifindex of the
@@ -445,6 +566,7 @@ impl Soak {
     async fn restart_kubelet(&mut self) -> Result<()> {
         let k = self.node.kubelet.take().context("kubelet not started")?;
         self.node.kubelet = Some(k.restart().await?);
+        self.trace.note(None, "kubelet restarted");
         self.client = self.node.plugin(RESOURCE, CAPACITY).await?;
         self.report.kubelet_restarts += 1;
         Ok(())
@@ -453,6 +575,7 @@ impl Soak {
     async fn flap_nic(&mut self) -> Result<()> {
         let kubelet = self.node.kubelet.as_ref().context("kubelet not started")?;
         let full = full_resource();
+        self.trace.note(None, "NIC down, then up");
         self.node.ns.ip(&["link", "set", "lower0", "down"])?;
         kubelet
             .wait_resource(&full, WAIT, |v| {
@@ -479,7 +602,16 @@ impl Soak {
             .as_ref()
             .context("kubelet not started")?
             .registration_count(&full);
-        if self.rng.chance(50) {
+        let kill = self.rng.chance(50);
+        self.trace.note(
+            None,
+            if kill {
+                "device plugin killed (SIGKILL) and started"
+            } else {
+                "device plugin stopped (SIGTERM) and started"
+            },
+        );
+        if kill {
             self.node.kill_device_plugin()?;
             self.report.plugin_kills += 1;
         } else {
@@ -497,24 +629,42 @@ impl Soak {
         Ok(())
     }
 
+    /// The daemon's descriptors once no more are open than at its last
+    /// samples (the median of the last window: a reclaim round in flight
+    /// holds a socket or two for a moment); the last listing if they never
+    /// are within [`WAIT`].
+    fn at_rest(&self, pid: u32) -> Result<Vec<fds::Fd>> {
+        let mut level: Vec<usize> = self
+            .report
+            .samples
+            .iter()
+            .rev()
+            .take_while(|s| s.pid == pid)
+            .take(flat::WINDOW)
+            .map(|s| s.fds)
+            .collect();
+        level.sort_unstable();
+        let level = level.get(level.len() / 2).copied().unwrap_or(usize::MAX);
+        let mut listed = fds::list(pid)?;
+        let deadline = Instant::now() + WAIT;
+        while listed.len() > level && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+            listed = fds::list(pid)?;
+        }
+        Ok(listed)
+    }
+
     fn sample(&mut self) -> Result<()> {
         let pid = self
             .node
             .device_plugin_pid()
             .context("the device plugin is not running")?;
-        let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))?.count();
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-        let rss_kib = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .context("no VmRSS")?;
-        self.report.samples.push(Sample {
-            pid,
-            lifecycles: self.report.lifecycles,
-            fds,
-            rss_kib,
-        });
+        if self.report.samples.last().is_none_or(|s| s.pid != pid) {
+            self.report.fds_first = fds::list(pid)?;
+        }
+        self.report
+            .samples
+            .push(flat::sample(pid, self.report.lifecycles)?);
         Ok(())
     }
 }
@@ -549,46 +699,5 @@ mod tests {
         let mut r = Rng(8);
         let c: Vec<u64> = (0..8).map(|_| r.below(100)).collect();
         assert_ne!(a, c);
-    }
-
-    fn s(pid: u32, lifecycles: usize, fds: usize, rss_kib: u64) -> Sample {
-        Sample {
-            pid,
-            lifecycles,
-            fds,
-            rss_kib,
-        }
-    }
-
-    #[test]
-    fn growing_descriptors_or_memory_of_the_last_daemon_fail() {
-        let flat: Vec<Sample> = (0..60)
-            .map(|i| s(2, i, 20 + (i % 7 == 0) as usize * 5, 9000))
-            .collect();
-        check_flat(&flat).unwrap();
-        let mut leak = flat.clone();
-        for (i, x) in leak.iter_mut().enumerate() {
-            x.fds = 20 + i / 8;
-        }
-        assert!(
-            check_flat(&leak)
-                .unwrap_err()
-                .to_string()
-                .contains("descriptors")
-        );
-        let mut bloat = flat.clone();
-        for x in bloat.iter_mut().skip(40) {
-            x.rss_kib = 12000;
-        }
-        assert!(
-            check_flat(&bloat)
-                .unwrap_err()
-                .to_string()
-                .contains("memory")
-        );
-        // An earlier daemon's samples do not count.
-        let mut restarted: Vec<Sample> = (0..5).map(|i| s(1, i, 90, 90000)).collect();
-        restarted.extend(flat);
-        check_flat(&restarted).unwrap();
     }
 }
