@@ -13,7 +13,7 @@ use crate::events::{EventSink, NodeEvent};
 use crate::heal::Assignments;
 use crate::metrics::Metrics;
 use crate::reclaim::AllocationClock;
-use kubelet_proto::transport::{bind_unix, error_chain, serve_unix};
+use kubelet_proto::transport::{Connections, bind_unix, error_chain, serve_unix_counted};
 use kubelet_proto::v1beta1::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use kubelet_proto::v1beta1::{
     AllocateRequest, AllocateResponse, Device, DevicePluginOptions, Empty, ListAndWatchResponse,
@@ -219,7 +219,11 @@ pub struct PluginServer {
     id: u64,
     path: PathBuf,
     identity: FileIdentity,
+    /// Ends the ListAndWatch streams.
+    end_streams: watch::Sender<bool>,
+    /// Stops serving.
     stop: watch::Sender<bool>,
+    connections: Connections,
     task: JoinHandle<()>,
 }
 
@@ -233,16 +237,19 @@ impl PluginServer {
         let listener = bind_unix(path)?;
         let identity =
             FileIdentity::of(path).map_err(Error::io("reading the socket just bound", path))?;
-        let (stop_tx, stop_rx) = watch::channel(false);
+        let (stop_tx, mut stop_serving) = watch::channel(false);
+        let (end_streams, end_rx) = watch::channel(false);
         let id = NEXT_SERVER_ID.fetch_add(1, Ordering::Relaxed);
-        let service = PluginService::new(id, state, stop_rx.clone(), ctx);
-        let mut stop_serving = stop_rx;
+        let service = PluginService::new(id, state, end_rx, ctx);
         let socket = path.to_path_buf();
+        let connections = Connections::default();
+        let counted = connections.clone();
         let task = tokio::spawn(async move {
             let stopped = async move {
                 let _ = stop_serving.wait_for(|s| *s).await;
             };
-            if let Err(e) = serve_unix(DevicePluginServer::new(service), listener, stopped).await {
+            let svc = DevicePluginServer::new(service);
+            if let Err(e) = serve_unix_counted(svc, listener, stopped, counted).await {
                 warn!(socket = %socket.display(), error = %error_chain(&e), "the plugin server ended with an error");
             }
         });
@@ -251,7 +258,9 @@ impl PluginServer {
             id,
             path: path.to_path_buf(),
             identity,
+            end_streams,
             stop: stop_tx,
+            connections,
             task,
         })
     }
@@ -272,19 +281,35 @@ impl PluginServer {
         FileIdentity::of(&self.path).is_ok_and(|i| i == self.identity)
     }
 
-    /// Stops serving (ending open ListAndWatch streams) and, if
-    /// `remove_socket`, removes the socket file if it is still ours. Waits
-    /// up to `wait` for open connections to finish, then drops them.
+    /// Ends the open ListAndWatch streams, waits up to `wait` in all for
+    /// the clients to close their connections and for the server to stop
+    /// (then drops what is left), and, if `remove_socket`, removes the
+    /// socket file if it is still ours.
+    ///
+    /// The kubelet closes its connection only after it has handled the
+    /// stream's end (`disconnectClient`, then `Disconnect` closes the
+    /// connection), and kubelets up to 1.36 disconnect whichever client
+    /// holds the resource at that moment. So the stop, and the next
+    /// Register that waits for it, come after the kubelet has handled the
+    /// old stream, however slowly it runs.
     pub async fn stop(self, remove_socket: bool, wait: Duration) {
         let PluginServer {
             path,
             identity,
+            end_streams,
             stop,
+            connections,
             mut task,
             ..
         } = self;
+        let deadline = tokio::time::Instant::now() + wait;
+        let _ = end_streams.send(true);
+        let closed = tokio::time::timeout_at(deadline, connections.all_closed()).await;
+        if closed.is_err() {
+            debug!(socket = %path.display(), open = connections.open(), "a client kept its connection past the stop's wait");
+        }
         let _ = stop.send(true);
-        if tokio::time::timeout(wait, &mut task).await.is_err() {
+        if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
             task.abort();
         }
         if remove_socket && FileIdentity::of(&path).is_ok_and(|i| i == identity) {

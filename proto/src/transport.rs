@@ -6,10 +6,17 @@
 use hyper_util::rt::TokioIo;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::watch;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::codegen::{Service, http};
+use tonic::transport::server::Connected;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 /// Result of the transport helpers.
@@ -69,6 +76,86 @@ pub fn bind_unix(path: &Path) -> Result<UnixListener> {
     Ok(listener)
 }
 
+/// How many connections a server holds open, so that a stop can wait for
+/// its clients to close theirs.
+#[derive(Debug, Clone)]
+pub struct Connections(Arc<watch::Sender<usize>>);
+
+impl Default for Connections {
+    fn default() -> Self {
+        Self(Arc::new(watch::channel(0).0))
+    }
+}
+
+impl Connections {
+    /// The connections open now.
+    pub fn open(&self) -> usize {
+        *self.0.borrow()
+    }
+
+    /// Waits until no connection is open.
+    pub async fn all_closed(&self) {
+        let mut rx = self.0.subscribe();
+        let _ = rx.wait_for(|n| *n == 0).await;
+    }
+}
+
+/// An accepted connection, counted in its server's [`Connections`] until it
+/// is dropped.
+struct Counted {
+    inner: UnixStream,
+    count: Arc<watch::Sender<usize>>,
+}
+
+impl Counted {
+    fn new(inner: UnixStream, count: Arc<watch::Sender<usize>>) -> Self {
+        count.send_modify(|n| *n += 1);
+        Self { inner, count }
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.count.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+impl Connected for Counted {
+    type ConnectInfo = <UnixStream as Connected>::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.inner.connect_info()
+    }
+}
+
+impl AsyncRead for Counted {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Counted {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 /// Serves the gRPC service `svc` (a generated `…Server`) on `listener`
 /// until `shutdown` completes: the plugin servers, and the test kubelet's.
 pub async fn serve_unix<S>(
@@ -86,8 +173,31 @@ where
         + 'static,
     S::Future: Send + 'static,
 {
+    serve_unix_counted(svc, listener, shutdown, Connections::default()).await
+}
+
+/// [`serve_unix`], counting the open connections in `connections`.
+pub async fn serve_unix_counted<S>(
+    svc: S,
+    listener: UnixListener,
+    shutdown: impl Future<Output = ()>,
+    connections: Connections,
+) -> std::result::Result<(), tonic::transport::Error>
+where
+    S: Service<
+            http::Request<tonic::body::Body>,
+            Response = http::Response<tonic::body::Body>,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let count = connections.0;
+    let incoming = UnixListenerStream::new(listener)
+        .map(move |accepted| accepted.map(|s| Counted::new(s, count.clone())));
     tonic::transport::Server::builder()
-        .serve_with_incoming_shutdown(svc, UnixListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(svc, incoming, shutdown)
         .await
 }
 
