@@ -16,7 +16,7 @@
 #   hack/cluster.sh status  say which processes run
 #
 # Needs root. Everything listens on loopback, or on the node address, a
-# TEST-NET address on a dummy link the script makes.
+# TEST-NET address on a link the script makes.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -35,7 +35,7 @@ PKI=$STATE/pki
 LOGS=$STATE/logs
 
 NODE_NAME=macvtap-node
-NODE_LINK=mvtrs-node0               # a dummy link holding the node address
+NODE_LINK=mvtrs-node0               # a port-less bridge holding the node address
 NODE_IP=203.0.113.129               # TEST-NET-3; pods get 203.0.113.0/25
 POD_SUBNET=203.0.113.0/25
 POD_GATEWAY=203.0.113.1
@@ -233,6 +233,9 @@ find_kubectl() {
 
 # --- configuration files ----------------------------------------------------
 write_configs() {
+  # CAP_SYS_RESOURCE is bit 24 of the effective capabilities.
+  local capeff; capeff=$(awk '/^CapEff/{print $2}' /proc/self/status)
+  RESTRICT_OOM=false; (( (0x$capeff >> 24) & 1 )) || RESTRICT_OOM=true
   mkdir -p "$STATE/containerd" "$RUN/containerd" "$STATE/cni/net.d" "$STATE/cni/bin" "$STATE/cni/networks" \
     "$STATE/pod-logs" "$STATE/cdi" "$RUN/cdi"
   ln -sf "$CNI_BIN"/* "$STATE/cni/bin/"
@@ -258,6 +261,10 @@ state = '$RUN/containerd/state'
   enable_cdi = true
   cdi_spec_dirs = ['/etc/cdi', '/var/run/cdi']
   netns_mounts_under_state_dir = true
+  # Without CAP_SYS_RESOURCE (this machine's root lacks it) no process may
+  # lower its oom_score_adj, and runc fails every sandbox (the kubelet asks
+  # -998 for pause): clamp to containerd's own score instead.
+  restrict_oom_score_adj = $RESTRICT_OOM
   [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = 'runc'
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
@@ -356,8 +363,10 @@ preflight() {
 
 node_link() {
   if ! ip link show "$NODE_LINK" >/dev/null 2>&1; then
-    ip link add "$NODE_LINK" type dummy
-    say "node address: made dummy link $NODE_LINK"
+    # A bridge without ports, since this kernel may lack the dummy driver
+    # (this machine's has no modules at all).
+    ip link add "$NODE_LINK" type bridge
+    say "node address: made link $NODE_LINK (a bridge without ports)"
   fi
   ip link set "$NODE_LINK" up
   ip addr show dev "$NODE_LINK" | grep -q "inet $NODE_IP/" || ip addr add "$NODE_IP/32" dev "$NODE_LINK"
@@ -408,7 +417,7 @@ up() {
     --cert-dir="$PKI/apiserver-generated" \
     --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" --client-ca-file="$PKI/ca.crt" \
     --kubelet-client-certificate="$PKI/apiserver-kubelet-client.crt" --kubelet-client-key="$PKI/apiserver-kubelet-client.key" \
-    --kubelet-certificate-authority="$PKI/ca.crt" \
+    --kubelet-certificate-authority="$PKI/ca.crt" --kubelet-preferred-address-types=InternalIP \
     --service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
     --service-account-issuer=https://kubernetes.default.svc \
     --service-cluster-ip-range="$SERVICE_CIDR" \
