@@ -55,14 +55,15 @@ K8S_VERSION=v1.37.2
 SYSCTLS=(vm.overcommit_memory=1 vm.panic_on_oom=0 kernel.panic=10 kernel.panic_on_oops=1
          kernel.keys.root_maxkeys=1000000 kernel.keys.root_maxbytes=25000000)
 
-T0=$(date +%s.%N)
-say() { printf '[%6.1fs] %s\n' "$(echo "$(date +%s.%N) - $T0" | bc)" "$*" >&2; }
+T0=$EPOCHREALTIME
+since() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }'; }
+say() { printf '[%6ss] %s\n' "$(since "$T0")" "$*" >&2; }
 die() { say "error: $*"; exit 1; }
 # step NAME CMD...: runs CMD and says how long it took.
 step() {
-  local name=$1 t; shift; t=$(date +%s.%N)
+  local name=$1 t; shift; t=$EPOCHREALTIME
   "$@"
-  say "$name: done in $(printf '%.1f' "$(echo "$(date +%s.%N) - $t" | bc)") s"
+  say "$name: done in $(since "$t") s"
 }
 
 # --- building ---------------------------------------------------------------
@@ -385,6 +386,31 @@ set_sysctls() {
   else say "sysctls for the kubelet: already set"; fi
 }
 
+# Directories outside $STATE and $RUN that the kubelet or containerd make at
+# fixed places: the kubelet's root and its /var/log/containers links,
+# containerd's shim sockets (/run/containerd/s) and libcni's result cache
+# (/var/lib/cni/results). The first `up` notes which were absent; `down`
+# removes those (the last two only as far as they are empty of others' files).
+SYSTEM_DIRS=("$KUBELET_ROOT" /var/log/containers /run/containerd /var/lib/cni)
+record_system_dirs() {
+  [[ -f $STATE/made-dirs ]] && return
+  local d; for d in "${SYSTEM_DIRS[@]}"; do [[ -e $d ]] || echo "$d"; done > "$STATE/made-dirs"
+}
+remove_system_dirs() {
+  [[ -f $STATE/made-dirs ]] || return 0
+  rm -f /var/lib/cni/results/macvtap-rs-pods-* 2>/dev/null || true
+  local d removed=()
+  while IFS= read -r d; do
+    [[ -e $d ]] || continue
+    case $d in
+      "$KUBELET_ROOT"|/var/log/containers) rm -rf "$d" ;;
+      *) find "$d" -depth -type d -empty -delete 2>/dev/null || true ;;
+    esac
+    [[ -e $d ]] && say "kept $d: it holds files of others" || removed+=("$d")
+  done < "$STATE/made-dirs"
+  say "directories outside the cluster's own: removed ${removed[*]:-none}"
+}
+
 # What the firewall held before `up`, so `down` removes only what came after.
 save_iptables() {
   [[ -f $STATE/iptables.saved ]] && return
@@ -396,22 +422,21 @@ up() {
   preflight
   build_all
   mkdir -p "$STATE" "$RUN" "$LOGS"
-  [[ -d $KUBELET_ROOT || -f $STATE/made-kubelet-root ]] || touch "$STATE/made-kubelet-root"
-  [[ -d /var/log/containers || -f $STATE/made-var-log-containers ]] || touch "$STATE/made-var-log-containers"
+  record_system_dirs
   save_iptables
   step "certificates" make_pki
   step "node address" node_link
   write_configs
 
-  local t=$(date +%s.%N)
+  local t=$EPOCHREALTIME
   start etcd "$ETCD_BIN/etcd" --name=macvtap-node --data-dir="$STATE/etcd" \
     --listen-client-urls="$ETCD" --advertise-client-urls="$ETCD" \
     --listen-peer-urls=http://127.0.0.1:2380 --initial-advertise-peer-urls=http://127.0.0.1:2380 \
     --initial-cluster=macvtap-node=http://127.0.0.1:2380 --unsafe-no-fsync=true
   wait_for "etcd answering on $ETCD" 60 etcd curl -fsS "$ETCD/health"
-  say "etcd: healthy in $(printf '%.1f' "$(echo "$(date +%s.%N) - $t" | bc)") s"
+  say "etcd: healthy in $(since "$t") s"
 
-  t=$(date +%s.%N)
+  t=$EPOCHREALTIME
   start kube-apiserver "$K8S_BIN/kube-apiserver" --etcd-servers="$ETCD" \
     --bind-address=127.0.0.1 --secure-port=6443 --advertise-address="$NODE_IP" \
     --cert-dir="$PKI/apiserver-generated" \
@@ -424,7 +449,7 @@ up() {
     --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
     --allow-privileged=true
   wait_for "the API server's /readyz" 120 kube-apiserver KUBECTL get --raw /readyz
-  say "kube-apiserver: ready in $(printf '%.1f' "$(echo "$(date +%s.%N) - $t" | bc)") s"
+  say "kube-apiserver: ready in $(since "$t") s"
 
   start kube-controller-manager "$K8S_BIN/kube-controller-manager" \
     --kubeconfig="$STATE/controller-manager.kubeconfig" \
@@ -441,21 +466,23 @@ up() {
     --bind-address=127.0.0.1 --leader-elect=false
   wait_for "kube-controller-manager's /healthz" 60 kube-controller-manager curl -fsSk https://127.0.0.1:10257/healthz
   wait_for "kube-scheduler's /healthz" 60 kube-scheduler curl -fsSk https://127.0.0.1:10259/healthz
+  # Pods are refused until the service-account controller made "default".
+  wait_for "the default service account" 60 kube-controller-manager KUBECTL -n default get serviceaccount default
   say "controller-manager and scheduler: healthy"
 
-  t=$(date +%s.%N)
+  t=$EPOCHREALTIME
   PATH=$CTRD_BIN:$PATH start containerd "$CTRD_BIN/containerd" --config "$STATE/containerd/config.toml"
   wait_for "containerd answering on $CONTAINERD_SOCK" 60 containerd "$CTRD_BIN/ctr" --address "$CONTAINERD_SOCK" version
-  say "containerd: up in $(printf '%.1f' "$(echo "$(date +%s.%N) - $t" | bc)") s"
+  say "containerd: up in $(since "$t") s"
   import_pause
 
   set_sysctls
-  t=$(date +%s.%N)
+  t=$EPOCHREALTIME
   start kubelet "$K8S_BIN/kubelet" --config="$STATE/kubelet.yaml" --kubeconfig="$STATE/kubelet.kubeconfig" \
     --hostname-override="$NODE_NAME" --node-ip="$NODE_IP" --root-dir="$KUBELET_ROOT"
   wait_for "node $NODE_NAME Ready" 180 kubelet \
     bash -c "kubectl --kubeconfig '$STATE/admin.kubeconfig' get node '$NODE_NAME' -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
-  say "kubelet: node $NODE_NAME Ready in $(printf '%.1f' "$(echo "$(date +%s.%N) - $t" | bc)") s"
+  say "kubelet: node $NODE_NAME Ready in $(since "$t") s"
   say "up: cluster ready; eval \"\$($0 env)\" for KUBECONFIG"
 }
 
@@ -508,6 +535,22 @@ restore_iptables() {
     done
   done
   say "iptables: removed $removed rules and chains added since up"
+  # The kubelet's first rule makes the table itself (iptables-nft): an empty
+  # table only nft can remove.
+  local fam_nft
+  for fam in iptables ip6tables; do
+    [[ $fam == iptables ]] && fam_nft=ip || fam_nft=ip6
+    for table in $("$fam-save" 2>/dev/null | sed -n 's/^\*//p'); do
+      saved_tables "$fam" | grep -qx "\*$table" && continue
+      if "$fam-save" -t "$table" | grep -q '^-A\|^:[^ ]* - '; then
+        say "iptables: the $fam table $table did not exist before up and holds rules of others now: kept"
+      elif command -v nft >/dev/null; then
+        nft delete table "$fam_nft" "$table" && say "iptables: removed the $fam table $table (empty; it did not exist before up)"
+      else
+        say "iptables: the $fam table $table did not exist before up; it is empty now, and only nft can remove it (apt-get install nftables)"
+      fi
+    done
+  done
 }
 restore_sysctls() {
   [[ -f $STATE/sysctl.saved ]] || return 0
@@ -527,12 +570,12 @@ down() {
   stop kube-scheduler; stop kube-controller-manager
   # Pods first, through the kubelet, so that their networks get CNI DEL.
   if running kube-apiserver && running kubelet; then
-    local t=$(date +%s.%N) n
+    local t=$EPOCHREALTIME n
     KUBECTL delete pods --all-namespaces --all --grace-period=1 --wait=false >/dev/null 2>&1 || true
     for ((n = 0; n < 180; n++)); do
       [[ -z $(KUBECTL get pods -A -o name 2>/dev/null) ]] && break; sleep 0.5
     done
-    say "pods: deleted through the kubelet in $(printf '%.1f' "$(echo "$(date +%s.%N) - $t" | bc)") s"
+    say "pods: deleted through the kubelet in $(since "$t") s"
   fi
   stop kubelet
   if running containerd && [[ -n ${CTRD_BIN:-} ]]; then
@@ -563,10 +606,9 @@ down() {
   for l in "$POD_BRIDGE" "$NODE_LINK"; do ip link del "$l" 2>/dev/null && say "link: removed $l"; done
   restore_iptables
   restore_sysctls
-  [[ -f $STATE/made-kubelet-root ]] && rm -rf "$KUBELET_ROOT"
-  [[ -f $STATE/made-var-log-containers ]] && rm -rf /var/log/containers
+  remove_system_dirs
   rm -rf "$STATE" "$RUN"
-  say "directories: removed $STATE, $RUN$([[ ! -d $KUBELET_ROOT ]] && echo ", $KUBELET_ROOT")"
+  say "directories: removed $STATE, $RUN"
   leftovers
 }
 
@@ -581,6 +623,8 @@ leftovers() {
   for p in "$POD_BRIDGE" "$NODE_LINK"; do ip link show "$p" >/dev/null 2>&1 && left+=("link $p"); done
   for p in $(find /sys/fs/cgroup -maxdepth 3 -type d -name 'kubepods*' 2>/dev/null); do left+=("cgroup $p"); done
   for p in "$STATE" "$RUN"; do [[ -e $p ]] && left+=("directory $p"); done
+  local rules; rules=$(iptables_now | grep -c '^-A\|^:KUBE' || true)
+  (( rules == 0 )) || say "iptables: $rules rules or KUBE chains are there now (were they before up?)"
   if (( ${#left[@]} )); then
     printf 'left on the machine: %s\n' "${left[@]}" >&2; return 1
   fi
