@@ -35,13 +35,18 @@ PKI=$STATE/pki
 LOGS=$STATE/logs
 
 NODE_NAME=macvtap-node
+# All on TEST-NET-2: on the machines this project runs on, TEST-NET-1
+# (192.0.2.0/24) is eth0's network and TEST-NET-3 holds the address the
+# package registries are reached through (a pod route over 203.0.113.0/25
+# once cut this machine off from them). `up` refuses ranges that overlap a
+# route the machine has.
 NODE_LINK=mvtrs-node0               # a port-less bridge holding the node address
-NODE_IP=203.0.113.129               # TEST-NET-3; pods get 203.0.113.0/25
-POD_SUBNET=203.0.113.0/25
-POD_GATEWAY=203.0.113.1
+NODE_IP=198.51.100.129
+POD_SUBNET=198.51.100.0/25
+POD_GATEWAY=198.51.100.1
 POD_BRIDGE=mvtrs-cni0
-SERVICE_CIDR=198.51.100.0/24        # TEST-NET-2; nothing routes it (no kube-proxy)
-SERVICE_IP=198.51.100.1
+SERVICE_CIDR=198.51.100.224/27      # nothing routes it (no kube-proxy yet)
+SERVICE_IP=198.51.100.225
 APISERVER=https://127.0.0.1:6443
 ETCD=http://127.0.0.1:2379
 PAUSE_IMAGE=localhost/macvtap-rs/pause:1
@@ -360,6 +365,19 @@ preflight() {
   [[ -x $RUNC ]] || die "runc is not at $RUNC (apt-get install runc, or set RUNC)"
   command -v iptables-save >/dev/null || die "iptables is not installed (apt-get install iptables)"
   find_kubectl
+  check_addresses
+}
+
+# The cluster's ranges must not hide a network the machine has: no route but
+# the default one (and the cluster's own links) may cover them.
+check_addresses() {
+  local net r
+  for net in "$POD_SUBNET" "$NODE_IP/32" "$SERVICE_CIDR"; do
+    while IFS= read -r r; do
+      [[ -z $r || $r == default* || $r == *" dev $POD_BRIDGE "* || $r == *" dev $NODE_LINK "* ]] && continue
+      die "the cluster's range $net overlaps this machine's route '$r': change POD_SUBNET, NODE_IP or SERVICE_CIDR in $0"
+    done < <(ip route show to match "${net%/*}"; ip route show root "$net")
+  done
 }
 
 node_link() {
@@ -371,6 +389,9 @@ node_link() {
   fi
   ip link set "$NODE_LINK" up
   ip addr show dev "$NODE_LINK" | grep -q "inet $NODE_IP/" || ip addr add "$NODE_IP/32" dev "$NODE_LINK"
+  # Service addresses go nowhere (a bridge without ports) rather than out of
+  # the default route.
+  ip route replace "$SERVICE_CIDR" dev "$NODE_LINK"
 }
 
 # The kubelet's sysctls: what they were is kept (once) for `down`.
@@ -499,9 +520,10 @@ cluster_pids() {
     exe=$(readlink "$pid/exe" 2>/dev/null) || continue
     [[ $exe == "$CACHE"/go-peers/containerd-*/containerd-shim-runc-v2 ]] && echo "${pid#/proc/}"
   done
+  return 0
 } 2>/dev/null
 our_mounts() { # mount points under the cluster's directories, deepest first
-  awk '{print $5}' /proc/self/mountinfo | grep -E "^($STATE|$RUN|$KUBELET_ROOT)(/|$)" | sort -r | uniq
+  awk '{print $5}' /proc/self/mountinfo | grep -E "^($STATE|$RUN|$KUBELET_ROOT)(/|$)" | sort -r | uniq || true
 }
 iptables_now() {
   { iptables-save; echo "#ip6"; ip6tables-save 2>/dev/null || true; } | sed 's/\[[0-9]*:[0-9]*\]//; /^#/d'
