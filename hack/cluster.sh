@@ -2,7 +2,7 @@
 # A real single-node Kubernetes on this machine, as plain processes: etcd,
 # kube-apiserver (TLS from a CA made at `up`; Node and RBAC authorizers,
 # NodeRestriction, --allow-privileged), kube-controller-manager,
-# kube-scheduler, containerd 2.3 with Debian's runc and CDI on, and the
+# kube-scheduler, kube-proxy (nftables), containerd 2.3 with Debian's runc and CDI on, and the
 # kubelet 1.37 with cgroupfs on cgroup v1; a pause image built here and
 # imported without a registry; the reference bridge CNI as the primary
 # network. Every binary is built from a pinned module under hack/peers/ (and
@@ -45,9 +45,9 @@ NODE_IP=198.51.100.129
 POD_SUBNET=198.51.100.0/25
 POD_GATEWAY=198.51.100.1
 POD_BRIDGE=mvtrs-cni0
-SERVICE_CIDR=198.51.100.224/27      # nothing routes it (no kube-proxy yet)
+SERVICE_CIDR=198.51.100.224/27      # kube-proxy (nftables) makes it lead somewhere
 SERVICE_IP=198.51.100.225
-APISERVER=https://127.0.0.1:6443
+APISERVER=https://$NODE_IP:6443      # the kubernetes Service's endpoint too
 ETCD=http://127.0.0.1:2379
 PAUSE_IMAGE=localhost/macvtap-rs/pause:1
 CONTAINERD_SOCK=$RUN/containerd/containerd.sock
@@ -124,7 +124,7 @@ build_all() {
   step "etcd binary" build_peer ETCD_BIN "$PEERS/etcd" "" "" macvtap-rs.invalid/peers/etcd
   step "Kubernetes binaries" build_peer K8S_BIN "$PEERS/kubernetes" "" "$K8S_LDFLAGS" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet
+    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy
   # containerd's Makefile stamps its version the same way.
   step "containerd binaries" build_peer CTRD_BIN "$PEERS/containerd" no_btrfs \
     "-X github.com/containerd/containerd/v2/version.Version=v2.3.7" \
@@ -183,10 +183,11 @@ make_pki() {
   cert controller-manager "/CN=system:kube-controller-manager" "extendedKeyUsage=clientAuth"
   cert scheduler "/CN=system:kube-scheduler" "extendedKeyUsage=clientAuth"
   cert kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" "extendedKeyUsage=clientAuth"
+  cert kube-proxy "/CN=system:kube-proxy" "extendedKeyUsage=clientAuth"
   # The kubelet's serving certificate, so the API server's exec/logs calls
   # can be verified against the same CA.
   cert kubelet-serving "/O=system:nodes/CN=system:node:$NODE_NAME" "extendedKeyUsage=serverAuth subjectAltName=DNS:$NODE_NAME,IP:$NODE_IP,IP:127.0.0.1"
-  local n; for n in admin controller-manager scheduler kubelet; do kubeconfig "$n"; done
+  local n; for n in admin controller-manager scheduler kubelet kube-proxy; do kubeconfig "$n"; done
 }
 
 # --- processes --------------------------------------------------------------
@@ -309,6 +310,22 @@ TOML
   ]
 }
 JSON
+  # kube-proxy in nftables mode (its own tables "ip kube-proxy" and "ip6
+  # kube-proxy"), so that the kubernetes Service reaches the API server the
+  # way in-cluster clients (Multus thick, our daemon) expect. The conntrack
+  # settings 0 leave the machine's sysctls alone.
+  cat > "$STATE/kube-proxy.yaml" <<YAML
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: $STATE/kube-proxy.kubeconfig}
+mode: nftables
+hostnameOverride: $NODE_NAME
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+clusterCIDR: $POD_SUBNET
+nodePortAddresses: ["$NODE_IP/32"]
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s, udpTimeout: 0s, udpStreamTimeout: 0s}
+YAML
   cat > "$STATE/kubelet.yaml" <<YAML
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -397,7 +414,8 @@ node_link() {
 # The kubelet's sysctls: what they were is kept (once) for `down`.
 set_sysctls() {
   local kv k v old changed=()
-  [[ -f $STATE/sysctl.saved ]] || for kv in "${SYSCTLS[@]}"; do
+  # net.ipv4.ip_forward too: the bridge plugin (isGateway) turns it on.
+  [[ -f $STATE/sysctl.saved ]] || for kv in "${SYSCTLS[@]}" net.ipv4.ip_forward=; do
     k=${kv%%=*}; echo "$k=$(sysctl -n "$k")"; done > "$STATE/sysctl.saved"
   for kv in "${SYSCTLS[@]}"; do
     k=${kv%%=*}; v=${kv#*=}; old=$(sysctl -n "$k")
@@ -459,7 +477,7 @@ up() {
 
   t=$EPOCHREALTIME
   start kube-apiserver "$K8S_BIN/kube-apiserver" --etcd-servers="$ETCD" \
-    --bind-address=127.0.0.1 --secure-port=6443 --advertise-address="$NODE_IP" \
+    --bind-address="$NODE_IP" --secure-port=6443 --advertise-address="$NODE_IP" \
     --cert-dir="$PKI/apiserver-generated" \
     --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" --client-ca-file="$PKI/ca.crt" \
     --kubelet-client-certificate="$PKI/apiserver-kubelet-client.crt" --kubelet-client-key="$PKI/apiserver-kubelet-client.key" \
@@ -504,6 +522,11 @@ up() {
   wait_for "node $NODE_NAME Ready" 180 kubelet \
     bash -c "kubectl --kubeconfig '$STATE/admin.kubeconfig' get node '$NODE_NAME' -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
   say "kubelet: node $NODE_NAME Ready in $(since "$t") s"
+  # kube-proxy after the node exists: it reads the node's addresses first.
+  command -v nft >/dev/null || die "kube-proxy's nftables mode needs nft (apt-get install nftables)"
+  start kube-proxy "$K8S_BIN/kube-proxy" --config="$STATE/kube-proxy.yaml"
+  wait_for "kube-proxy's /healthz" 60 kube-proxy curl -fsS http://127.0.0.1:10256/healthz
+  say "kube-proxy: healthy"
   say "up: cluster ready; eval \"\$($0 env)\" for KUBECONFIG"
 }
 
@@ -610,6 +633,9 @@ down() {
   stop containerd
   local pids; pids=$(cluster_pids | sort -u | tr '\n' ' ')
   if [[ -n ${pids// } ]]; then say "ending leftover pod processes and shims: $pids"; kill -KILL $pids 2>/dev/null || true; sleep 1; fi
+  stop kube-proxy
+  local fam
+  for fam in ip ip6; do nft delete table "$fam" kube-proxy 2>/dev/null && say "nftables: removed kube-proxy's $fam table"; done
   stop kube-apiserver; stop etcd
 
   local m n=0
@@ -645,12 +671,13 @@ leftovers() {
   for p in "$POD_BRIDGE" "$NODE_LINK"; do ip link show "$p" >/dev/null 2>&1 && left+=("link $p"); done
   for p in $(find /sys/fs/cgroup -maxdepth 3 -type d -name 'kubepods*' 2>/dev/null); do left+=("cgroup $p"); done
   for p in "$STATE" "$RUN"; do [[ -e $p ]] && left+=("directory $p"); done
+  for p in ip ip6; do nft list table "$p" kube-proxy >/dev/null 2>&1 && left+=("nftables table $p kube-proxy"); done
   local rules; rules=$(iptables_now | grep -c '^-A\|^:KUBE' || true)
   (( rules == 0 )) || say "iptables: $rules rules or KUBE chains are there now (were they before up?)"
   if (( ${#left[@]} )); then
     printf 'left on the machine: %s\n' "${left[@]}" >&2; return 1
   fi
-  say "down: nothing of the cluster is left (processes, mounts, links, cgroups, directories)"
+  say "down: nothing of the cluster is left (processes, mounts, links, cgroups, kube-proxy's tables, directories)"
 }
 
 env_cmd() {
@@ -666,7 +693,7 @@ env_cmd() {
 }
 
 status() {
-  local n; for n in etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet; do
+  local n; for n in etcd kube-apiserver kube-controller-manager kube-scheduler kube-proxy containerd kubelet; do
     if running "$n"; then echo "$n: running (pid $(cat "$RUN/$n.pid"))"; else echo "$n: not running"; fi
   done
 }
