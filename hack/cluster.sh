@@ -5,7 +5,8 @@
 # kube-scheduler, kube-proxy (nftables), containerd 2.3 with Debian's runc and CDI on, and the
 # kubelet 1.37 with cgroupfs on cgroup v1; a pause image built here and
 # imported without a registry; the reference bridge CNI as the primary
-# network. Every binary is built from a pinned module under hack/peers/ (and
+# network; Multus thick v4.2.2 as its own DaemonSet (its own manifest, an
+# image built here). Every binary is built from a pinned module under hack/peers/ (and
 # hack/cluster/pause) with the machine's Go, into the same cache as
 # test-support/src/gopeers.rs.
 #
@@ -50,6 +51,15 @@ SERVICE_IP=198.51.100.225
 APISERVER=https://$NODE_IP:6443      # the kubernetes Service's endpoint too
 ETCD=http://127.0.0.1:2379
 PAUSE_IMAGE=localhost/macvtap-rs/pause:1
+MULTUS_VERSION=v4.2.2
+MULTUS_IMAGE=localhost/macvtap-rs/multus-thick:$MULTUS_VERSION
+# The CNI directories at their usual places: Multus thick's DaemonSet mounts
+# them by these paths. Only the files named here are the cluster's; `down`
+# removes those that were not there before `up`.
+CNI_CONF_DIR=/etc/cni/net.d
+CNI_BIN_DIR=/opt/cni/bin
+CNI_CONF_FILES=(10-macvtap-rs-bridge.conflist 00-multus.conf)
+CNI_BIN_FILES=(bridge host-local loopback multus-shim passthru)
 CONTAINERD_SOCK=$RUN/containerd/containerd.sock
 RUNC=${RUNC:-/usr/sbin/runc}
 
@@ -136,6 +146,11 @@ build_all() {
     github.com/containernetworking/plugins/plugins/ipam/host-local \
     github.com/containernetworking/plugins/plugins/main/bridge \
     github.com/containernetworking/plugins/plugins/main/loopback
+  step "Multus thick binaries" build_peer MULTUS_BIN "$PEERS/multus" "" \
+    "-X gopkg.in/k8snetworkplumbingwg/multus-cni.v4/pkg/multus.version=$MULTUS_VERSION" \
+    gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus-daemon \
+    gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus-shim \
+    gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/passthru-cni
   step "pause binary" build_peer PAUSE_BIN "$REPO/hack/cluster/pause" "" "" macvtap-rs.invalid/cluster/pause
 }
 
@@ -217,8 +232,9 @@ stop() { # stop NAME: SIGTERM, then SIGKILL after 15 s
 # wait_for WHAT SECONDS NAME CMD...: polls CMD; fails naming WHAT and the
 # last lines of NAME's log.
 wait_for() {
-  local what=$1 secs=$2 name=$3 i; shift 3
-  for ((i = 0; i < secs * 2; i++)); do
+  local what=$1 secs=$2 name=$3 end; shift 3
+  end=$((SECONDS + secs))
+  while ((SECONDS < end)); do
     "$@" >/dev/null 2>&1 && return
     if [[ -n $name ]] && ! running "$name"; then
       tail -20 "$LOGS/$name.log" >&2; die "$name exited before $what (log above, whole in $LOGS/$name.log)"
@@ -243,9 +259,9 @@ write_configs() {
   # CAP_SYS_RESOURCE is bit 24 of the effective capabilities.
   local capeff; capeff=$(awk '/^CapEff/{print $2}' /proc/self/status)
   RESTRICT_OOM=false; (( (0x$capeff >> 24) & 1 )) || RESTRICT_OOM=true
-  mkdir -p "$STATE/containerd" "$RUN/containerd" "$STATE/cni/net.d" "$STATE/cni/bin" "$STATE/cni/networks" \
-    "$STATE/pod-logs" "$STATE/cdi" "$RUN/cdi"
-  ln -sf "$CNI_BIN"/* "$STATE/cni/bin/"
+  mkdir -p "$STATE/containerd" "$RUN/containerd" "$CNI_CONF_DIR" "$CNI_BIN_DIR" "$STATE/cni/networks" \
+    "$STATE/pod-logs"
+  local b; for b in bridge host-local loopback; do install -m 755 "$CNI_BIN/$b" "$CNI_BIN_DIR/$b"; done
   # containerd 2.3 (config version 3; keys from internal/cri/config at
   # v2.3.7): its own root, state and socket; Debian's runc with a runc root
   # of its own; the pause image built here as the sandbox image; CDI on; the
@@ -267,7 +283,9 @@ state = '$RUN/containerd/state'
 [plugins.'io.containerd.cri.v1.runtime']
   enable_cdi = true
   cdi_spec_dirs = ['/etc/cdi', '/var/run/cdi']
-  netns_mounts_under_state_dir = true
+  # Network namespaces in /run/netns, where Multus thick's DaemonSet mounts
+  # them from.
+  netns_mounts_under_state_dir = false
   # Without CAP_SYS_RESOURCE (this machine's root lacks it) no process may
   # lower its oom_score_adj, and runc fails every sandbox (the kubelet asks
   # -998 for pause): clamp to containerd's own score instead.
@@ -281,15 +299,17 @@ state = '$RUN/containerd/state'
         Root = '$RUN/runc'
         SystemdCgroup = false
   [plugins.'io.containerd.cri.v1.runtime'.cni]
-    bin_dirs = ['$STATE/cni/bin']
-    conf_dir = '$STATE/cni/net.d'
+    bin_dirs = ['$CNI_BIN_DIR']
+    conf_dir = '$CNI_CONF_DIR'
 [plugins.'io.containerd.nri.v1.nri']
   disable = false
   socket_path = '$RUN/nri/nri.sock'
 TOML
   # The primary network: a bridge on TEST-NET-3 addresses, no masquerade
   # (no iptables rules) and no default route out of the node.
-  cat > "$STATE/cni/net.d/10-macvtap-rs-bridge.conflist" <<JSON
+  # Written, never moved in: containerd reloads its CNI configuration on a
+  # write event and ignores a create (internal/cri/server/cni_conf_syncer.go).
+  local conf; conf=$(cat <<JSON
 {
   "cniVersion": "1.0.0",
   "name": "macvtap-rs-pods",
@@ -310,7 +330,9 @@ TOML
   ]
 }
 JSON
-  # kube-proxy in nftables mode (its own tables "ip kube-proxy" and "ip6
+)
+  [[ $(cat "$CNI_CONF_DIR/10-macvtap-rs-bridge.conflist" 2>/dev/null) == "$conf" ]] \
+    || printf '%s\n' "$conf" > "$CNI_CONF_DIR/10-macvtap-rs-bridge.conflist"  # kube-proxy in nftables mode (its own tables "ip kube-proxy" and "ip6
   # kube-proxy"), so that the kubernetes Service reaches the API server the
   # way in-cluster clients (Multus thick, our daemon) expect. The conntrack
   # settings 0 leave the machine's sysctls alone.
@@ -355,23 +377,55 @@ evictionHard: {memory.available: "100Mi", nodefs.available: "2%", imagefs.availa
 YAML
 }
 
-# The pause image as a Docker archive (containerd's images/archive importer
-# reads it): one layer holding the static pause binary.
-import_pause() {
-  if ctr_k8s images check "name==$PAUSE_IMAGE" 2>/dev/null | grep -q "$PAUSE_IMAGE"; then
-    say "pause image: $PAUSE_IMAGE already imported"; return
-  fi
+# An image as a Docker archive (containerd's images/archive importer reads
+# it), one layer, imported into the k8s.io namespace; no registry.
+# import_image NAME ENTRYPOINT_JSON USER ROOTFS_DIR
+import_image() {
+  local name=$1 entry=$2 user=$3 root=$4
+  # Imported every time (a tenth of a second): the same content gives the
+  # same digest, a changed one replaces the tag.
   local d; d=$(mktemp -d)
-  mkdir -p "$d/root"; cp "$PAUSE_BIN/pause" "$d/root/pause"; chmod 755 "$d/root/pause"
-  tar --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$d/root" -cf "$d/layer.tar" pause
+  tar --owner=0 --group=0 --numeric-owner --mtime=@0 --sort=name -C "$root" -cf "$d/layer.tar" .
   local diff; diff=$(sha256sum "$d/layer.tar" | cut -d' ' -f1)
-  printf '{"architecture":"amd64","os":"linux","config":{"Entrypoint":["/pause"],"User":"65535:65535"},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' "$diff" > "$d/config.json"
+  printf '{"architecture":"amd64","os":"linux","config":{"Entrypoint":%s,"User":"%s"},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' \
+    "$entry" "$user" "$diff" > "$d/config.json"
   local cfg; cfg=$(sha256sum "$d/config.json" | cut -d' ' -f1); mv "$d/config.json" "$d/$cfg.json"
-  printf '[{"Config":"%s.json","RepoTags":["%s"],"Layers":["layer.tar"]}]' "$cfg" "$PAUSE_IMAGE" > "$d/manifest.json"
-  tar -C "$d" -cf "$d/pause.tar" manifest.json "$cfg.json" layer.tar
-  ctr_k8s images import --platform linux/amd64 "$d/pause.tar" >&2
+  printf '[{"Config":"%s.json","RepoTags":["%s"],"Layers":["layer.tar"]}]' "$cfg" "$name" > "$d/manifest.json"
+  tar -C "$d" -cf "$d/image.tar" manifest.json "$cfg.json" layer.tar
+  ctr_k8s images import --platform linux/amd64 "$d/image.tar" 2>&1 | grep -v DEPRECATION >&2 || true
   rm -rf "$d"
-  say "pause image: imported $PAUSE_IMAGE"
+  say "image $name: imported"
+}
+# The sandbox image: the static pause program alone.
+import_pause() {
+  local r; r=$(mktemp -d)
+  install -m 755 "$PAUSE_BIN/pause" "$r/pause"
+  import_image "$PAUSE_IMAGE" '["/pause"]' 65535:65535 "$r"; rm -rf "$r"
+}
+# Multus thick's image as its Dockerfile.thick lays it out: the binaries in
+# /usr/src/multus-cni/bin, multus-daemon the entrypoint; Debian's static
+# busybox gives the `sh` and `cp` its install init container runs.
+import_multus() {
+  [[ -x /bin/busybox ]] || die "Multus thick's image needs /bin/busybox for sh and cp (apt-get install busybox-static)"
+  local r; r=$(mktemp -d)
+  mkdir -p "$r/usr/src/multus-cni/bin" "$r/bin" "$r/tmp"
+  install -m 755 "$MULTUS_BIN/multus-daemon" "$MULTUS_BIN/multus-shim" "$r/usr/src/multus-cni/bin/"
+  install -m 755 "$MULTUS_BIN/passthru-cni" "$r/usr/src/multus-cni/bin/passthru"
+  install -m 755 /bin/busybox "$r/bin/busybox"; ln -s busybox "$r/bin/sh"; ln -s busybox "$r/bin/cp"
+  # multus-daemon checks that it runs as root with os/user, which (without
+  # cgo) reads /etc/passwd: Debian's slim base has one, so this image too.
+  mkdir -p "$r/etc"; echo 'root:x:0:0:root:/root:/bin/sh' > "$r/etc/passwd"; echo 'root:x:0:' > "$r/etc/group"
+  # The shim names network namespaces as /var/run/netns/...; Debian's
+  # /var/run is a link to /run, where the DaemonSet mounts /run/netns.
+  mkdir -p "$r/var" "$r/run"; ln -s ../run "$r/var/run"
+  import_image "$MULTUS_IMAGE" '["/usr/src/multus-cni/bin/multus-daemon"]' 0:0 "$r"; rm -rf "$r"
+}
+# Multus' own deployments/multus-daemonset-thick.yml from the module the
+# build downloaded (go.sum pins its content), with the image built here.
+multus_manifest() {
+  local f=$CACHE/go/mod/gopkg.in/k8snetworkplumbingwg/multus-cni.v4@$MULTUS_VERSION/deployments/multus-daemonset-thick.yml
+  [[ -f $f ]] || die "$f is missing: the Multus build should have downloaded it (run hack/cluster.sh build)"
+  sed "s#image: ghcr.io/k8snetworkplumbingwg/multus-cni:snapshot-thick#image: $MULTUS_IMAGE#" "$f"
 }
 ctr_k8s() { "$CTRD_BIN/ctr" --address "$CONTAINERD_SOCK" -n k8s.io "$@"; }
 
@@ -430,23 +484,61 @@ set_sysctls() {
 # containerd's shim sockets (/run/containerd/s) and libcni's result cache
 # (/var/lib/cni/results). The first `up` notes which were absent; `down`
 # removes those (the last two only as far as they are empty of others' files).
-SYSTEM_DIRS=("$KUBELET_ROOT" /var/log/containers /run/containerd /var/lib/cni)
+SYSTEM_DIRS=("$KUBELET_ROOT" /var/log/containers /run/containerd /var/lib/cni/multus /var/lib/cni /opt/cni
+             /etc/cni/multus /etc/cni /run/multus /run/k8s.cni.cncf.io /run/netns)
 record_system_dirs() {
   [[ -f $STATE/made-dirs ]] && return
   local d; for d in "${SYSTEM_DIRS[@]}"; do [[ -e $d ]] || echo "$d"; done > "$STATE/made-dirs"
+  local f
+  for f in "${CNI_CONF_FILES[@]/#/$CNI_CONF_DIR/}" "${CNI_BIN_FILES[@]/#/$CNI_BIN_DIR/}"; do
+    [[ -e $f ]] || echo "$f"
+  done > "$STATE/made-files"
+  ls /run/netns 2>/dev/null > "$STATE/netns-before" || true
+  # Mounts without propagation (mountinfo's optional fields empty), which
+  # `mount --make-rshared /` below makes shared: down makes them private again.
+  awk '$7 == "-" {print $5}' /proc/self/mountinfo > "$STATE/private-mounts"
+}
+# Multus thick's DaemonSet mounts / with HostToContainer and /opt/cni/bin
+# with Bidirectional propagation, which containerd allows only from a shared
+# (or slave) mount, as / is on a systemd host; here it is private.
+shared_root() {
+  awk '$5 == "/" && $7 ~ /^shared:/ {f=1} END {exit !f}' /proc/self/mountinfo && return
+  mount --make-rshared /
+  say "mounts: made / rshared (as systemd does; down makes private again what was)"
+}
+restore_propagation() {
+  [[ -f $STATE/private-mounts ]] || return 0
+  local mp n=0
+  while IFS= read -r mp; do
+    awk -v m="$mp" '$5 == m && $7 ~ /^shared:/ {f=1} END {exit !f}' /proc/self/mountinfo || continue
+    mount --make-private "$mp" 2>/dev/null && n=$((n + 1))
+  done < "$STATE/private-mounts"
+  say "mounts: made $n mounts private again"
 }
 remove_system_dirs() {
   [[ -f $STATE/made-dirs ]] || return 0
+  local f; while IFS= read -r f; do rm -f "$f"; done < "$STATE/made-files"
+  # Multus' own files beside its configuration (its kubeconfig directory).
+  rm -rf "$CNI_CONF_DIR/multus.d" /etc/cni/multus/net.d 2>/dev/null || true
+  # Pod network namespaces containerd left (cni-<uuid>), not others'.
+  local n; for n in $(ls /run/netns 2>/dev/null); do
+    [[ $n == cni-* ]] || continue
+    grep -qx "$n" "$STATE/netns-before" 2>/dev/null && continue
+    umount "/run/netns/$n" 2>/dev/null; rm -f "/run/netns/$n" && say "netns: removed $n"
+  done
   rm -f /var/lib/cni/results/macvtap-rs-pods-* 2>/dev/null || true
   local d removed=()
   while IFS= read -r d; do
     [[ -e $d ]] || continue
     case $d in
-      "$KUBELET_ROOT"|/var/log/containers) rm -rf "$d" ;;
+      # Wholly this cluster's: the kubelet's, and Multus' cache and directory.
+      "$KUBELET_ROOT"|/var/log/containers|/var/lib/cni/multus|/etc/cni/multus) rm -rf "$d" ;;
+      /run/netns) rmdir "$d" 2>/dev/null || true ;;
       *) find "$d" -depth -type d -empty -delete 2>/dev/null || true ;;
     esac
     [[ -e $d ]] && say "kept $d: it holds files of others" || removed+=("$d")
   done < "$STATE/made-dirs"
+  MADE_DIRS=$(cat "$STATE/made-dirs")
   say "directories outside the cluster's own: removed ${removed[*]:-none}"
 }
 
@@ -465,6 +557,7 @@ up() {
   save_iptables
   step "certificates" make_pki
   step "node address" node_link
+  shared_root
   write_configs
 
   local t=$EPOCHREALTIME
@@ -527,6 +620,14 @@ up() {
   start kube-proxy "$K8S_BIN/kube-proxy" --config="$STATE/kube-proxy.yaml"
   wait_for "kube-proxy's /healthz" 60 kube-proxy curl -fsS http://127.0.0.1:10256/healthz
   say "kube-proxy: healthy"
+
+  t=$EPOCHREALTIME
+  import_multus
+  multus_manifest | KUBECTL apply -f - >/dev/null
+  wait_for "Multus thick's DaemonSet Ready" 180 kubelet \
+    bash -c "kubectl --kubeconfig '$STATE/admin.kubeconfig' -n kube-system rollout status ds/kube-multus-ds --timeout=2s"
+  wait_for "Multus' $CNI_CONF_DIR/00-multus.conf" 60 kubelet test -s "$CNI_CONF_DIR/00-multus.conf"
+  say "Multus thick $MULTUS_VERSION: DaemonSet Ready, 00-multus.conf written in $(since "$t") s"
   say "up: cluster ready; eval \"\$($0 env)\" for KUBECONFIG"
 }
 
@@ -616,8 +717,13 @@ down() {
   # Pods first, through the kubelet, so that their networks get CNI DEL.
   if running kube-apiserver && running kubelet; then
     local t=$EPOCHREALTIME n
-    KUBECTL delete pods --all-namespaces --all --grace-period=1 --wait=false >/dev/null 2>&1 || true
+    # Multus last: every other pod's CNI DEL goes through its daemon.
+    KUBECTL delete pods --all-namespaces -l 'app!=multus' --grace-period=1 --wait=false >/dev/null 2>&1 || true
     for ((n = 0; n < 180; n++)); do
+      [[ -z $(KUBECTL get pods -A -l 'app!=multus' -o name 2>/dev/null) ]] && break; sleep 0.5
+    done
+    KUBECTL delete pods --all-namespaces --all --grace-period=1 --wait=false >/dev/null 2>&1 || true
+    for ((n = 0; n < 60; n++)); do
       [[ -z $(KUBECTL get pods -A -o name 2>/dev/null) ]] && break; sleep 0.5
     done
     say "pods: deleted through the kubelet in $(since "$t") s"
@@ -655,6 +761,7 @@ down() {
   restore_iptables
   restore_sysctls
   remove_system_dirs
+  restore_propagation
   rm -rf "$STATE" "$RUN"
   say "directories: removed $STATE, $RUN"
   leftovers
@@ -670,7 +777,8 @@ leftovers() {
   for p in $(our_mounts); do left+=("mount $p"); done
   for p in "$POD_BRIDGE" "$NODE_LINK"; do ip link show "$p" >/dev/null 2>&1 && left+=("link $p"); done
   for p in $(find /sys/fs/cgroup -maxdepth 3 -type d -name 'kubepods*' 2>/dev/null); do left+=("cgroup $p"); done
-  for p in "$STATE" "$RUN"; do [[ -e $p ]] && left+=("directory $p"); done
+  for p in "$STATE" "$RUN" ${MADE_DIRS:-}; do [[ -e $p ]] && left+=("directory $p"); done
+  [[ -e $CNI_CONF_DIR/00-multus.conf && -n ${MADE_DIRS:-} ]] && left+=("file $CNI_CONF_DIR/00-multus.conf")
   for p in ip ip6; do nft list table "$p" kube-proxy >/dev/null 2>&1 && left+=("nftables table $p kube-proxy"); done
   local rules; rules=$(iptables_now | grep -c '^-A\|^:KUBE' || true)
   (( rules == 0 )) || say "iptables: $rules rules or KUBE chains are there now (were they before up?)"
