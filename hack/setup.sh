@@ -25,6 +25,10 @@ packages=(
   runc                          # runs the DaemonSet's containers as a node's runtime does
   strace                        # crash tests and the soak kill the CNI or the daemon at a chosen system call (fault injection); the churn test counts the daemon's link dumps and sysfs reads
   podman                        # builds the image from the static binaries (hack/build-image.sh --prebuilt)
+  openssl                       # hack/cluster.sh: the real node's CA and certificates
+  curl                          # hack/cluster.sh: etcd's and the components' health checks
+  iptables                      # hack/cluster.sh: what the kubelet adds, removed at down
+  nftables                      # hack/cluster.sh: the empty tables the kubelet's first rules made, removed at down
 )
 missing=()
 for p in "${packages[@]}"; do
