@@ -15,6 +15,8 @@
 #   hack/cluster.sh env     print the variables a client needs (eval it)
 #   hack/cluster.sh build   only build the binaries
 #   hack/cluster.sh status  say which processes run
+#   hack/cluster.sh image [NAME:TAG]  build our static binaries, pack them as
+#                           the Containerfile does and import the image
 #
 # Needs root. Everything listens on loopback, or on the node address, a
 # TEST-NET address on a link the script makes.
@@ -59,7 +61,7 @@ MULTUS_IMAGE=localhost/macvtap-rs/multus-thick:$MULTUS_VERSION
 CNI_CONF_DIR=/etc/cni/net.d
 CNI_BIN_DIR=/opt/cni/bin
 CNI_CONF_FILES=(10-macvtap-rs-bridge.conflist 00-multus.conf)
-CNI_BIN_FILES=(bridge host-local loopback multus-shim passthru)
+CNI_BIN_FILES=(bridge host-local loopback multus-shim passthru macvtap macvtap.settings.json)
 CONTAINERD_SOCK=$RUN/containerd/containerd.sock
 RUNC=${RUNC:-/usr/sbin/runc}
 
@@ -788,6 +790,24 @@ leftovers() {
   say "down: nothing of the cluster is left (processes, mounts, links, cgroups, kube-proxy's tables, directories)"
 }
 
+# Our image, packed without a container engine as the Containerfile lays it
+# out (FROM scratch: the two static binaries, USER 65532:65532, the device
+# plugin as entrypoint), from hack/build-static.sh's binaries, imported into
+# containerd's k8s.io namespace. The cluster must be up.
+OUR_IMAGE_DEFAULT=localhost/macvtap-rs:cluster
+image_cmd() {
+  local image=${1:-$OUR_IMAGE_DEFAULT}
+  running containerd || die "containerd is not running: hack/cluster.sh up first"
+  local c; for c in "$CACHE"/go-peers/containerd-containerd-*; do [[ -x $c/ctr ]] && CTRD_BIN=$c; done
+  local out=$REPO/target/static t=$EPOCHREALTIME
+  nice -n 19 "$REPO/hack/build-static.sh" "" "$out" >&2
+  say "static binaries: built in $(since "$t") s"
+  local r; r=$(mktemp -d)
+  install -m 755 "$out/macvtap-deviceplugin" "$out/macvtap" "$r/"
+  import_image "$image" '["/macvtap-deviceplugin"]' 65532:65532 "$r"; rm -rf "$r"
+  echo "$image"
+}
+
 env_cmd() {
   [[ -f $STATE/admin.kubeconfig ]] || die "no cluster: run hack/cluster.sh up first"
   echo "export KUBECONFIG=$STATE/admin.kubeconfig"
@@ -813,5 +833,6 @@ case ${1:-} in
   env) env_cmd ;;
   build) build_all ;;
   status) status ;;
-  *) echo "usage: $0 up | down | env | build | status" >&2; exit 2 ;;
+  image) shift; image_cmd "$@" ;;
+  *) echo "usage: $0 up | down | env | build | status | image [NAME:TAG]" >&2; exit 2 ;;
 esac
