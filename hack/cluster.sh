@@ -15,6 +15,8 @@
 #   hack/cluster.sh env     print the variables a client needs (eval it)
 #   hack/cluster.sh build   only build the binaries
 #   hack/cluster.sh status  say which processes run
+#   hack/cluster.sh image [NAME:TAG]  build our static binaries, pack them as
+#                           the Containerfile does and import the image
 #
 # Needs root. Everything listens on loopback, or on the node address, a
 # TEST-NET address on a link the script makes.
@@ -59,7 +61,7 @@ MULTUS_IMAGE=localhost/macvtap-rs/multus-thick:$MULTUS_VERSION
 CNI_CONF_DIR=/etc/cni/net.d
 CNI_BIN_DIR=/opt/cni/bin
 CNI_CONF_FILES=(10-macvtap-rs-bridge.conflist 00-multus.conf)
-CNI_BIN_FILES=(bridge host-local loopback multus-shim passthru)
+CNI_BIN_FILES=(bridge host-local loopback multus-shim passthru macvtap macvtap.settings.json)
 CONTAINERD_SOCK=$RUN/containerd/containerd.sock
 RUNC=${RUNC:-/usr/sbin/runc}
 
@@ -88,7 +90,9 @@ go_env() {
 }
 
 # build_peer VAR MODULE_DIR TAGS LDFLAGS PACKAGE...: builds the packages in the
-# module once, into $CACHE/go-peers/<module>-<first binary>-<key>/, keyed (as
+# module once, into $CACHE/go-peers/cluster-<module>-<first binary>-<key>/
+# (a prefix of its own, so that neither builder takes the other's builds of
+# the same programs, Multus' for one, for stale ones), keyed (as
 # gopeers.rs does) by the Go version, the module's go.mod, go.sum and Go
 # files, the packages and the flags; sets VAR to that directory.
 BUILDER_VERSION=cluster-1
@@ -107,7 +111,7 @@ build_peer() {
            cat "$dir"/go.mod; cat "$dir"/go.sum 2>/dev/null || true; cat "$dir"/*.go 2>/dev/null || true
          } | sha256sum | cut -c1-16)
   local first=${1##*/}
-  local out=$CACHE/go-peers/$module-$first-$key
+  local out=$CACHE/go-peers/cluster-$module-$first-$key
   local all=1 p
   for p in "$@"; do [[ -x $out/${p##*/} ]] || all=0; done
   if (( all )); then printf -v "$var" %s "$out"; return; fi
@@ -121,7 +125,7 @@ build_peer() {
   fi
   rm -rf "$out"; mv "$tmp" "$out"; rm -f "$tmp.log"
   # Earlier builds of the same programs are not needed again.
-  for p in "$CACHE/go-peers/$module-$first-"*; do
+  for p in "$CACHE/go-peers/cluster-$module-$first-"*; do
     [[ $p != "$out" && $p =~ -[0-9a-f]{16}$ ]] && rm -rf "$p"
   done
   say "built $module in $(( $(date +%s) - t )) s into $out"
@@ -642,7 +646,7 @@ cluster_pids() {
   done
   for pid in /proc/[0-9]*; do
     exe=$(readlink "$pid/exe" 2>/dev/null) || continue
-    [[ $exe == "$CACHE"/go-peers/containerd-*/containerd-shim-runc-v2 ]] && echo "${pid#/proc/}"
+    [[ $exe == "$CACHE"/go-peers/cluster-containerd-*/containerd-shim-runc-v2 ]] && echo "${pid#/proc/}"
   done
   return 0
 } 2>/dev/null
@@ -712,7 +716,7 @@ down() {
   [[ $(id -u) == 0 ]] || die "cluster.sh down needs root"
   find_kubectl
   # With cached binaries missing (a cleaned cache) down still removes state.
-  local c; for c in "$CACHE"/go-peers/containerd-containerd-*; do [[ -x $c/ctr ]] && CTRD_BIN=$c; done
+  local c; for c in "$CACHE"/go-peers/cluster-containerd-containerd-*; do [[ -x $c/ctr ]] && CTRD_BIN=$c; done
   stop kube-scheduler; stop kube-controller-manager
   # Pods first, through the kubelet, so that their networks get CNI DEL.
   if running kube-apiserver && running kubelet; then
@@ -772,7 +776,7 @@ leftovers() {
   local left=()
   local p; for p in $(cluster_pids | sort -u); do left+=("process $p ($(tr '\0' ' ' < /proc/$p/cmdline 2>/dev/null | cut -c1-60))"); done
   for p in /proc/[0-9]*; do
-    [[ $(readlink "$p/exe" 2>/dev/null) == "$CACHE"/go-peers/* ]] && left+=("process ${p#/proc/} ($(readlink "$p/exe"))")
+    [[ $(readlink "$p/exe" 2>/dev/null) == "$CACHE"/go-peers/cluster-* ]] && left+=("process ${p#/proc/} ($(readlink "$p/exe"))")
   done
   for p in $(our_mounts); do left+=("mount $p"); done
   for p in "$POD_BRIDGE" "$NODE_LINK"; do ip link show "$p" >/dev/null 2>&1 && left+=("link $p"); done
@@ -788,6 +792,24 @@ leftovers() {
   say "down: nothing of the cluster is left (processes, mounts, links, cgroups, kube-proxy's tables, directories)"
 }
 
+# Our image, packed without a container engine as the Containerfile lays it
+# out (FROM scratch: the two static binaries, USER 65532:65532, the device
+# plugin as entrypoint), from hack/build-static.sh's binaries, imported into
+# containerd's k8s.io namespace. The cluster must be up.
+OUR_IMAGE_DEFAULT=localhost/macvtap-rs:cluster
+image_cmd() {
+  local image=${1:-$OUR_IMAGE_DEFAULT}
+  running containerd || die "containerd is not running: hack/cluster.sh up first"
+  local c; for c in "$CACHE"/go-peers/cluster-containerd-containerd-*; do [[ -x $c/ctr ]] && CTRD_BIN=$c; done
+  local out=$REPO/target/static t=$EPOCHREALTIME
+  nice -n 19 "$REPO/hack/build-static.sh" "" "$out" >&2
+  say "static binaries: built in $(since "$t") s"
+  local r; r=$(mktemp -d)
+  install -m 755 "$out/macvtap-deviceplugin" "$out/macvtap" "$r/"
+  import_image "$image" '["/macvtap-deviceplugin"]' 65532:65532 "$r"; rm -rf "$r"
+  echo "$image"
+}
+
 env_cmd() {
   [[ -f $STATE/admin.kubeconfig ]] || die "no cluster: run hack/cluster.sh up first"
   echo "export KUBECONFIG=$STATE/admin.kubeconfig"
@@ -796,7 +818,7 @@ env_cmd() {
   echo "export MACVTAP_CLUSTER_APISERVER=$APISERVER"
   echo "export CONTAINERD_ADDRESS=$CONTAINERD_SOCK"
   echo "export CONTAINERD_NAMESPACE=k8s.io"
-  local c; for c in "$CACHE"/go-peers/containerd-containerd-*; do [[ -x $c/ctr ]] && echo "export MACVTAP_CLUSTER_CTR=$c/ctr"; done
+  local c; for c in "$CACHE"/go-peers/cluster-containerd-containerd-*; do [[ -x $c/ctr ]] && echo "export MACVTAP_CLUSTER_CTR=$c/ctr"; done
   echo "export MACVTAP_CLUSTER_LOGS=$LOGS"
 }
 
@@ -813,5 +835,6 @@ case ${1:-} in
   env) env_cmd ;;
   build) build_all ;;
   status) status ;;
-  *) echo "usage: $0 up | down | env | build | status" >&2; exit 2 ;;
+  image) shift; image_cmd "$@" ;;
+  *) echo "usage: $0 up | down | env | build | status | image [NAME:TAG]" >&2; exit 2 ;;
 esac
