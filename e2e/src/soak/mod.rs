@@ -229,8 +229,11 @@ fn full_resource() -> String {
 pub async fn run(cfg: Settings) -> Result<Report> {
     ensure!(cfg.max_live < CAPACITY, "max_live must leave free devices");
     let t = Instant::now();
-    let taps_before = tap_nodes();
+    // The node holds the tap-node lock: the tap nodes are read once it is
+    // held, so that another test's macvtap, made or removed while this run
+    // waited for the lock, is not taken for the soak's.
     let mut node = Node::new()?;
+    let taps_before = tap_nodes();
     node.start_kubelet().await?;
     node.start_pod_resources().await?;
     node.start_device_plugin(CONF, &FAST_RECLAIM)?;
