@@ -13,7 +13,7 @@ use crate::events::{EventSink, NodeEvent};
 use crate::heal::Assignments;
 use crate::metrics::Metrics;
 use crate::reclaim::AllocationClock;
-use kubelet_proto::transport::{Connections, bind_unix, error_chain, serve_unix_counted};
+use kubelet_proto::transport::{Connections, bind_unix, error_chain, serve_unix};
 use kubelet_proto::v1beta1::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use kubelet_proto::v1beta1::{
     AllocateRequest, AllocateResponse, Device, DevicePluginOptions, Empty, ListAndWatchResponse,
@@ -249,7 +249,7 @@ impl PluginServer {
                 let _ = stop_serving.wait_for(|s| *s).await;
             };
             let svc = DevicePluginServer::new(service);
-            if let Err(e) = serve_unix_counted(svc, listener, stopped, counted).await {
+            if let Err(e) = serve_unix(svc, listener, stopped, counted).await {
                 warn!(socket = %socket.display(), error = %error_chain(&e), "the plugin server ended with an error");
             }
         });

@@ -157,27 +157,9 @@ impl AsyncWrite for Counted {
 }
 
 /// Serves the gRPC service `svc` (a generated `…Server`) on `listener`
-/// until `shutdown` completes: the plugin servers, and the test kubelet's.
+/// until `shutdown` completes, counting the open connections in
+/// `connections`: the plugin servers, and the test kubelet's.
 pub async fn serve_unix<S>(
-    svc: S,
-    listener: UnixListener,
-    shutdown: impl Future<Output = ()>,
-) -> std::result::Result<(), tonic::transport::Error>
-where
-    S: Service<
-            http::Request<tonic::body::Body>,
-            Response = http::Response<tonic::body::Body>,
-            Error = std::convert::Infallible,
-        > + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
-    serve_unix_counted(svc, listener, shutdown, Connections::default()).await
-}
-
-/// [`serve_unix`], counting the open connections in `connections`.
-pub async fn serve_unix_counted<S>(
     svc: S,
     listener: UnixListener,
     shutdown: impl Future<Output = ()>,

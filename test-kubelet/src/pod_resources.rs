@@ -13,7 +13,7 @@ use kubelet_proto::podresources::v1::{
     ContainerResources, GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesRequest,
     ListPodResourcesResponse, PodResources,
 };
-use kubelet_proto::transport::{bind_unix, serve_unix};
+use kubelet_proto::transport::{Connections, bind_unix, serve_unix};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -194,9 +194,14 @@ impl TestPodResources {
             stop: Some(stop_tx),
         };
         let server = PodResourcesListerServer::new(service);
-        tokio::spawn(serve_unix(server, listener, async move {
-            let _ = stop_rx.await;
-        }));
+        tokio::spawn(serve_unix(
+            server,
+            listener,
+            async move {
+                let _ = stop_rx.await;
+            },
+            Connections::default(),
+        ));
         Ok(this)
     }
 

@@ -31,7 +31,7 @@
 use crate::lock;
 use crate::plugin_client::{PluginClient, summary};
 use anyhow::{Result, anyhow};
-use kubelet_proto::transport::{bind_unix, connect_unix, serve_unix};
+use kubelet_proto::transport::{Connections, bind_unix, connect_unix, serve_unix};
 use kubelet_proto::v1beta1::device_plugin_client::DevicePluginClient;
 use kubelet_proto::v1beta1::registration_server::{Registration, RegistrationServer};
 use kubelet_proto::v1beta1::{
@@ -383,9 +383,14 @@ impl TestKubelet {
         };
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let server = RegistrationServer::new(service);
-        let task = tokio::spawn(serve_unix(server, listener, async move {
-            let _ = stop_rx.await;
-        }));
+        let task = tokio::spawn(serve_unix(
+            server,
+            listener,
+            async move {
+                let _ = stop_rx.await;
+            },
+            Connections::default(),
+        ));
         Ok(Self {
             dir: dir.to_path_buf(),
             shared,
