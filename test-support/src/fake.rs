@@ -1078,11 +1078,7 @@ impl FakeKernel {
         }
         // The node is the device of the link devtmpfs made it for, in
         // whichever namespace that link is.
-        let index: Option<u32> = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_prefix("tap"))
-            .and_then(|n| n.parse().ok());
+        let index = tap_index(path);
         let matches = index
             .and_then(|i| self.state().tap_nodes.get(&i).copied())
             .is_some_and(|id| (TAP_MAJOR, id) == dev);
@@ -1115,11 +1111,7 @@ impl FakeKernel {
                 msg: errno.desc().to_string(),
             });
         }
-        let index: Option<u32> = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_prefix("tap"))
-            .and_then(|n| n.parse().ok());
+        let index = tap_index(path);
         Ok(index.and_then(|i| self.tap_node(i)))
     }
 
@@ -1168,6 +1160,14 @@ impl Kernel for FakeKernel {
     fn chown_tap_node(&self, node: &TapNode, owner: u32, group: u32) -> Result<()> {
         self.served(self.chown_tap_node_op(node, owner, group))
     }
+}
+
+/// The ifindex a tap node's path names: `/dev/tap40` → 40.
+fn tap_index(path: &Path) -> Option<u32> {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("tap"))
+        .and_then(|n| n.parse().ok())
 }
 
 #[cfg(test)]
