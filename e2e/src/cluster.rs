@@ -248,6 +248,25 @@ fn kubectl_path() -> PathBuf {
 pub fn vm_rootfs(guest: &Guest, dir: &Path) -> Result<()> {
     let qemu = which("qemu-system-x86_64")?;
     copy_with_libs(&qemu, dir)?;
+    // Debian builds TCG as a module QEMU loads at start
+    // (`/usr/lib/<triplet>/qemu/accel-tcg-x86_64.so`).
+    let mut modules = 0;
+    for lib in std::fs::read_dir("/usr/lib")?.flatten() {
+        let Ok(entries) = std::fs::read_dir(lib.path().join("qemu")) else {
+            continue;
+        };
+        for m in entries.flatten() {
+            if m.file_name().to_string_lossy().starts_with("accel-") {
+                copy_with_libs(&m.path(), dir)?;
+                modules += 1;
+            }
+        }
+    }
+    if modules == 0 {
+        bail!(
+            "no QEMU accelerator module (/usr/lib/*/qemu/accel-*.so): is qemu-system-x86 installed whole?"
+        );
+    }
     for share in ["/usr/share/qemu", "/usr/share/seabios"] {
         if Path::new(share).exists() {
             copy_tree_deref(Path::new(share), &dir.join(share.trim_start_matches('/')))?;
