@@ -17,6 +17,9 @@
 #   hack/cluster.sh status  say which processes run
 #   hack/cluster.sh image [NAME:TAG]  build our static binaries, pack them as
 #                           the Containerfile does and import the image
+#   hack/cluster.sh import-rootfs NAME:TAG ENTRYPOINT_JSON USER DIR
+#                           pack DIR as a one-layer image and import it (the
+#                           e2e's VM pod image)
 #
 # Needs root. Everything listens on loopback, or on the node address, a
 # TEST-NET address on a link the script makes.
@@ -810,6 +813,15 @@ image_cmd() {
   echo "$image"
 }
 
+# A directory packed as an image and imported, for images a test builds.
+import_rootfs_cmd() {
+  (( $# == 4 )) || die "usage: $0 import-rootfs NAME:TAG ENTRYPOINT_JSON USER DIR"
+  running containerd || die "containerd is not running: hack/cluster.sh up first"
+  [[ -d $4 ]] || die "$4 is not a directory"
+  local c; for c in "$CACHE"/go-peers/cluster-containerd-containerd-*; do [[ -x $c/ctr ]] && CTRD_BIN=$c; done
+  import_image "$1" "$2" "$3" "$4"
+}
+
 env_cmd() {
   [[ -f $STATE/admin.kubeconfig ]] || die "no cluster: run hack/cluster.sh up first"
   echo "export KUBECONFIG=$STATE/admin.kubeconfig"
@@ -836,5 +848,6 @@ case ${1:-} in
   build) build_all ;;
   status) status ;;
   image) shift; image_cmd "$@" ;;
-  *) echo "usage: $0 up | down | env | build | status | image [NAME:TAG]" >&2; exit 2 ;;
+  import-rootfs) shift; import_rootfs_cmd "$@" ;;
+  *) echo "usage: $0 up | down | env | build | status | image [NAME:TAG] | import-rootfs NAME:TAG ENTRYPOINT_JSON USER DIR" >&2; exit 2 ;;
 esac

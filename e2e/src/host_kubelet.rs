@@ -22,6 +22,32 @@ pub struct HostDevicePlugins {
     _lock: nix::fcntl::Flock<std::fs::File>,
 }
 
+/// The locks of [`HostDevicePlugins`] and of the host's PodResources path
+/// ([`crate::multus::HostPodResources`]), held together by what uses the
+/// whole of the node's `/var/lib/kubelet` (the real cluster's kubelet).
+pub struct NodeDirsLock {
+    _locks: [nix::fcntl::Flock<std::fs::File>; 2],
+}
+
+fn flock(path: &str) -> Result<nix::fcntl::Flock<std::fs::File>> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .with_context(|| format!("opening {path}"))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| anyhow::anyhow!("locking {path}: {e}"))
+}
+
+/// Waits for and takes both locks, device plugins first (as every holder
+/// of both takes them).
+pub fn lock_node_dirs() -> Result<NodeDirsLock> {
+    let dp = flock(HOST_DEVICE_PLUGINS_LOCK)?;
+    let pr = flock(crate::multus::host_pod_resources::HOST_POD_RESOURCES_LOCK)?;
+    Ok(NodeDirsLock { _locks: [dp, pr] })
+}
+
 impl HostDevicePlugins {
     /// Claims [`HOST_DEVICE_PLUGINS`], waiting for another claim to end.
     pub fn claim() -> Result<Self> {

@@ -4,6 +4,7 @@
 //! `macvtap-deviceplugin` and `macvtap` binaries with it.
 
 pub mod bench;
+pub mod cluster;
 pub mod cpio;
 pub mod exit;
 pub mod guest;

@@ -606,7 +606,10 @@ impl TestKubelet {
     /// directory but its checkpoint and subdirectories (plugin sockets
     /// included), and serves a new `kubelet.sock`. That is the device
     /// manager's `CleanupPluginDirectory` of the releases that delete every
-    /// such file (newer ones delete only sockets), the harsher of the two.
+    /// such file; newer ones delete only sockets (kubernetes v1.37.2
+    /// `pkg/kubelet/cm/devicemanager/manager.go`: `stat.IsDir() ||
+    /// stat.Mode()&os.ModeSocket == 0` is kept, which the real-node e2e
+    /// sees keep our record). This plays the harsher of the two.
     /// The new instance knows nothing of the old one's registrations.
     pub async fn restart(mut self) -> Result<Self> {
         self.shutdown().await;

@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 
 /// The path where Multus reads the kubelet's PodResources API (fixed).
 pub const HOST_POD_RESOURCES: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
-const HOST_POD_RESOURCES_LOCK: &str = "/tmp/macvtap-host-pod-resources.lock";
+/// The lock file that serialises the users of [`HOST_POD_RESOURCES`].
+pub(crate) const HOST_POD_RESOURCES_LOCK: &str = "/tmp/macvtap-host-pod-resources.lock";
 
 /// The node's PodResources API, also served at [`HOST_POD_RESOURCES`] for
 /// as long as this lives (see [`crate::kubelet_socket`]); tests that use
