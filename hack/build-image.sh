@@ -3,8 +3,11 @@
 #   hack/build-image.sh [IMAGE]                 compiles in the Containerfile's
 #                                               Rust builder stage (pulls it)
 #   hack/build-image.sh --prebuilt DIR [IMAGE]  packs the static binaries that
-#                                               hack/build-static.sh put in DIR;
-#                                               pulls nothing, works offline
+#                                               hack/build-static.sh put in DIR,
+#                                               laid out by hack/image-rootfs.sh
+#                                               (busybox-static from this
+#                                               machine's apt sources, cached);
+#                                               pulls no image
 # IMAGE defaults to ghcr.io/kubevirt/macvtap-rs:v0.1.0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,12 +16,12 @@ context=.
 binaries=build
 if [ "${1:-}" = "--prebuilt" ]; then
   [ -n "${2:-}" ] || { echo "hack/build-image.sh: --prebuilt needs a directory" >&2; exit 2; }
-  context=$2
   binaries=prebuilt
+  # The build context is a directory of its own holding only rootfs/.
+  context=$(mktemp -d)
+  trap 'rm -rf "$context"' EXIT
+  hack/image-rootfs.sh "$2" "$context/rootfs" >&2
   shift 2
-  for b in macvtap macvtap-deviceplugin; do
-    [ -f "$context/$b" ] || { echo "hack/build-image.sh: $context/$b is missing; run hack/build-static.sh \"\" $context first" >&2; exit 1; }
-  done
 fi
 image=${1:-ghcr.io/kubevirt/macvtap-rs:v0.1.0}
 args=(build -f "$containerfile" -t "$image" --build-arg VERSION="${image##*:}" --build-arg BINARIES="$binaries")
@@ -28,10 +31,12 @@ if command -v podman >/dev/null && podman --cgroup-manager cgroupfs info >/dev/n
   # hard limit of some hosts and CI sandboxes, and then every RUN step fails.
   nofile=$(ulimit -Hn)
   [ "$nofile" = unlimited ] && nofile=1048576
-  exec podman --cgroup-manager cgroupfs "${args[@]}" --ulimit "nofile=$nofile:$nofile" "$context"
+  podman --cgroup-manager cgroupfs "${args[@]}" --ulimit "nofile=$nofile:$nofile" "$context"
+  exit
 fi
 if command -v docker >/dev/null && docker info >/dev/null 2>&1; then
-  exec docker "${args[@]}" "$context"
+  docker "${args[@]}" "$context"
+  exit
 fi
 echo "hack/build-image.sh: no working podman or docker engine here." >&2
 echo "hack/build-static.sh builds the same static binaries without one." >&2

@@ -15,7 +15,10 @@ if [ -z "$target" ]; then
   fi
 fi
 # An explicit --target keeps build scripts and proc macros dynamic.
-RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
+# Source paths in the binaries (panic locations) name the repository and the
+# crates as /macvtap-rs/... and /cargo/..., never this machine's directories.
+cargo_home=${CARGO_HOME:-${HOME:-/root}/.cargo}
+RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static --remap-path-prefix=$PWD=/macvtap-rs --remap-path-prefix=$cargo_home=/cargo" \
   cargo build --release --locked --target "$target" -p macvtap-cni -p macvtap-deviceplugin
 mkdir -p "$out"
 for b in macvtap macvtap-deviceplugin; do

@@ -16,7 +16,8 @@
 #   hack/cluster.sh build   only build the binaries
 #   hack/cluster.sh status  say which processes run
 #   hack/cluster.sh image [NAME:TAG]  build our static binaries, pack them as
-#                           the Containerfile does and import the image
+#                           the Containerfile does (hack/image-rootfs.sh)
+#                           and import the image
 #   hack/cluster.sh import-rootfs NAME:TAG ENTRYPOINT_JSON USER DIR
 #                           pack DIR as a one-layer image and import it (the
 #                           e2e's VM pod image)
@@ -385,12 +386,10 @@ YAML
 }
 
 # An image as a Docker archive (containerd's images/archive importer reads
-# it), one layer, imported into the k8s.io namespace; no registry.
-# import_image NAME ENTRYPOINT_JSON USER ROOTFS_DIR
-import_image() {
-  local name=$1 entry=$2 user=$3 root=$4
-  # Imported every time (a tenth of a second): the same content gives the
-  # same digest, a changed one replaces the tag.
+# it), one layer, written to ARCHIVE; no container engine.
+# pack_image NAME ENTRYPOINT_JSON USER ROOTFS_DIR ARCHIVE
+pack_image() {
+  local name=$1 entry=$2 user=$3 root=$4 archive=$5
   local d; d=$(mktemp -d)
   tar --owner=0 --group=0 --numeric-owner --mtime=@0 --sort=name -C "$root" -cf "$d/layer.tar" .
   local diff; diff=$(sha256sum "$d/layer.tar" | cut -d' ' -f1)
@@ -398,7 +397,17 @@ import_image() {
     "$entry" "$user" "$diff" > "$d/config.json"
   local cfg; cfg=$(sha256sum "$d/config.json" | cut -d' ' -f1); mv "$d/config.json" "$d/$cfg.json"
   printf '[{"Config":"%s.json","RepoTags":["%s"],"Layers":["layer.tar"]}]' "$cfg" "$name" > "$d/manifest.json"
-  tar -C "$d" -cf "$d/image.tar" manifest.json "$cfg.json" layer.tar
+  tar -C "$d" -cf "$archive" manifest.json "$cfg.json" layer.tar
+  rm -rf "$d"
+}
+# That archive imported into the k8s.io namespace; no registry.
+# import_image NAME ENTRYPOINT_JSON USER ROOTFS_DIR
+import_image() {
+  local name=$1
+  # Imported every time (a tenth of a second): the same content gives the
+  # same digest, a changed one replaces the tag.
+  local d; d=$(mktemp -d)
+  pack_image "$@" "$d/image.tar"
   ctr_k8s images import --platform linux/amd64 "$d/image.tar" 2>&1 | grep -v DEPRECATION >&2 || true
   rm -rf "$d"
   say "image $name: imported"
@@ -796,9 +805,10 @@ leftovers() {
 }
 
 # Our image, packed without a container engine as the Containerfile lays it
-# out (FROM scratch: the two static binaries, USER 65532:65532, the device
-# plugin as entrypoint), from hack/build-static.sh's binaries, imported into
-# containerd's k8s.io namespace. The cluster must be up.
+# out (FROM scratch: hack/image-rootfs.sh's file system, that is the static
+# binaries, /macvtap-cni and busybox's cp, sh, test and ls; no USER; the
+# device plugin as entrypoint), from hack/build-static.sh's binaries,
+# imported into containerd's k8s.io namespace. The cluster must be up.
 OUR_IMAGE_DEFAULT=localhost/macvtap-rs:cluster
 image_cmd() {
   local image=${1:-$OUR_IMAGE_DEFAULT}
@@ -807,10 +817,21 @@ image_cmd() {
   local out=$REPO/target/static t=$EPOCHREALTIME
   nice -n 19 "$REPO/hack/build-static.sh" "" "$out" >&2
   say "static binaries: built in $(since "$t") s"
-  local r; r=$(mktemp -d)
-  install -m 755 "$out/macvtap-deviceplugin" "$out/macvtap" "$r/"
-  import_image "$image" '["/macvtap-deviceplugin"]' 65532:65532 "$r"; rm -rf "$r"
+  local d; d=$(mktemp -d)
+  pack_our_image "$image" "$out" "$d/image.tar"
+  ctr_k8s images import --platform linux/amd64 "$d/image.tar" 2>&1 | grep -v DEPRECATION >&2 || true
+  rm -rf "$d"
+  say "image $image: imported"
   echo "$image"
+}
+# Our image as a Docker archive from the static binaries in STATIC_DIR (what
+# image_cmd imports; e2e/tests/image.rs reads one).
+# pack_our_image NAME STATIC_DIR ARCHIVE
+pack_our_image() {
+  local d; d=$(mktemp -d)
+  MACVTAP_CACHE_DIR=$CACHE "$REPO/hack/image-rootfs.sh" "$2" "$d/rootfs" >&2
+  pack_image "$1" '["/macvtap-deviceplugin"]' "" "$d/rootfs" "$3"
+  rm -rf "$d"
 }
 
 # A directory packed as an image and imported, for images a test builds.

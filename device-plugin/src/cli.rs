@@ -1,13 +1,22 @@
 //! Command-line flags.
 
 use crate::config::ENV_VAR;
+use crate::glog::{self, GlogFlags};
+use crate::logging;
 use crate::options::Options;
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::error::ErrorKind;
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use macvtap_link::PodResourcesCheck;
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
+use tracing_subscriber::filter::Targets;
+
+/// The default of `--metrics-addr`: every address of the node, port 9402
+/// (the DaemonSet runs with hostNetwork, so that is the node's port).
+pub const METRICS_ADDR: &str = "0.0.0.0:9402";
 
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -19,6 +28,9 @@ pub enum LogFormat {
 }
 
 /// `macvtap-deviceplugin`: advertises macvtap devices on host NICs to the kubelet.
+///
+/// The daemon's flags are global: they may stand before or after a
+/// subcommand (`doctor --kubelet-dir X` and `--kubelet-dir X doctor` alike).
 #[derive(Debug, Clone, Parser)]
 #[command(name = "macvtap-deviceplugin", version, about)]
 pub struct Args {
@@ -27,50 +39,67 @@ pub struct Args {
     pub command: Option<Command>,
 
     /// The kubelet's root directory; sockets go to DIR/device-plugins, the
-    /// PodResources API is read from DIR/pod-resources/kubelet.sock.
-    #[arg(long, value_name = "DIR", default_value = "/var/lib/kubelet")]
+    /// PodResources API is read from DIR/pod-resources/kubelet.sock. For
+    /// `install-cni`, the directory as the node sees it, written into the
+    /// CNI's node settings (`macvtap.settings.json` beside the binary): the
+    /// CNI asks `DIR/pod-resources/kubelet.sock` whether a device is the pod's.
+    #[arg(
+        long,
+        global = true,
+        value_name = "DIR",
+        default_value = "/var/lib/kubelet"
+    )]
     pub kubelet_dir: PathBuf,
 
     /// A JSON file in the DP_MACVTAP_CONF format; wins over the environment
     /// and is re-read when it changes.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
     /// A resource, winning over the file and the environment (repeatable):
     /// `name=N,lowerDevice=NIC,mode=bridge|vepa|private|passthru,capacity=C`,
     /// or just a NIC name.
-    #[arg(long = "resource", value_name = "SPEC")]
+    #[arg(long = "resource", global = true, value_name = "SPEC")]
     pub resources: Vec<String>,
 
     /// Link kinds that auto-discovery treats as NICs, besides physical NICs
     /// and bonds (comma-separated, e.g. `veth` on test nodes).
-    #[arg(long, value_name = "KINDS", value_delimiter = ',')]
+    #[arg(long, global = true, value_name = "KINDS", value_delimiter = ',')]
     pub discover_kinds: Vec<String>,
 
-    /// Address for /metrics and /healthz; `off` disables them.
-    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:9402")]
+    /// Address for /metrics and /healthz; `off` disables them. The default
+    /// listens on every address of the node (with hostNetwork): whoever can
+    /// reach the node's port can read them.
+    #[arg(long, global = true, value_name = "ADDR", default_value = METRICS_ADDR)]
     pub metrics_addr: String,
 
     /// Log format.
-    #[arg(long, value_enum, default_value = "text")]
+    #[arg(long, global = true, value_enum, default_value = "text")]
     pub log_format: LogFormat,
 
-    /// How often to look for leaked links (e.g. `60s`, `5m`, `500ms`).
-    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    /// Log level: `error`, `warn`, `info`, `debug`, `trace` or `off`, or
+    /// per target as `RUST_LOG` takes it (`warn,macvtap_deviceplugin=debug`).
+    /// Wins over the Go project's `-v` and over `RUST_LOG`; default `info`.
+    #[arg(long, global = true, value_name = "LEVEL", value_parser = logging::parse_filter)]
+    pub log_level: Option<Targets>,
+
+    /// How often to look for leaked links, as Go writes durations (`1m30s`,
+    /// `500ms`, `2h`) or a number of seconds.
+    #[arg(long, global = true, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub reclaim_interval: Duration,
 
     /// How long a link must be allocated to no pod before it is deleted.
-    #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = parse_duration)]
+    #[arg(long, global = true, value_name = "DURATION", default_value = "120s", value_parser = parse_duration)]
     pub reclaim_grace: Duration,
 
     /// How long one Register call to the kubelet may take before it is
     /// given up and retried (it never holds up anything else).
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, global = true, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
     pub register_timeout: Duration,
 
     /// This node's name, for Kubernetes Events on its Node (the DaemonSet
     /// sets `NODE_NAME` from `spec.nodeName`); without it Events are off.
-    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    #[arg(long, global = true, env = "NODE_NAME", value_name = "NAME")]
     pub node_name: Option<String>,
 }
 
@@ -110,7 +139,8 @@ pub struct DoctorArgs {
     pub output: Output,
 }
 
-/// Flags of `install-cni`.
+/// Flags of `install-cni` (the kubelet dir it writes into the CNI's node
+/// settings is the global `--kubelet-dir`).
 #[derive(Debug, Clone, clap::Args)]
 pub struct InstallArgs {
     /// The CNI binary to install.
@@ -122,11 +152,6 @@ pub struct InstallArgs {
     /// File name in the target dir (the NetConf's `type`).
     #[arg(long, default_value = "macvtap")]
     pub name: String,
-    /// The kubelet's root dir as the node sees it, written into the CNI's
-    /// node settings (`macvtap.settings.json` beside the binary): the CNI
-    /// asks `<dir>/pod-resources/kubelet.sock` whether a device is the pod's.
-    #[arg(long, value_name = "DIR", default_value = "/var/lib/kubelet")]
-    pub kubelet_dir: PathBuf,
     /// What the CNI's ADD does when that socket cannot be asked: `warn` and
     /// go on, or `enforce` (refuse; the runtime retries).
     #[arg(
@@ -139,6 +164,58 @@ pub struct InstallArgs {
         .try_map(|s| s.parse::<PodResourcesCheck>()),
     )]
     pub pod_resources_check: PodResourcesCheck,
+}
+
+/// What a command line says: our flags, and the Go project's glog flags
+/// taken out before clap read the rest ([`glog::take`]).
+#[derive(Debug, Clone)]
+pub struct CommandLine {
+    /// Our flags and subcommand.
+    pub args: Args,
+    /// The glog flags given.
+    pub glog: GlogFlags,
+}
+
+/// Parses a command line (the program name first). An error is clap's,
+/// whose `exit()` prints it with the usage and exits 2.
+pub fn parse_from(
+    argv: impl IntoIterator<Item = impl Into<OsString>>,
+) -> Result<CommandLine, clap::Error> {
+    let command = Args::command();
+    let mut with_value = Vec::new();
+    long_flags_with_values(&command, &mut with_value);
+    let (rest, glog) = glog::take(argv.into_iter().map(Into::into), |name| {
+        with_value.iter().any(|n| n == name)
+    })
+    .map_err(|e| Args::command().error(ErrorKind::ValueValidation, e))?;
+    Ok(CommandLine {
+        args: Args::try_parse_from(rest)?,
+        glog,
+    })
+}
+
+/// The long names of `command`'s flags (and its subcommands') that take a value.
+fn long_flags_with_values(command: &clap::Command, out: &mut Vec<String>) {
+    for a in command.get_arguments() {
+        if let Some(long) = a.get_long().filter(|_| a.get_action().takes_values()) {
+            out.push(long.to_string());
+        }
+    }
+    for sub in command.get_subcommands() {
+        long_flags_with_values(sub, out);
+    }
+}
+
+impl CommandLine {
+    /// The log filter in force: `--log-level`, else `-v`, else `RUST_LOG`
+    /// (`rust_log`), else `info` ([`logging::filter`]).
+    pub fn log_filter(&self, rust_log: Option<&str>) -> Result<Targets, String> {
+        logging::filter(
+            self.args.log_level.as_ref(),
+            self.glog.verbosity.map(glog::level),
+            rust_log,
+        )
+    }
 }
 
 impl Args {
@@ -172,21 +249,76 @@ impl Args {
     }
 }
 
-/// Parses `500ms`, `60s`, `5m`, `1h`, or a plain number of seconds.
+/// Parses a duration as Go's `time.ParseDuration` writes it (`1m30s`,
+/// `500ms`, `1.5h`, `300us`: numbers with a unit each, `ns`, `us`, `ms`,
+/// `s`, `m` or `h`, run together), or a plain number of seconds (`60`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration like 500ms, 60s, 5m or 1h"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "" | "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        "h" => Ok(Duration::from_secs(n * 3600)),
-        _ => Err(format!("{s:?}: unknown unit {unit:?} (ms, s, m or h)")),
+    let text = s.trim();
+    let like = "a duration like 1m30s, 500ms, 60s or 2h";
+    if text.starts_with('-') {
+        return Err(format!("{text:?}: a duration cannot be negative"));
     }
+    let body = text.strip_prefix('+').unwrap_or(text);
+    if body.is_empty() {
+        return Err(format!("{text:?} is not {like}"));
+    }
+    if body.bytes().all(|b| b.is_ascii_digit()) {
+        return body
+            .parse::<u64>()
+            .map(Duration::from_secs)
+            .map_err(|_| format!("{text:?} is too long a duration"));
+    }
+    let is_number = |c: char| c.is_ascii_digit() || c == '.';
+    let mut nanos: u128 = 0;
+    let mut rest = body;
+    while !rest.is_empty() {
+        let (number, after) = rest.split_at(rest.find(|c| !is_number(c)).unwrap_or(rest.len()));
+        let (unit, next) = after.split_at(after.find(is_number).unwrap_or(after.len()));
+        let per_unit: u128 = match unit {
+            "ns" => 1,
+            "us" | "\u{b5}s" | "\u{3bc}s" => 1_000,
+            "ms" => 1_000_000,
+            "s" => 1_000_000_000,
+            "m" => 60_000_000_000,
+            "h" => 3_600_000_000_000,
+            "" => {
+                return Err(format!(
+                    "{text:?}: {number} has no unit (ns, us, ms, s, m or h)"
+                ));
+            }
+            _ => {
+                return Err(format!(
+                    "{text:?}: unknown unit {unit:?} (ns, us, ms, s, m or h)"
+                ));
+            }
+        };
+        let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+        if (whole.is_empty() && fraction.is_empty()) || fraction.contains('.') {
+            return Err(format!("{text:?} is not {like}"));
+        }
+        let too_long = || format!("{text:?} is too long a duration");
+        let mut value = match whole {
+            "" => 0,
+            w => w
+                .parse::<u128>()
+                .ok()
+                .and_then(|n| n.checked_mul(per_unit))
+                .ok_or_else(too_long)?,
+        };
+        // Digits past a nanosecond are dropped, as Go drops them.
+        let mut scale = per_unit;
+        for d in fraction.bytes() {
+            scale /= 10;
+            value += u128::from(d - b'0') * scale;
+        }
+        nanos = nanos.checked_add(value).ok_or_else(too_long)?;
+        rest = next;
+    }
+    let secs = u64::try_from(nanos / 1_000_000_000)
+        .map_err(|_| format!("{text:?} is too long a duration"))?;
+    // The remainder is below 10^9, so it fits.
+    let subsec = u32::try_from(nanos % 1_000_000_000).unwrap_or(0);
+    Ok(Duration::new(secs, subsec))
 }
 
 #[cfg(test)]
@@ -194,13 +326,62 @@ mod tests {
     use super::*;
 
     #[test]
-    fn durations_parse() {
+    fn durations_parse_as_before() {
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
         assert_eq!(parse_duration("60s").unwrap(), Duration::from_secs(60));
         assert_eq!(parse_duration("60").unwrap(), Duration::from_secs(60));
-        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
-        assert!(parse_duration("5x").is_err());
-        assert!(parse_duration("s").is_err());
+        assert_eq!(parse_duration(" 5m ").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+    }
+
+    #[test]
+    fn durations_parse_in_gos_form() {
+        let secs = Duration::from_secs;
+        assert_eq!(parse_duration("1m30s").unwrap(), secs(90));
+        assert_eq!(parse_duration("2h").unwrap(), secs(7200));
+        assert_eq!(parse_duration("1h2m3s").unwrap(), secs(3723));
+        assert_eq!(parse_duration("1.5h").unwrap(), secs(5400));
+        assert_eq!(parse_duration(".5s").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("1.s").unwrap(), secs(1));
+        assert_eq!(parse_duration("+10s").unwrap(), secs(10));
+        assert_eq!(parse_duration("0s").unwrap(), Duration::ZERO);
+        assert_eq!(
+            parse_duration("1s500ms").unwrap(),
+            Duration::from_millis(1500)
+        );
+        assert_eq!(parse_duration("300us").unwrap(), Duration::from_micros(300));
+        assert_eq!(
+            parse_duration("300\u{b5}s").unwrap(),
+            Duration::from_micros(300)
+        );
+        assert_eq!(
+            parse_duration("300\u{3bc}s").unwrap(),
+            Duration::from_micros(300)
+        );
+        assert_eq!(parse_duration("42ns").unwrap(), Duration::from_nanos(42));
+        assert_eq!(
+            parse_duration("1.0000000019s").unwrap(),
+            Duration::new(1, 1)
+        );
+    }
+
+    #[test]
+    fn durations_that_are_not_refused_with_the_reason() {
+        for (text, why) in [
+            ("", "is not a duration"),
+            ("s", "is not a duration"),
+            (".s", "is not a duration"),
+            ("1.2.3s", "is not a duration"),
+            ("5x", "unknown unit \"x\""),
+            ("1m30", "30 has no unit"),
+            ("-1s", "cannot be negative"),
+            ("99999999999999999999999h", "too long"),
+            ("99999999999999999999999", "too long"),
+        ] {
+            let err = parse_duration(text).unwrap_err();
+            assert!(err.contains(why), "{text:?}: {err}");
+        }
     }
 
     #[test]
@@ -241,5 +422,165 @@ mod tests {
         assert_eq!(d.output, Output::Json);
         assert_eq!(d.cni_bin_dir, PathBuf::from("/opt/cni/bin"));
         assert_eq!(d.cni_name, "macvtap");
+    }
+
+    #[test]
+    fn daemon_flags_are_global() {
+        for argv in [
+            &[
+                "x",
+                "doctor",
+                "--kubelet-dir",
+                "/k",
+                "--metrics-addr=off",
+                "--resource",
+                "eth1",
+            ][..],
+            &[
+                "x",
+                "--kubelet-dir",
+                "/k",
+                "--metrics-addr=off",
+                "doctor",
+                "--resource",
+                "eth1",
+            ],
+            &[
+                "x",
+                "--resource",
+                "eth1",
+                "--kubelet-dir=/k",
+                "doctor",
+                "--metrics-addr",
+                "off",
+            ],
+        ] {
+            let a = Args::try_parse_from(argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+            assert_eq!(a.kubelet_dir, PathBuf::from("/k"), "{argv:?}");
+            assert_eq!(a.resources, ["eth1"], "{argv:?}");
+            assert_eq!(a.options().unwrap().metrics_addr, None, "{argv:?}");
+            assert!(matches!(a.command, Some(Command::Doctor(_))), "{argv:?}");
+        }
+        // install-cni writes the global --kubelet-dir into the CNI's settings,
+        // given where the DaemonSet gives it: after the subcommand.
+        let a = Args::try_parse_from([
+            "x",
+            "install-cni",
+            "--source=/macvtap",
+            "--target-dir=/host/cni-bin",
+            "--kubelet-dir=/var/lib/k0s/kubelet",
+            "--pod-resources-check=enforce",
+        ])
+        .unwrap();
+        assert_eq!(a.kubelet_dir, PathBuf::from("/var/lib/k0s/kubelet"));
+        let Some(Command::InstallCni(i)) = a.command else {
+            panic!("{a:?}")
+        };
+        assert_eq!(i.pod_resources_check, PodResourcesCheck::Enforce);
+        let a = Args::try_parse_from(["x", "install-cni", "--target-dir=/d"]).unwrap();
+        assert_eq!(a.kubelet_dir, PathBuf::from("/var/lib/kubelet"));
+    }
+
+    #[test]
+    fn the_metrics_address_defaults_to_every_address_port_9402() {
+        let a = Args::try_parse_from(["x"]).unwrap();
+        let addr = a.options().unwrap().metrics_addr.unwrap();
+        assert!(addr.ip().is_unspecified(), "{addr}");
+        assert!(addr.is_ipv4(), "{addr}");
+        assert_eq!(addr.port(), 9402);
+        assert_eq!(addr.to_string(), METRICS_ADDR);
+        let err = Args::try_parse_from(["x", "--metrics-addr", "9402"])
+            .unwrap()
+            .options()
+            .unwrap_err();
+        assert!(err.starts_with("--metrics-addr \"9402\""), "{err}");
+    }
+
+    #[test]
+    fn log_level_flag_takes_a_level_and_refuses_others() {
+        let a = Args::try_parse_from(["x", "--log-level", "debug"]).unwrap();
+        let f = a.log_level.unwrap();
+        assert!(f.would_enable("x", &tracing::Level::DEBUG));
+        let a =
+            Args::try_parse_from(["x", "doctor", "--log-level=warn,macvtap_deviceplugin=trace"]);
+        assert!(a.is_ok(), "global, and per target");
+        let err = Args::try_parse_from(["x", "--log-level", "loud"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ValueValidation);
+        let text = err.to_string();
+        assert!(text.contains("--log-level"), "{text}");
+        assert!(text.contains("\"loud\" is not a log level"), "{text}");
+    }
+
+    #[test]
+    fn the_go_manifests_command_line_parses() {
+        let line = parse_from(["/macvtap-deviceplugin", "-v", "3", "-logtostderr"]).unwrap();
+        assert!(line.args.command.is_none());
+        assert_eq!(line.glog.verbosity, Some(3));
+        assert_eq!(line.glog.given, ["-v=3", "-logtostderr"]);
+        let f = line.log_filter(Some("trace")).unwrap();
+        assert!(f.would_enable("x", &tracing::Level::INFO), "-v 3 is info");
+        assert!(
+            !f.would_enable("x", &tracing::Level::DEBUG),
+            "-v wins over RUST_LOG"
+        );
+
+        let line = parse_from([
+            "p",
+            "--kubelet-dir",
+            "/k",
+            "--v=5",
+            "doctor",
+            "--alsologtostderr",
+            "-stderrthreshold=WARNING",
+            "--output=json",
+        ])
+        .unwrap();
+        assert_eq!(line.args.kubelet_dir, PathBuf::from("/k"));
+        assert!(matches!(line.args.command, Some(Command::Doctor(_))));
+        assert_eq!(line.glog.given.len(), 3);
+        let f = line.log_filter(None).unwrap();
+        assert!(f.would_enable("x", &tracing::Level::TRACE));
+
+        let line = parse_from(["p", "-v", "4", "--log-level", "error"]).unwrap();
+        let f = line.log_filter(None).unwrap();
+        assert!(
+            !f.would_enable("x", &tracing::Level::WARN),
+            "--log-level wins over -v"
+        );
+
+        // A flag's value that looks like a glog flag stays its value (and
+        // clap takes a value with a leading dash only after `=`).
+        let line = parse_from(["p", "--config=-v"]).unwrap();
+        assert_eq!(line.args.config, Some(PathBuf::from("-v")));
+        assert_eq!(line.glog, GlogFlags::default());
+        let err = parse_from(["p", "--config", "-v", "3"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::UnknownArgument, "{err}");
+
+        let err = parse_from(["p", "-v", "three"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ValueValidation);
+        assert!(
+            err.to_string()
+                .contains("invalid value \"three\" for flag -v"),
+            "{err}"
+        );
+        let err = parse_from(["p", "-q"]).unwrap_err();
+        assert_eq!(
+            err.kind(),
+            ErrorKind::UnknownArgument,
+            "other flags are clap's"
+        );
+    }
+
+    #[test]
+    fn a_bad_rust_log_is_an_error_unless_a_flag_decides() {
+        let line = parse_from(["p"]).unwrap();
+        let err = line.log_filter(Some("infoo")).unwrap_err();
+        assert!(err.contains("RUST_LOG=\"infoo\""), "{err}");
+        assert!(
+            parse_from(["p", "--log-level=info"])
+                .unwrap()
+                .log_filter(Some("infoo"))
+                .is_ok()
+        );
     }
 }

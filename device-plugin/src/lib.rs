@@ -18,7 +18,7 @@
 //! [`host`] (the kernel handle Allocate, reclaim and heal share),
 //! [`events`] (Kubernetes Events on the Node), [`metrics`], [`procstat`],
 //! [`liveness`] and [`http`] (observability), [`port`] (a port in the way of passthru), [`options`] (what the daemon is told, from
-//! [`cli`]), [`daemon`] (the loop tying them together), [`doctor`] (the
+//! [`cli`], with the Go project's flags in [`glog`]), [`daemon`] (the loop tying them together), [`doctor`] (the
 //! `doctor` subcommand's checks of a node).
 
 pub mod allocate;
@@ -33,6 +33,7 @@ pub mod doctor;
 pub mod error;
 pub mod events;
 pub mod fswatch;
+pub mod glog;
 pub mod heal;
 pub mod health;
 pub mod host;

@@ -1,16 +1,26 @@
 //! `macvtap-deviceplugin`: parse flags, set up logging, run the daemon.
 
-use clap::Parser;
-use macvtap_deviceplugin::cli::{Args, Command, DoctorArgs, Output};
+use macvtap_deviceplugin::cli::{self, Args, Command, DoctorArgs, Output};
 use macvtap_deviceplugin::{daemon, doctor, install, logging};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let args = Args::parse();
-    logging::init(args.log_format);
+    let line = cli::parse_from(std::env::args_os()).unwrap_or_else(|e| e.exit());
+    let filter = match logging::rust_log().and_then(|v| line.log_filter(v.as_deref())) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let args = line.args;
+    logging::init(args.log_format, filter);
+    if let Some(w) = line.glog.warning(args.log_level.is_some()) {
+        tracing::warn!("{w}");
+    }
     if let Some(Command::InstallCni(i)) = &args.command {
         return match install::install_cni(&i.source, &i.target_dir, &i.name).and_then(|_| {
-            install::install_settings(&i.target_dir, &i.kubelet_dir, i.pod_resources_check)
+            install::install_settings(&i.target_dir, &args.kubelet_dir, i.pod_resources_check)
         }) {
             Ok(_) => ExitCode::SUCCESS,
             Err(e) => {

@@ -254,83 +254,173 @@ fn flag(args: &[String], name: &str) -> Option<String> {
     None
 }
 
+/// The container (or init container) named `name` of a pod spec.
+fn named<'a>(
+    containers: &'a [k8s_openapi::api::core::v1::Container],
+    name: &str,
+) -> &'a k8s_openapi::api::core::v1::Container {
+    containers
+        .iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("no container {name}"))
+}
+
+/// The host paths of rendering `dir` (`docs`) agree with the binaries'
+/// flags and defaults, every container and volume found by name.
+fn check_host_paths(dir: &str, docs: &[Value]) {
+    let ds = daemonset(docs);
+    let spec = ds.spec.template.spec.unwrap();
+    let volumes = spec.volumes.clone().unwrap();
+    let host_path = |vol: &str| {
+        volumes
+            .iter()
+            .find(|v| v.name == vol)
+            .unwrap()
+            .host_path
+            .clone()
+            .unwrap()
+            .path
+    };
+    let main = named(&spec.containers, "macvtap-deviceplugin");
+    let args = main.args.clone().unwrap_or_default();
+    let kubelet_dir = flag(&args, "--kubelet-dir").unwrap_or_else(|| "/var/lib/kubelet".into());
+    let mounts = main.volume_mounts.clone().unwrap();
+    let mount = |vol: &str| {
+        mounts
+            .iter()
+            .find(|m| m.name == vol)
+            .unwrap()
+            .mount_path
+            .clone()
+    };
+    for (vol, sub) in [
+        ("device-plugins", "device-plugins"),
+        ("pod-resources", "pod-resources"),
+    ] {
+        assert_eq!(
+            mount(vol),
+            format!("{kubelet_dir}/{sub}"),
+            "{dir}: {vol} mounted where the daemon looks"
+        );
+        assert_eq!(
+            host_path(vol),
+            mount(vol),
+            "{dir}: {vol} is the host's own path"
+        );
+    }
+    let expected_kubelet = if dir.ends_with("kubelet-dir") {
+        "/var/lib/k0s/kubelet"
+    } else {
+        "/var/lib/kubelet"
+    };
+    assert_eq!(kubelet_dir, expected_kubelet, "{dir}");
+    assert_eq!(host_path("dev"), "/dev");
+    assert_eq!(mount("dev"), "/dev", "{dir}: the daemon checks /dev/tapN");
+
+    let inits = spec.init_containers.clone().unwrap();
+    let init = named(&inits, "install-cni");
+    let init_args = init.args.clone().unwrap();
+    let target = flag(&init_args, "--target-dir").expect("install-cni --target-dir");
+    assert_eq!(
+        flag(&init_args, "--kubelet-dir").as_deref(),
+        Some(kubelet_dir.as_str()),
+        "{dir}: the CNI's settings name the daemon's kubelet dir"
+    );
+    assert_eq!(
+        flag(&init_args, "--pod-resources-check").as_deref(),
+        Some("enforce"),
+        "{dir}: the CNI checks device ownership"
+    );
+    let init_mount = init
+        .volume_mounts
+        .clone()
+        .unwrap()
+        .into_iter()
+        .find(|m| m.name == "cni-bin")
+        .expect("install-cni mounts cni-bin");
+    assert_eq!(
+        init_mount.mount_path, target,
+        "{dir}: installs into the mounted host dir"
+    );
+    let cni_dir = if dir.ends_with("openshift") {
+        "/var/lib/cni/bin"
+    } else {
+        "/opt/cni/bin"
+    };
+    assert_eq!(host_path("cni-bin"), cni_dir, "{dir}");
+}
+
 #[test]
 fn host_paths_match_the_binaries_flags_and_defaults() {
     for (dir, docs) in renderings() {
-        let ds = daemonset(&docs);
-        let spec = ds.spec.template.spec.unwrap();
-        let volumes = spec.volumes.clone().unwrap();
-        let host_path = |vol: &str| {
-            volumes
-                .iter()
-                .find(|v| v.name == vol)
-                .unwrap()
-                .host_path
-                .clone()
-                .unwrap()
-                .path
-        };
-        let main = &spec.containers[0];
-        let args = main.args.clone().unwrap_or_default();
-        let kubelet_dir = flag(&args, "--kubelet-dir").unwrap_or_else(|| "/var/lib/kubelet".into());
-        let mounts = main.volume_mounts.clone().unwrap();
-        let mount = |vol: &str| {
-            mounts
-                .iter()
-                .find(|m| m.name == vol)
-                .unwrap()
-                .mount_path
-                .clone()
-        };
-        for (vol, sub) in [
-            ("device-plugins", "device-plugins"),
-            ("pod-resources", "pod-resources"),
-        ] {
-            assert_eq!(
-                mount(vol),
-                format!("{kubelet_dir}/{sub}"),
-                "{dir}: {vol} mounted where the daemon looks"
-            );
-            assert_eq!(
-                host_path(vol),
-                mount(vol),
-                "{dir}: {vol} is the host's own path"
-            );
-        }
-        let expected_kubelet = if dir.ends_with("kubelet-dir") {
-            "/var/lib/k0s/kubelet"
-        } else {
-            "/var/lib/kubelet"
-        };
-        assert_eq!(kubelet_dir, expected_kubelet, "{dir}");
-        assert_eq!(host_path("dev"), "/dev");
-        assert_eq!(mount("dev"), "/dev", "{dir}: the daemon checks /dev/tapN");
+        check_host_paths(dir, &docs);
+    }
+}
 
-        let init = &spec.init_containers.clone().unwrap()[0];
-        let init_args = init.args.clone().unwrap();
-        let target = flag(&init_args, "--target-dir").expect("install-cni --target-dir");
-        assert_eq!(
-            flag(&init_args, "--kubelet-dir").as_deref(),
-            Some(kubelet_dir.as_str()),
-            "{dir}: the CNI's settings name the daemon's kubelet dir"
-        );
-        assert_eq!(
-            flag(&init_args, "--pod-resources-check").as_deref(),
-            Some("enforce"),
-            "{dir}: the CNI checks device ownership"
-        );
-        let init_mount = &init.volume_mounts.clone().unwrap()[0];
-        assert_eq!(init_mount.name, "cni-bin");
-        assert_eq!(
-            init_mount.mount_path, target,
-            "{dir}: installs into the mounted host dir"
-        );
-        let cni_dir = if dir.ends_with("openshift") {
-            "/var/lib/cni/bin"
+/// Copies `from` into `to`, directories and files.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &to.join(e.file_name()));
         } else {
-            "/opt/cni/bin"
-        };
-        assert_eq!(host_path("cni-bin"), cni_dir, "{dir}");
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+/// The overlays patch by name: rendered over a base whose DaemonSet has
+/// every list reversed (containers, volumes, mounts, args) and a decoy
+/// container and init container first (copies of the real ones under other
+/// names), they still patch the real containers and only them.
+#[test]
+fn overlays_patch_a_reordered_base_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let copy = tmp.path().join("manifests");
+    copy_tree(&manifests(), &copy);
+    let ds_file = copy.join("base/daemonset.yaml");
+    let mut ds = parse_docs(&std::fs::read_to_string(&ds_file).unwrap())
+        .unwrap()
+        .remove(0);
+    let spec = &mut ds["spec"]["template"]["spec"];
+    for list in ["containers", "initContainers"] {
+        let containers = spec[list].as_array_mut().unwrap();
+        for c in containers.iter_mut() {
+            for field in ["args", "volumeMounts"] {
+                if let Some(a) = c[field].as_array_mut() {
+                    a.reverse();
+                }
+            }
+        }
+        let mut decoy = containers[0].clone();
+        decoy["name"] = Value::from(format!("decoy-{list}").to_lowercase());
+        containers.insert(0, decoy);
+    }
+    spec["volumes"].as_array_mut().unwrap().reverse();
+    // JSON is YAML.
+    std::fs::write(&ds_file, serde_json::to_string_pretty(&ds).unwrap()).unwrap();
+
+    for dir in ["overlays/openshift", "overlays/kubelet-dir"] {
+        let docs = render(&copy.join(dir)).unwrap_or_else(|e| panic!("{dir}: {e:#}"));
+        check_host_paths(dir, &docs);
+        let spec = daemonset(&docs).spec.template.spec.unwrap();
+        let decoy = named(&spec.containers, "decoy-containers");
+        let decoy_args = decoy.args.clone().unwrap();
+        assert_eq!(
+            flag(&decoy_args, "--kubelet-dir").as_deref(),
+            Some("/var/lib/kubelet"),
+            "{dir}: the decoy is left alone"
+        );
+        let decoy_init = named(
+            spec.init_containers.as_ref().unwrap(),
+            "decoy-initcontainers",
+        );
+        assert_eq!(
+            flag(decoy_init.args.as_ref().unwrap(), "--kubelet-dir").as_deref(),
+            Some("/var/lib/kubelet"),
+            "{dir}: the decoy init container is left alone"
+        );
     }
 }
 
@@ -387,6 +477,66 @@ fn the_daemonset_is_what_a_node_critical_daemon_needs() {
     let caps = sc.capabilities.unwrap();
     assert_eq!(caps.add.unwrap(), vec!["NET_ADMIN".to_string()]);
     assert_eq!(caps.drop.unwrap(), vec!["ALL".to_string()]);
+    let seccomp = spec
+        .security_context
+        .clone()
+        .and_then(|p| p.seccomp_profile)
+        .expect("a pod seccompProfile");
+    assert_eq!(seccomp.type_, "RuntimeDefault");
+}
+
+/// The image names no user (root unless the pod says otherwise, as the Go
+/// project's image), so our own DaemonSet says it for every container, in
+/// every rendering: root (the kubelet's dirs and the CNI bin dir are
+/// root's), no privilege escalation, a read-only root, every capability
+/// dropped but what the container needs; and the runtime's seccomp filter
+/// and the log as the termination message when a container fails.
+#[test]
+fn every_container_says_its_user_capabilities_and_termination_message() {
+    for (dir, docs) in renderings() {
+        let spec = daemonset(&docs).spec.template.spec.unwrap();
+        let psc = spec.security_context.clone().unwrap_or_default();
+        assert_eq!(
+            psc.seccomp_profile.map(|p| p.type_).as_deref(),
+            Some("RuntimeDefault"),
+            "{dir}"
+        );
+        let all = spec
+            .init_containers
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .chain(spec.containers.clone());
+        for c in all {
+            let what = format!("{dir}: container {}", c.name);
+            let sc = c.security_context.clone().expect(&what);
+            assert_eq!(sc.run_as_user, Some(0), "{what}: runAsUser");
+            assert_eq!(sc.allow_privilege_escalation, Some(false), "{what}");
+            assert_eq!(sc.read_only_root_filesystem, Some(true), "{what}");
+            assert_ne!(sc.privileged, Some(true), "{what}");
+            let caps = sc.capabilities.expect(&what);
+            assert_eq!(caps.drop, Some(vec!["ALL".to_string()]), "{what}");
+            let want_add = if c.name == "macvtap-deviceplugin" {
+                Some(vec!["NET_ADMIN".to_string()])
+            } else {
+                None
+            };
+            assert_eq!(caps.add, want_add, "{what}");
+            assert_eq!(
+                c.termination_message_policy.as_deref(),
+                Some("FallbackToLogsOnError"),
+                "{what}"
+            );
+        }
+        if dir.ends_with("openshift") {
+            let scc = one(&docs, "SecurityContextConstraints");
+            assert_eq!(
+                scc["seccompProfiles"],
+                serde_json::json!(["runtime/default"]),
+                "the SCC admits the pod's seccompProfile"
+            );
+        }
+    }
 }
 
 /// Whether `path` is `dir` or lies below it.

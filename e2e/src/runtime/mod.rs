@@ -10,9 +10,10 @@
 //!
 //! Left out, on purpose: `oom_score_adj` (the kubelet gives
 //! `system-node-critical` pods -997, but lowering it needs
-//! `CAP_SYS_RESOURCE`, which this sandbox's bounding set lacks); seccomp and
-//! AppArmor (the kubelet's default is `Unconfined` unless `seccompDefault` is
-//! set, and AppArmor is not enabled here); a cgroup namespace (containerd
+//! `CAP_SYS_RESOURCE`, which this sandbox's bounding set lacks); seccomp
+//! (the DaemonSet asks for `RuntimeDefault`, containerd's default filter,
+//! which is not reproduced here: the containers run unfiltered) and AppArmor
+//! (not enabled here); a cgroup namespace (containerd
 //! adds one only on a unified cgroup v2 host, and this one is hybrid v1);
 //! the pause container (each container gets its own IPC namespace, which no
 //! one can tell from the pod's, as the init container and the daemon never
