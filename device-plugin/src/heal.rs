@@ -15,7 +15,7 @@ use crate::allocate;
 use crate::allocate::Recreated;
 use crate::assignment_file;
 use crate::config::ResourceConfig;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::host::Host;
 use kubelet_proto::v1beta1::AllocateResponse;
 use macvtap_link::tapdev::tap_node_path;
@@ -150,17 +150,26 @@ impl Assignments {
         let (path, lines) = {
             let mut r = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             let mut lines = Vec::new();
+            let mut unencoded = None;
             for (id, ifindex) in got {
                 if insert(&mut r.by_device, id, resource, *ifindex) {
-                    lines.extend(assignment_file::journal_line(assignment_file::Entry {
+                    match assignment_file::journal_line(assignment_file::Entry {
                         device_id: id,
                         resource,
                         ifindex: *ifindex,
-                    }));
+                    }) {
+                        Ok(line) => lines.extend(line),
+                        Err(e) => unencoded = Some(e),
+                    }
                 }
             }
-            match (&r.file, lines.is_empty()) {
-                (Some(path), false) => (path.clone(), lines),
+            match (&r.file, unencoded, lines.is_empty()) {
+                (Some(path), Some(e), _) => {
+                    warn!(error = %Error::io("encoding a journal line of handed-out devices", path)(e),
+                        "cannot write the record of handed-out devices: a daemon restarted later will not heal the lost links of devices handed out since");
+                    return;
+                }
+                (Some(path), None, false) => (path.clone(), lines),
                 _ => return,
             }
         };
@@ -196,7 +205,11 @@ fn compact(inner: &Mutex<Record>, io: &Mutex<()>) -> Result<()> {
                 device_id: id,
                 resource: &at.resource,
                 ifindex: at.ifindex,
-            }));
+            }))
+            .map_err(Error::io(
+                "encoding the record of handed-out devices",
+                &path,
+            ))?;
         (path, text)
     };
     assignment_file::save(&path, &text)?;
