@@ -7,7 +7,6 @@
 //! with `spawn_blocking`.
 
 use crate::config::ResourceConfig;
-use crate::devices::device_index;
 use crate::error::{Error, Result};
 use crate::heal::Assignments;
 use crate::health::port_in_the_way;
@@ -19,7 +18,7 @@ use kubelet_proto::v1beta1::{
     AllocateRequest, AllocateResponse, ContainerAllocateResponse, DeviceSpec,
 };
 use macvtap_link::tapdev::{parse_major_minor, tap_node_path};
-use macvtap_link::{Link, Links, Linux, MacvtapMode, link_name_for_device};
+use macvtap_link::{Link, Links, Linux, MacvtapMode, device_index, link_name_for_device};
 use nix::errno::Errno;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -32,9 +32,10 @@ use crate::metrics::{Metrics, RoundOutcome};
 use kubelet_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
 use kubelet_proto::podresources::v1::{ListPodResourcesRequest, ListPodResourcesResponse};
 use kubelet_proto::transport::connect_unix;
-use macvtap_link::device::is_device_link_name;
 use macvtap_link::tapdev::tap_node_path;
-use macvtap_link::{Kernel, Link, Links, RESOURCE_PREFIX, link_name_for_device};
+use macvtap_link::{
+    DeviceLinkName, Kernel, Link, Links, RESOURCE_PREFIX, link_name_for_device, parse_link_name,
+};
 use nix::errno::Errno;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -86,7 +87,7 @@ pub fn leaked_links(
         .collect();
     links
         .iter()
-        .filter(|l| l.is_macvtap() && is_device_link_name(&l.name))
+        .filter(|l| l.is_macvtap() && parse_link_name(&l.name) == Some(DeviceLinkName::Hashed))
         .filter(|l| l.lower_index.is_some_and(|i| lower_index.contains(&i)))
         .filter(|l| !in_use.contains(&l.name))
         .cloned()
@@ -107,7 +108,7 @@ pub fn go_era_leaked_links(
         .iter()
         .filter(|l| l.is_macvtap() && !l.lower_in_other_netns && !allocated.contains(&l.name))
         .filter(|l| {
-            let Some((resource, _)) = macvtap_link::device::parse_device_id(&l.name) else {
+            let Some(DeviceLinkName::GoEra { resource, .. }) = parse_link_name(&l.name) else {
                 return false;
             };
             let lower = l.lower_index.and_then(|i| names.get(&i).copied());
