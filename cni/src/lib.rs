@@ -20,7 +20,6 @@ pub mod del;
 pub mod env;
 pub mod error;
 pub mod escape;
-pub mod grpc;
 pub mod ipam;
 pub mod logfile;
 pub mod podresources;
