@@ -11,13 +11,11 @@
 //! is right again. Each reclaim round ([`crate::reclaim`]) heals first; a
 //! tap node's deletion in `/dev` starts a round at once.
 
-use crate::allocate;
-use crate::allocate::Recreated;
 use crate::assignment_file;
 use crate::config::ResourceConfig;
+use crate::core::host::Host;
+use crate::core::link::{Recreated, recreate_device};
 use crate::error::{Error, Result};
-use crate::host::Host;
-use kubelet_proto::v1beta1::AllocateResponse;
 use macvtap_link::tapdev::tap_node_path;
 use macvtap_link::{Link, LinkChange, Links, link_name_for_device};
 use std::collections::{HashMap, HashSet};
@@ -96,17 +94,10 @@ impl Assignments {
         self.insert_logged(resource, &[(device_id, ifindex)]);
     }
 
-    /// Records the devices of an Allocate of `resource` that asked for `ids`
-    /// (in order) and was answered with `resp` (the same order), before the
-    /// answer leaves.
-    pub fn handed_out(&self, resource: &str, ids: &[String], resp: &AllocateResponse) {
-        let specs = resp.container_responses.iter().flat_map(|c| &c.devices);
-        let got: Vec<(&str, u32)> = ids
-            .iter()
-            .zip(specs)
-            .filter_map(|(id, spec)| Some((id.as_str(), tap_index(&spec.host_path)?)))
-            .collect();
-        self.insert_logged(resource, &got);
+    /// Records the devices `got` (device ID, the ifindex its link was made or
+    /// reused with) handed out for `resource`, before the answer leaves.
+    pub fn handed_out(&self, resource: &str, got: &[(&str, u32)]) {
+        self.insert_logged(resource, got);
     }
 
     /// Forgets each device for which `keep` says false; the record is
@@ -264,11 +255,6 @@ fn insert(m: &mut HashMap<String, Assigned>, id: &str, resource: &str, ifindex: 
     true
 }
 
-/// The N of a DeviceSpec's `/dev/tapN`.
-pub fn tap_index(host_path: &str) -> Option<u32> {
-    host_path.strip_prefix("/dev/tap")?.parse().ok()
-}
-
 /// A device to heal: held by a pod, its macvtap gone everywhere.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lost {
@@ -313,12 +299,7 @@ pub fn lost_devices(
 /// flight has ended ([`settle`]), and one whose link is on the host or whose
 /// node exists is not lost. A link made while the device's own moved into a
 /// pod gets no node (the name is the other's) and is deleted at once.
-pub fn heal(
-    host: &Host,
-    lost: &[Lost],
-    resources: &[ResourceConfig],
-    dev_dir: &Path,
-) -> Result<u64> {
+pub fn heal(host: &Host, lost: &[Lost], resources: &[ResourceConfig]) -> Result<u64> {
     let handle = host.links();
     let mut healed = 0;
     for l in lost {
@@ -333,7 +314,7 @@ pub fn heal(
             continue;
         };
         let name = link_name_for_device(&l.device_id);
-        let node = tap_node_path(dev_dir, l.at.ifindex);
+        let node = tap_node_path(host.paths().dev(), l.at.ifindex);
         if let Err(e) = settle(handle, &lower) {
             warn!(device_id = %l.device_id, error = %e,
                 "cannot wait for link changes in flight, so cannot tell whether the device's macvtap is lost: not re-created now");
@@ -344,7 +325,7 @@ pub fn heal(
                 "not lost after all: its link was moving between namespaces when the round looked");
             continue;
         }
-        match allocate::recreate_device(host, cfg, &lower, &l.device_id, l.at.ifindex, dev_dir) {
+        match recreate_device(host, cfg, &lower, &l.device_id, l.at.ifindex) {
             Ok(Recreated::Made(link)) => {
                 healed += 1;
                 info!(device_id = %l.device_id, ifname = %link.name, ifindex = link.index,
@@ -435,30 +416,13 @@ mod tests {
         );
     }
 
-    fn response(paths: &[&str]) -> AllocateResponse {
-        use kubelet_proto::v1beta1::{ContainerAllocateResponse, DeviceSpec};
-        AllocateResponse {
-            container_responses: vec![ContainerAllocateResponse {
-                devices: paths
-                    .iter()
-                    .map(|p| DeviceSpec {
-                        host_path: p.to_string(),
-                        ..Default::default()
-                    })
-                    .collect(),
-                ..Default::default()
-            }],
-        }
-    }
-
     #[test]
     fn a_persisted_record_is_what_the_next_daemon_starts_from() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state/assignments.json");
         let a = Assignments::persisted(path.clone());
         assert!(a.is_empty());
-        let ids = ["dpMvp0".to_string(), "dpMvp1".to_string()];
-        a.handed_out("dp", &ids, &response(&["/dev/tap40", "/dev/tap41"]));
+        a.handed_out("dp", &[("dpMvp0", 40), ("dpMvp1", 41)]);
         a.assigned("dpMvp1", "dp", 45);
         // A new daemon reads what the old one handed out, last answer first.
         let b = Assignments::persisted(path.clone());
@@ -577,11 +541,12 @@ mod tests {
         );
     }
 
-    #[test]
-    fn tap_indexes_come_from_device_specs() {
-        assert_eq!(tap_index("/dev/tap42"), Some(42));
-        assert_eq!(tap_index("/dev/tapx"), None);
-        assert_eq!(tap_index("/dev/net/tun"), None);
+    /// The host's file systems with an empty `/dev` at `dev`.
+    fn dev_at(dev: &tempfile::TempDir) -> crate::core::host::HostPaths {
+        crate::core::host::HostPaths {
+            dev: dev.path().to_path_buf(),
+            ..Default::default()
+        }
     }
 
     /// A node whose pod holds `dpMvp1` of resource `dp` on `lower0`, handed
@@ -611,8 +576,8 @@ mod tests {
     #[test]
     fn a_held_devices_lost_link_comes_back_with_its_ifindex() {
         let (kernel, lost, resources, dev) = held_device();
-        let host = Host::current(&kernel).unwrap();
-        assert_eq!(heal(&host, &lost, &resources, dev.path()).unwrap(), 1);
+        let host = Host::current(&kernel).unwrap().with_paths(dev_at(&dev));
+        assert_eq!(heal(&host, &lost, &resources).unwrap(), 1);
         let link = kernel
             .link(HOST, &link_name_for_device("dpMvp1"))
             .expect("re-created");
@@ -691,7 +656,7 @@ mod tests {
     fn a_link_back_on_the_host_is_not_lost_and_not_another_link_in_the_way() {
         let (kernel, lost, resources, dev) = held_device();
         let lower = kernel.link(HOST, "lower0").unwrap();
-        let host = Host::current(&kernel).unwrap();
+        let host = Host::current(&kernel).unwrap().with_paths(dev_at(&dev));
         host.links()
             .add_macvtap_at(
                 &link_name_for_device("dpMvp1"),
@@ -702,7 +667,7 @@ mod tests {
             )
             .unwrap();
         let log = logged(|| {
-            assert_eq!(heal(&host, &lost, &resources, dev.path()).unwrap(), 0);
+            assert_eq!(heal(&host, &lost, &resources).unwrap(), 0);
         });
         assert!(!log.contains("taken on the host"), "{log}");
         assert!(log.contains("not lost after all"), "{log}");
@@ -721,7 +686,7 @@ mod tests {
     fn a_link_that_moved_into_a_pod_is_not_made_again_on_the_host() {
         let (kernel, lost, resources, dev) = held_device();
         let lower = kernel.link(HOST, "lower0").unwrap();
-        let host = Host::current(&kernel).unwrap();
+        let host = Host::current(&kernel).unwrap().with_paths(dev_at(&dev));
         let name = link_name_for_device("dpMvp1");
         host.links()
             .add_macvtap_at(&name, lower.index, MacvtapMode::Bridge, None, Some(40))
@@ -729,7 +694,7 @@ mod tests {
         kernel.add_netns("/run/netns/pod");
         let pod = kernel.open_netns(Path::new("/run/netns/pod")).unwrap();
         host.links().set_link_ns(40, &name, &pod, "net1").unwrap();
-        assert_eq!(heal(&host, &lost, &resources, dev.path()).unwrap(), 0);
+        assert_eq!(heal(&host, &lost, &resources).unwrap(), 0);
         assert_eq!(kernel.links_of(HOST).len(), 1, "only the NIC on the host");
         assert_eq!(kernel.count(Op::AddMacvtap), 1);
     }
@@ -738,11 +703,11 @@ mod tests {
     fn a_device_is_left_when_moves_in_flight_cannot_be_waited_for() {
         let (kernel, lost, resources, dev) = held_device();
         kernel.fail(Op::SetLink, 1, nix::errno::Errno::EIO);
-        let host = Host::current(&kernel).unwrap();
-        assert_eq!(heal(&host, &lost, &resources, dev.path()).unwrap(), 0);
+        let host = Host::current(&kernel).unwrap().with_paths(dev_at(&dev));
+        assert_eq!(heal(&host, &lost, &resources).unwrap(), 0);
         assert_eq!(kernel.count(Op::AddMacvtap), 0);
         // The next round waits, looks again and heals it.
-        assert_eq!(heal(&host, &lost, &resources, dev.path()).unwrap(), 1);
+        assert_eq!(heal(&host, &lost, &resources).unwrap(), 1);
     }
 
     #[test]
@@ -757,18 +722,18 @@ mod tests {
                 ..Default::default()
             },
         );
-        let host = Host::current(&kernel).unwrap();
-        assert_eq!(heal(&host, &lost, &resources, dev.path()).unwrap(), 0);
+        let host = Host::current(&kernel).unwrap().with_paths(dev_at(&dev));
+        assert_eq!(heal(&host, &lost, &resources).unwrap(), 0);
         // The NIC is gone.
         let (kernel, lost, _, dev) = held_device();
-        let host = Host::current(&kernel).unwrap();
+        let host = Host::current(&kernel).unwrap().with_paths(dev_at(&dev));
         let elsewhere = vec![ResourceConfig {
             name: "dp".into(),
             ..ResourceConfig::for_nic("lower9")
         }];
-        assert_eq!(heal(&host, &lost, &elsewhere, dev.path()).unwrap(), 0);
+        assert_eq!(heal(&host, &lost, &elsewhere).unwrap(), 0);
         // The resource is no longer configured.
-        assert_eq!(heal(&host, &lost, &[], dev.path()).unwrap(), 0);
+        assert_eq!(heal(&host, &lost, &[]).unwrap(), 0);
         assert_eq!(kernel.count(Op::AddMacvtap), 0);
     }
 
@@ -776,8 +741,8 @@ mod tests {
     fn a_recreated_link_whose_node_fails_the_check_is_deleted_again() {
         let (kernel, lost, resources, dev) = held_device();
         kernel.fail(Op::OpenTapNode, 1, nix::errno::Errno::ENOENT);
-        let host = Host::current(&kernel).unwrap();
-        assert_eq!(heal(&host, &lost, &resources, dev.path()).unwrap(), 0);
+        let host = Host::current(&kernel).unwrap().with_paths(dev_at(&dev));
+        assert_eq!(heal(&host, &lost, &resources).unwrap(), 0);
         assert_eq!(kernel.count(Op::AddMacvtap), 1);
         assert_eq!(kernel.link(HOST, &link_name_for_device("dpMvp1")), None);
     }

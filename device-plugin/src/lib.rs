@@ -21,11 +21,11 @@
 //! [`cli`]), [`daemon`] (the loop tying them together), [`doctor`] (the
 //! `doctor` subcommand's checks of a node).
 
-pub mod allocate;
 pub mod assignment_file;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod core;
 pub mod daemon;
 pub mod devices;
 pub mod discovery;
@@ -35,9 +35,9 @@ pub mod events;
 pub mod fswatch;
 pub mod heal;
 pub mod health;
-pub mod host;
 pub mod http;
 pub mod install;
+pub mod kubelet;
 pub mod links;
 pub mod liveness;
 pub mod logging;

@@ -24,10 +24,10 @@
 
 pub use crate::clock::AllocationClock;
 use crate::config::ResourceConfig;
+use crate::core::host::{Host, HostPaths};
 use crate::error::{Error, Result};
 use crate::events::{EventSink, NodeEvent};
 use crate::heal::{Assignments, Lost, heal, lost_devices};
-use crate::host::Host;
 use crate::metrics::{Metrics, RoundOutcome};
 use kubelet_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
 use kubelet_proto::podresources::v1::{ListPodResourcesRequest, ListPodResourcesResponse};
@@ -128,7 +128,7 @@ pub struct Reclaimer {
     first_seen: HashMap<LinkIdentity, Instant>,
     clock: AllocationClock,
     assignments: Assignments,
-    dev_dir: PathBuf,
+    paths: HostPaths,
     said_socket_absent: bool,
     events: EventSink,
 }
@@ -151,7 +151,7 @@ impl Reclaimer {
             first_seen: HashMap::new(),
             clock,
             assignments: Assignments::default(),
-            dev_dir: PathBuf::from(crate::allocate::DEV_DIR),
+            paths: HostPaths::default(),
             said_socket_absent: false,
             events: EventSink::off(),
         }
@@ -159,9 +159,9 @@ impl Reclaimer {
 
     /// Heals lost devices from `assignments` (what Allocate handed out),
     /// checking tap nodes in `dev_dir`.
-    pub fn with_healing(mut self, assignments: Assignments, dev_dir: PathBuf) -> Self {
+    pub fn with_healing(mut self, assignments: Assignments, paths: HostPaths) -> Self {
         self.assignments = assignments;
-        self.dev_dir = dev_dir;
+        self.paths = paths;
         self
     }
 
@@ -250,7 +250,7 @@ impl Reclaimer {
         now: Instant,
     ) -> Plan {
         let kernel = self.kernel.clone();
-        let dev_dir = self.dev_dir.clone();
+        let dev_dir = self.paths.dev.clone();
         let lost = lost_devices(allocated, &self.assignments, links, |i| {
             !matches!(kernel.tap_node(&tap_node_path(&dev_dir, i)), Ok(None))
         });
@@ -273,7 +273,7 @@ impl Reclaimer {
     pub fn work(&self) -> RoundWork {
         RoundWork {
             kernel: self.kernel.clone(),
-            dev_dir: self.dev_dir.clone(),
+            paths: self.paths.clone(),
             clock: self.clock.clone(),
             grace: self.grace,
         }
@@ -337,7 +337,7 @@ pub struct Done {
 #[derive(Clone)]
 pub struct RoundWork {
     kernel: SharedKernel,
-    dev_dir: PathBuf,
+    paths: HostPaths,
     clock: AllocationClock,
     grace: Duration,
 }
@@ -353,10 +353,9 @@ impl RoundWork {
             0
         } else {
             heal(
-                &Host::current(&*self.kernel)?,
+                &Host::current(&*self.kernel)?.with_paths(self.paths.clone()),
                 &plan.lost,
                 resources,
-                &self.dev_dir,
             )?
         };
         let deleted = if plan.due.is_empty() {
@@ -379,7 +378,7 @@ impl fmt::Debug for Reclaimer {
             .field("socket", &self.socket)
             .field("grace", &self.grace)
             .field("looking_leaked", &self.first_seen.len())
-            .field("dev_dir", &self.dev_dir)
+            .field("paths", &self.paths)
             .finish_non_exhaustive()
     }
 }
@@ -758,7 +757,7 @@ mod tests {
         assignments.assigned("oldMvp0", "old", 41);
         assignments.assigned("oldMvp1", "old", 42);
         let r = reclaimer_of(kernel, AllocationClock::default())
-            .with_healing(assignments.clone(), PathBuf::from("/nonexistent"));
+            .with_healing(assignments.clone(), HostPaths::with_dev("/nonexistent"));
         let allocated: HashSet<String> = ["oldMvp1".to_string()].into();
         r.forget_unconfigured(&allocated, &resources).await.unwrap();
         assert!(assignments.get("dpMvp3").is_some(), "configured");
@@ -776,7 +775,7 @@ mod tests {
         assignments.assigned("dpMvp3", "dp", 40);
         let dev = tempfile::tempdir().unwrap();
         let mut r = reclaimer_of(kernel.clone(), AllocationClock::default())
-            .with_healing(assignments, dev.path().to_path_buf());
+            .with_healing(assignments, HostPaths::with_dev(dev.path()));
         // dpMvp3's link is gone from the host, and its tap node with it.
         let t0 = Instant::now();
         let held = ["dpMvp3"];

@@ -2,15 +2,16 @@
 //!
 //! The service only forwards: options and ListAndWatch answers come from the
 //! resource's snapshot in a `watch` channel (every message is the full list),
-//! Allocate runs [`crate::allocate::allocate`] on a blocking thread. Each
+//! Allocate runs [`allocate::serve`] on a blocking thread. Each
 //! ListAndWatch stream that opens or ends is reported to the daemon as a
 //! [`StreamEvent`], and each Allocate restarts its devices' leak clocks.
 
-use crate::allocate;
 use crate::config::ResourceConfig;
+use crate::core::host::HostPaths;
 use crate::error::{Error, Result};
 use crate::events::{EventSink, NodeEvent};
 use crate::heal::Assignments;
+use crate::kubelet::allocate;
 use crate::metrics::Metrics;
 use crate::reclaim::AllocationClock;
 use kubelet_proto::transport::{Connections, bind_unix, error_chain, serve_unix};
@@ -53,6 +54,8 @@ pub struct ServerContext {
     pub clock: AllocationClock,
     /// Which `/dev/tapN` each device was handed out as (for healing).
     pub assignments: Assignments,
+    /// Where the host's sysfs, tap nodes and procfs are.
+    pub paths: HostPaths,
 }
 
 static NEXT_SERVER_ID: AtomicU64 = AtomicU64::new(1);
@@ -180,8 +183,9 @@ impl DevicePlugin for PluginService {
         let resource = cfg.resource_name();
         let started = Instant::now();
         let (clock, assignments) = (self.ctx.clock.clone(), self.ctx.assignments.clone());
+        let paths = self.ctx.paths.clone();
         let res = tokio::task::spawn_blocking(move || {
-            allocate::serve(None, &req, &cfg, &clock, &assignments)
+            allocate::serve(None, &paths, &req, &cfg, &clock, &assignments)
         })
         .await
         .map_err(|e| Error::Task(format!("the Allocate task failed: {e}")))

@@ -46,6 +46,7 @@ pub use registration::STREAM_WAIT;
 
 use crate::assignment_file;
 use crate::config::{Resolved, ResourceConfig};
+use crate::core::host::HostPaths;
 use crate::discovery::Discovery;
 use crate::error::{Error, Result};
 use crate::events::EventSink;
@@ -63,7 +64,6 @@ use nix::sys::inotify::WatchDescriptor;
 use plugin::Plugin;
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::signal::unix::{Signal, SignalKind, signal};
@@ -219,19 +219,24 @@ impl Daemon {
 
         let (configs_tx, configs_rx) = watch::channel(Vec::new());
         let (streams_tx, streams_rx) = mpsc::unbounded_channel();
+        // The host's file systems: sysfs as the options say.
+        let paths = HostPaths {
+            sysfs: opts.sysfs.clone(),
+            ..HostPaths::default()
+        };
         let ctx = ServerContext {
+            paths: paths.clone(),
             metrics,
             events,
             streams: streams_tx,
             clock: AllocationClock::default(),
             assignments: Assignments::persisted(assignment_file::path_in(&plugin_dir)),
         };
-        let dev_dir = PathBuf::from(crate::allocate::DEV_DIR);
         let (tap_gone_tx, tap_gone) = mpsc::unbounded_channel();
         // Without the watch the sender goes: the reclaim loop then runs on
         // its interval only.
-        let tap_nodes = watch_tap_nodes(&fs, &dev_dir).map(|wd| (wd, tap_gone_tx));
-        tasks.push(spawn_reclaim(&opts, &ctx, configs_rx, dev_dir, tap_gone));
+        let tap_nodes = watch_tap_nodes(&fs, paths.dev()).map(|wd| (wd, tap_gone_tx));
+        tasks.push(spawn_reclaim(&opts, &ctx, configs_rx, paths, tap_gone));
         let (reg_tx, reg_rx) = mpsc::unbounded_channel();
         let discovery = Discovery::new(opts.discover_kinds.clone());
         let mut d = Daemon {
@@ -406,13 +411,14 @@ impl Daemon {
 }
 
 /// Starts the reclaim loop (leaked links, lost links healed, on a tap
-/// node's deletion in `dev_dir` at once, as `tap_gone` reports) over the
+/// node's deletion in `paths`' tap node directory at once, as `tap_gone`
+/// reports) over the
 /// resources published on `configs`.
 fn spawn_reclaim(
     opts: &Options,
     ctx: &ServerContext,
     configs: watch::Receiver<Vec<ResourceConfig>>,
-    dev_dir: PathBuf,
+    paths: HostPaths,
     tap_gone: mpsc::UnboundedReceiver<()>,
 ) -> JoinHandle<()> {
     let reclaimer = Reclaimer::new(
@@ -421,7 +427,7 @@ fn spawn_reclaim(
         opts.reclaim_grace,
         ctx.clock.clone(),
     )
-    .with_healing(ctx.assignments.clone(), dev_dir)
+    .with_healing(ctx.assignments.clone(), paths)
     .with_events(ctx.events.clone());
     tokio::spawn(reclaim_loop(
         reclaimer,

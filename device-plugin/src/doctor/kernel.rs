@@ -3,7 +3,7 @@
 //! `/dev` is not).
 
 use super::Finding;
-use crate::allocate::missing_tap_node_cause;
+use crate::core::link::missing_tap_node_cause;
 use std::path::Path;
 
 /// Whether the macvtap driver is there: `/sys/class/macvtap` exists once it

@@ -1,0 +1,10 @@
+//! The core of the node agent: the node's truth, whatever front serves it.
+//!
+//! It holds the host's namespace on the kernel seam with the host's paths
+//! ([`host`]) and makes, reuses and checks devices' macvtaps ([`link`]).
+//! The fronts only translate: the kubelet's device plugin API
+//! ([`crate::kubelet`]) and the operator's metrics, Events, `doctor` and
+//! HTTP. A second front (a DRA driver) calls the same functions.
+
+pub mod host;
+pub mod link;

@@ -1,0 +1,4 @@
+//! The kubelet's device plugin front: it translates the kubelet's API to
+//! the core's calls and back, and decides nothing.
+
+pub mod allocate;
