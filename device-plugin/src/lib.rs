@@ -21,9 +21,7 @@
 //! [`cli`]), [`daemon`] (the loop tying them together), [`doctor`] (the
 //! `doctor` subcommand's checks of a node).
 
-pub mod assignment_file;
 pub mod cli;
-pub mod clock;
 pub mod config;
 pub mod core;
 pub mod daemon;
@@ -33,7 +31,6 @@ pub mod doctor;
 pub mod error;
 pub mod events;
 pub mod fswatch;
-pub mod heal;
 pub mod health;
 pub mod http;
 pub mod install;

@@ -18,16 +18,17 @@
 //! Allocate handed it out since, and if it is still the link the round saw.
 //!
 //! The same round first heals the opposite case, a device a pod holds whose
-//! macvtap is gone everywhere ([`crate::heal`]). Every kernel operation goes
+//! macvtap is gone everywhere ([`crate::core::heal`]). Every kernel operation goes
 //! through the reclaimer's kernel (the real one in the daemon, the fake in
 //! unit tests), on a blocking thread.
 
-pub use crate::clock::AllocationClock;
 use crate::config::ResourceConfig;
+use crate::core::heal::{Lost, heal, lost_devices};
 use crate::core::host::{Host, HostPaths};
+use crate::core::ledger::Assignments;
+pub use crate::core::ledger::clock::AllocationClock;
 use crate::error::{Error, Result};
 use crate::events::{EventSink, NodeEvent};
-use crate::heal::{Assignments, Lost, heal, lost_devices};
 use crate::metrics::{Metrics, RoundOutcome};
 use kubelet_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
 use kubelet_proto::podresources::v1::{ListPodResourcesRequest, ListPodResourcesResponse};

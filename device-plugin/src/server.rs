@@ -8,9 +8,9 @@
 
 use crate::config::ResourceConfig;
 use crate::core::host::HostPaths;
+use crate::core::ledger::Assignments;
 use crate::error::{Error, Result};
 use crate::events::{EventSink, NodeEvent};
-use crate::heal::Assignments;
 use crate::kubelet::allocate;
 use crate::metrics::Metrics;
 use crate::reclaim::AllocationClock;

@@ -21,7 +21,7 @@ use kubelet_proto::v1beta1::{AllocateRequest, ContainerAllocateRequest};
 use macvtap_cni::settings::NodeSettings;
 use macvtap_deviceplugin::config::ResourceConfig;
 use macvtap_deviceplugin::core::host::{Host, HostPaths};
-use macvtap_deviceplugin::heal::Assignments;
+use macvtap_deviceplugin::core::ledger::Assignments;
 use macvtap_deviceplugin::kubelet::allocate;
 use macvtap_deviceplugin::reclaim::{AllocationClock, Plan, Reclaimer};
 use macvtap_link::{Kernel, Op, link_name_for_device};

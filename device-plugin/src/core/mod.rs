@@ -1,10 +1,14 @@
 //! The core of the node agent: the node's truth, whatever front serves it.
 //!
 //! It holds the host's namespace on the kernel seam with the host's paths
-//! ([`host`]) and makes, reuses and checks devices' macvtaps ([`link`]).
+//! ([`host`]), makes, reuses and checks devices' macvtaps ([`link`]), keeps
+//! what was handed out ([`ledger`]) and brings a held device's lost link
+//! back ([`heal`]).
 //! The fronts only translate: the kubelet's device plugin API
 //! ([`crate::kubelet`]) and the operator's metrics, Events, `doctor` and
 //! HTTP. A second front (a DRA driver) calls the same functions.
 
+pub mod heal;
 pub mod host;
+pub mod ledger;
 pub mod link;

@@ -44,14 +44,14 @@ mod reload;
 
 pub use registration::STREAM_WAIT;
 
-use crate::assignment_file;
 use crate::config::{Resolved, ResourceConfig};
 use crate::core::host::HostPaths;
+use crate::core::ledger::Assignments;
+use crate::core::ledger::record_file;
 use crate::discovery::Discovery;
 use crate::error::{Error, Result};
 use crate::events::EventSink;
 use crate::fswatch::{DirWatcher, FsEvent};
-use crate::heal::Assignments;
 use crate::health::HealthLog;
 use crate::links::{LinkTable, LinkUpdate, spawn_link_watcher};
 use crate::liveness::Liveness;
@@ -230,7 +230,7 @@ impl Daemon {
             events,
             streams: streams_tx,
             clock: AllocationClock::default(),
-            assignments: Assignments::persisted(assignment_file::path_in(&plugin_dir)),
+            assignments: Assignments::persisted(record_file::path_in(&plugin_dir)),
         };
         let (tap_gone_tx, tap_gone) = mpsc::unbounded_channel();
         // Without the watch the sender goes: the reclaim loop then runs on

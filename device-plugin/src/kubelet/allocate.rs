@@ -3,12 +3,12 @@
 //! devices answered as `DeviceSpec`s, one `ContainerAllocateResponse` per
 //! container asked for. Nothing here decides: it translates.
 
-use crate::clock::AllocationClock;
 use crate::config::ResourceConfig;
 use crate::core::host::{Host, HostPaths, with_spare};
+use crate::core::ledger::Assignments;
+use crate::core::ledger::clock::AllocationClock;
 use crate::core::link::{PreparedDevice, check_ids, hand_out, prepare};
 use crate::error::Result;
-use crate::heal::Assignments;
 use kubelet_proto::v1beta1::{
     AllocateRequest, AllocateResponse, ContainerAllocateResponse, DeviceSpec,
 };

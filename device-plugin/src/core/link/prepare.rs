@@ -6,11 +6,11 @@
 
 use super::create::{PreparedDevice, create_device, delete_quietly};
 use super::refusal::owner_of;
-use crate::clock::AllocationClock;
 use crate::config::ResourceConfig;
 use crate::core::host::{Host, HostPaths, with_spare};
+use crate::core::ledger::Assignments;
+use crate::core::ledger::clock::AllocationClock;
 use crate::error::{Error, Result};
-use crate::heal::Assignments;
 use crate::health::port_in_the_way;
 use macvtap_link::{Link, MacvtapMode, device_index, link_name_for_device};
 use std::time::Instant;

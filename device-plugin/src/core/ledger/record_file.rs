@@ -1,7 +1,7 @@
 //! The record of handed-out devices that outlives the daemon: which
 //! `/dev/tap<ifindex>` each device was last handed out as, kept in a file so
 //! that a restarted daemon (a crash, an upgrade, the DaemonSet's pod
-//! replaced) can still heal a held device's lost link ([`crate::heal`]).
+//! replaced) can still heal a held device's lost link ([`crate::core::heal`]).
 //!
 //! Why a file, and why there: the link cannot carry its own record (heal is
 //! for the link that is gone, and a held link sits in a pod's namespace the
@@ -31,7 +31,7 @@
 //! replaced) leaves the old record or the new one, never a mix, and what it
 //! wrote is in the page cache for the next daemon. [`flush`] then makes it
 //! durable (`fsync` of the file and the directory), off the Allocate's path
-//! ([`crate::heal::Assignments`] runs it on a thread of its own): an
+//! ([`crate::core::ledger::Assignments`] runs it on a thread of its own): an
 //! `fsync` costs milliseconds on a busy disk, and the only failure it guards
 //! against, a power loss or kernel crash in the moment after an Allocate,
 //! takes the node's links with it anyway. It
