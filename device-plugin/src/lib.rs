@@ -43,7 +43,6 @@ pub mod metrics;
 pub mod options;
 pub mod port;
 pub mod procstat;
-pub mod reclaim;
 pub mod registration;
 pub mod server;
 pub mod topology;

@@ -8,7 +8,7 @@
 //! DEL move it, so each device is looked at again once moves in flight have
 //! ended), the macvtap is created again on the resource's NIC with ifindex
 //! N, so the sandbox's retried CNI ADD works and the kubelet's DeviceSpec
-//! is right again. Each reclaim round ([`crate::reclaim`]) heals first; a
+//! is right again. Each reclaim round ([`crate::core::reclaim`]) heals first; a
 //! tap node's deletion in `/dev` starts a round at once.
 
 use crate::config::ResourceConfig;

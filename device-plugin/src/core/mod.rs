@@ -2,8 +2,8 @@
 //!
 //! It holds the host's namespace on the kernel seam with the host's paths
 //! ([`host`]), makes, reuses and checks devices' macvtaps ([`link`]), keeps
-//! what was handed out ([`ledger`]) and brings a held device's lost link
-//! back ([`heal`]).
+//! what was handed out ([`ledger`]), brings a held device's lost link
+//! back ([`heal`]) and removes leaked ones ([`reclaim`]).
 //! The fronts only translate: the kubelet's device plugin API
 //! ([`crate::kubelet`]) and the operator's metrics, Events, `doctor` and
 //! HTTP. A second front (a DRA driver) calls the same functions.
@@ -12,3 +12,4 @@ pub mod heal;
 pub mod host;
 pub mod ledger;
 pub mod link;
+pub mod reclaim;

@@ -46,8 +46,10 @@ pub use registration::STREAM_WAIT;
 
 use crate::config::{Resolved, ResourceConfig};
 use crate::core::host::HostPaths;
+use crate::core::ledger::AllocationClock;
 use crate::core::ledger::Assignments;
 use crate::core::ledger::record_file;
+use crate::core::reclaim::{Reclaimer, reclaim_loop, tap_node_deleted, watch_tap_nodes};
 use crate::discovery::Discovery;
 use crate::error::{Error, Result};
 use crate::events::EventSink;
@@ -57,7 +59,6 @@ use crate::links::{LinkTable, LinkUpdate, spawn_link_watcher};
 use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::options::{Options, load_config};
-use crate::reclaim::{AllocationClock, Reclaimer, reclaim_loop, tap_node_deleted, watch_tap_nodes};
 use crate::server::{ServerContext, StreamEvent};
 use kubelet::{RegistrationDone, rewatch};
 use nix::sys::inotify::WatchDescriptor;

@@ -4,10 +4,10 @@
 
 use super::Finding;
 use crate::config::{ResourceConfig, Resources};
+use crate::core::reclaim::{go_era_leaked_links, leaked_links};
 use crate::discovery;
 use crate::health::{NicHealth, resource_health};
 use crate::options::{Options, load_config};
-use crate::reclaim::{go_era_leaked_links, leaked_links};
 use macvtap_link::device::parse_device_id;
 use macvtap_link::{Handle, Link, Links};
 use std::collections::{BTreeMap, HashSet};
