@@ -6,7 +6,7 @@
 //! hands it to that kind's handler (`on_signal`, `on_links`,
 //! `on_fs_events`, `on_stream_event`, `on_registration_done`, `on_timer`).
 //! It reacts to:
-//! - link changes from [`crate::links`] (health, NUMA, auto-discovery of
+//! - link changes from [`crate::core::link_table`] (health, NUMA, auto-discovery of
 //!   the resources they touch: `reconcile.rs`);
 //! - inotify events on one [`DirWatcher`]: in the device-plugins directory
 //!   (a new `kubelet.sock` means a restarted kubelet: re-serve where our
@@ -49,13 +49,13 @@ use crate::core::host::HostPaths;
 use crate::core::ledger::AllocationClock;
 use crate::core::ledger::Assignments;
 use crate::core::ledger::record_file;
+use crate::core::link_table::{LinkTable, LinkUpdate, spawn_link_watcher};
+use crate::core::nic::discovery::Discovery;
+use crate::core::nic::health::HealthLog;
 use crate::core::reclaim::{Reclaimer, reclaim_loop, tap_node_deleted, watch_tap_nodes};
-use crate::discovery::Discovery;
 use crate::error::{Error, Result};
 use crate::events::EventSink;
 use crate::fswatch::{DirWatcher, FsEvent};
-use crate::health::HealthLog;
-use crate::links::{LinkTable, LinkUpdate, spawn_link_watcher};
 use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::options::{Options, load_config};

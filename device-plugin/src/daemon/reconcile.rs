@@ -8,13 +8,13 @@
 use super::plugin::Plugin;
 use super::{Daemon, RESTART_WAIT};
 use crate::config::{ResourceConfig, Resources};
-use crate::devices::device_list;
+use crate::core::link_table::{LinkTable, LinkUpdate};
+use crate::core::nic::health::{NicHealth, resource_health};
+use crate::core::nic::port::can_be_in_the_way;
+use crate::core::nic::topology::numa_node;
 use crate::events::NodeEvent;
-use crate::health::{NicHealth, resource_health};
-use crate::links::{LinkTable, LinkUpdate};
-use crate::port::can_be_in_the_way;
+use crate::kubelet::devices::device_list;
 use crate::server::ResourceState;
-use crate::topology::numa_node;
 use macvtap_link::{Link, MacvtapMode};
 use tokio::time::Instant;
 use tracing::info;

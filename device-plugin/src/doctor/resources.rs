@@ -4,9 +4,9 @@
 
 use super::Finding;
 use crate::config::{ResourceConfig, Resources};
+use crate::core::nic::discovery;
+use crate::core::nic::health::{NicHealth, resource_health};
 use crate::core::reclaim::{go_era_leaked_links, leaked_links};
-use crate::discovery;
-use crate::health::{NicHealth, resource_health};
 use crate::options::{Options, load_config};
 use macvtap_link::device::parse_device_id;
 use macvtap_link::{Handle, Link, Links};

@@ -2,3 +2,4 @@
 //! the core's calls and back, and decides nothing.
 
 pub mod allocate;
+pub mod devices;

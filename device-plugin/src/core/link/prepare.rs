@@ -10,8 +10,8 @@ use crate::config::ResourceConfig;
 use crate::core::host::{Host, HostPaths, with_spare};
 use crate::core::ledger::Assignments;
 use crate::core::ledger::clock::AllocationClock;
+use crate::core::nic::health::port_in_the_way;
 use crate::error::{Error, Result};
-use crate::health::port_in_the_way;
 use macvtap_link::{Link, MacvtapMode, device_index, link_name_for_device};
 use std::time::Instant;
 

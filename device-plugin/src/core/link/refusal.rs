@@ -3,10 +3,10 @@
 //! the busy NIC, rather than the kernel's bare `EBUSY` or `EINVAL`.
 
 use crate::config::ResourceConfig;
+use crate::core::nic::health::port_in_the_way;
+use crate::core::nic::master::{Owner, receive_path_owner};
+use crate::core::nic::port::PortInTheWay;
 use crate::error::{Error, Result};
-use crate::health::port_in_the_way;
-use crate::master::{Owner, receive_path_owner};
-use crate::port::PortInTheWay;
 use macvtap_link::{Link, Links, MacvtapMode};
 use nix::errno::Errno;
 
