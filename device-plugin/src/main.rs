@@ -2,7 +2,8 @@
 
 use clap::Parser;
 use macvtap_deviceplugin::cli::{Args, Command, DoctorArgs, Output};
-use macvtap_deviceplugin::{daemon, doctor, install, logging};
+use macvtap_deviceplugin::operator::doctor;
+use macvtap_deviceplugin::{daemon, install, logging};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {

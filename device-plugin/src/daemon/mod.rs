@@ -54,12 +54,12 @@ use crate::core::nic::discovery::Discovery;
 use crate::core::nic::health::HealthLog;
 use crate::core::reclaim::{Reclaimer, reclaim_loop, tap_node_deleted, watch_tap_nodes};
 use crate::error::{Error, Result};
-use crate::events::EventSink;
 use crate::fswatch::{DirWatcher, FsEvent};
-use crate::liveness::Liveness;
-use crate::metrics::Metrics;
+use crate::kubelet::server::{ServerContext, StreamEvent};
+use crate::operator::events::EventSink;
+use crate::operator::liveness::Liveness;
+use crate::operator::metrics::Metrics;
 use crate::options::{Options, load_config};
-use crate::server::{ServerContext, StreamEvent};
 use kubelet::{RegistrationDone, rewatch};
 use nix::sys::inotify::WatchDescriptor;
 use plugin::Plugin;
@@ -164,7 +164,7 @@ struct Daemon {
     /// The loop's heartbeat, which `/healthz` reads.
     liveness: Arc<Liveness>,
     /// The `/metrics` and `/healthz` server, stopped when dropped.
-    _http: Option<crate::http::Server>,
+    _http: Option<crate::operator::http::Server>,
 }
 
 /// Runs the daemon until SIGTERM or SIGINT. Errors are startup errors
@@ -202,9 +202,9 @@ impl Daemon {
         let mut tasks = Vec::new();
         let liveness = Arc::new(Liveness::new(std::time::Instant::now()));
         let http = match opts.metrics_addr {
-            Some(addr) => Some(crate::http::spawn(
+            Some(addr) => Some(crate::operator::http::spawn(
                 addr,
-                crate::http::Endpoints {
+                crate::operator::http::Endpoints {
                     metrics: metrics.clone(),
                     liveness: liveness.clone(),
                 },

@@ -4,7 +4,7 @@
 use crate::config::ResourceConfig;
 use crate::core::nic::master::{Owner, receive_path_owner};
 use crate::core::nic::port::{PortInTheWay, can_be_in_the_way};
-use crate::metrics::Metrics;
+use crate::operator::metrics::Metrics;
 use macvtap_link::{Link, MacvtapMode, is_link_of_resource};
 use std::collections::BTreeMap;
 use std::fmt;

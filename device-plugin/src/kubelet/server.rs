@@ -11,9 +11,9 @@ use crate::core::host::HostPaths;
 use crate::core::ledger::AllocationClock;
 use crate::core::ledger::Assignments;
 use crate::error::{Error, Result};
-use crate::events::{EventSink, NodeEvent};
 use crate::kubelet::allocate;
-use crate::metrics::Metrics;
+use crate::operator::events::{EventSink, NodeEvent};
+use crate::operator::metrics::Metrics;
 use kubelet_proto::transport::{Connections, bind_unix, error_chain, serve_unix};
 use kubelet_proto::v1beta1::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use kubelet_proto::v1beta1::{

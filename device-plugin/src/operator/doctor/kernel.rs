@@ -56,7 +56,7 @@ pub fn check_dev(dev_dir: &Path, mountinfo: &str) -> Finding {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::doctor::Level;
+    use crate::operator::doctor::Level;
 
     #[test]
     fn dev_must_be_devtmpfs() {

@@ -207,7 +207,7 @@ pub fn check_leaked(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::doctor::Level;
+    use crate::operator::doctor::Level;
 
     fn nic(index: u32, name: &str, up: bool) -> Link {
         Link {
