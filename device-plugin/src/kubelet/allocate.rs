@@ -1,18 +1,23 @@
 //! Allocate as the kubelet's device plugin API asks it: the request's
 //! device IDs handed to the core ([`crate::core::link`]) and its prepared
 //! devices answered as `DeviceSpec`s, one `ContainerAllocateResponse` per
-//! container asked for. Nothing here decides: it translates.
+//! container asked for, the outcome timed, logged and (a refusal) posted
+//! as an Event. Nothing here decides: it translates.
 
 use crate::config::ResourceConfig;
 use crate::core::host::{Host, HostPaths, with_spare};
 use crate::core::ledger::Assignments;
 use crate::core::ledger::clock::AllocationClock;
 use crate::core::link::{PreparedDevice, check_ids, hand_out, prepare};
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::kubelet::server::ServerContext;
+use crate::operator::events::NodeEvent;
 use kubelet_proto::v1beta1::{
     AllocateRequest, AllocateResponse, ContainerAllocateResponse, DeviceSpec,
 };
 use std::path::Path;
+use std::time::Instant;
+use tracing::{info, warn};
 
 /// The request's device IDs, container after container.
 fn ids(req: &AllocateRequest) -> Vec<&str> {
@@ -50,6 +55,42 @@ pub fn serve(
 ) -> Result<AllocateResponse> {
     let prepared = hand_out(host, paths, cfg, &ids(req), clock, assignments)?;
     Ok(response(req, &prepared))
+}
+
+/// An Allocate of resource `cfg` as the plugin server answers it: [`serve`]
+/// on a blocking thread with the daemon's shared state `ctx`, timed in the
+/// metrics, logged, and a refusal posted as an Event and turned into the
+/// gRPC status the kubelet reads.
+pub async fn answer(
+    ctx: &ServerContext,
+    cfg: ResourceConfig,
+    req: AllocateRequest,
+) -> std::result::Result<AllocateResponse, tonic::Status> {
+    let resource = cfg.resource_name();
+    let started = Instant::now();
+    let (clock, assignments) = (ctx.clock.clone(), ctx.assignments.clone());
+    let paths = ctx.paths.clone();
+    let res =
+        tokio::task::spawn_blocking(move || serve(None, &paths, &req, &cfg, &clock, &assignments))
+            .await
+            .map_err(|e| Error::Task(format!("the Allocate task failed: {e}")))
+            .and_then(|r| r);
+    ctx.metrics
+        .allocation(&resource, res.is_ok(), started.elapsed());
+    match res {
+        Ok(resp) => {
+            info!(%resource, elapsed_ms = started.elapsed().as_millis() as u64, "Allocate done");
+            Ok(resp)
+        }
+        Err(e) => {
+            warn!(%resource, error = %e, "Allocate failed");
+            ctx.events.post(NodeEvent::AllocateRefused {
+                resource: resource.clone(),
+                error: e.to_string(),
+            });
+            Err(e.to_status())
+        }
+    }
 }
 
 /// [`allocate`] on `host` (the real kernel's in the daemon, the fake's in
