@@ -15,7 +15,9 @@ use crate::result::{CniResult, Interface, parse_cidr};
 use crate::settings::NodeSettings;
 use crate::tap;
 use macvtap_link::link::format_mac;
-use macvtap_link::{Kernel, Link, LinkChange, Links, Netns, link_name_for_device};
+use macvtap_link::{
+    DeviceLinkName, Kernel, Link, LinkChange, Links, Netns, link_name_for_device, parse_link_name,
+};
 use nix::errno::Errno;
 use std::net::IpAddr;
 use tracing::{info, warn};
@@ -515,7 +517,11 @@ fn merge(prev: Option<CniResult>, ours: Ours) -> CniResult {
 /// plugin made for the current allocation.
 fn find_device_link(host: &dyn Links, device_id: &str) -> Result<Link> {
     let ours = link_name_for_device(device_id);
-    let go_era = del::is_go_era_link_name(device_id).then_some(device_id);
+    let go_era = matches!(
+        parse_link_name(device_id),
+        Some(DeviceLinkName::GoEra { .. })
+    )
+    .then_some(device_id);
     let found = host.get_link(&ours)?;
     let older = match go_era {
         Some(name) => host.get_link(name)?,

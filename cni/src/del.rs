@@ -18,7 +18,7 @@ use crate::config::NetConf;
 use crate::env::{CniEnv, Command};
 use crate::error::{Error, Result};
 use crate::ipam;
-use macvtap_link::{Kernel, Link, LinkChange, Links, Netns, link_name_for_device};
+use macvtap_link::{Kernel, Link, LinkChange, Links, Netns, link_name_for_device, parse_link_name};
 use nix::errno::Errno;
 use std::path::Path;
 use tracing::{info, warn};
@@ -113,7 +113,9 @@ fn host_name(link: &Link, device_id: &str) -> Option<String> {
         .alias
         .as_deref()
         .and_then(|a| a.strip_prefix(ALIAS_PREFIX))
-        .filter(|n| is_device_link_name(n))
+        // The alias lives in the pod, whose processes may change it: only a
+        // name the device plugin gives a device is ever given back to the host.
+        .filter(|n| parse_link_name(n).is_some())
         .map(str::to_string);
     if device_id.is_empty() {
         return from_alias;
@@ -124,20 +126,6 @@ fn host_name(link: &Link, device_id: &str) -> Option<String> {
         Some(n) if n == ours || n == device_id => Some(n),
         _ => Some(ours),
     }
-}
-
-/// Whether `name` is a link name the device plugin (this one, `mvt` + 12 hex
-/// digits, or the Go project's v0.13.1, `<resource>Mvp<i>`) gives a device.
-/// The alias lives in the pod, whose processes may change it: nothing else
-/// is ever given back to the host.
-pub fn is_device_link_name(name: &str) -> bool {
-    macvtap_link::device::is_device_link_name(name) || is_go_era_link_name(name)
-}
-
-/// Whether `name` is a link name the Go device plugin v0.13.1 gave a device:
-/// the device ID `<resource>Mvp<i>` itself, when it fits `IFNAMSIZ`.
-pub fn is_go_era_link_name(name: &str) -> bool {
-    name.len() <= 15 && macvtap_link::device::parse_device_id(name).is_some()
 }
 
 /// Resets the link (down, a fresh random MAC, no promiscuity) and moves it
@@ -287,26 +275,6 @@ mod tests {
         Link {
             alias: alias.map(str::to_string),
             ..Default::default()
-        }
-    }
-
-    #[test]
-    fn device_link_names_are_ours_or_the_go_projects() {
-        for ok in ["mvt0123456789ab", "eth0Mvp12", "dp.x-1_Mvp0"] {
-            assert!(is_device_link_name(ok), "{ok}");
-        }
-        for bad in [
-            "eth0",
-            "mvt0123456789aB",
-            "mvt0123456789abc",
-            "Mvp1",
-            "eth0Mvp",
-            "eth0Mvpx",
-            "a/bMvp1",
-            "averylongnameMvp1",
-            "",
-        ] {
-            assert!(!is_device_link_name(bad), "{bad}");
         }
     }
 

@@ -19,6 +19,8 @@ pub const CODE_DECODE: u32 = 6;
 pub const CODE_INVALID_CONFIG: u32 = 7;
 /// Spec code 11: try again later.
 pub const CODE_TRY_AGAIN: u32 = 11;
+/// Spec code 50 (STATUS): the plugin cannot serve ADD requests.
+pub const CODE_NOT_AVAILABLE: u32 = 50;
 /// Ours: the config has no `deviceID`.
 pub const CODE_NO_DEVICE_ID: u32 = 100;
 /// Ours: the device's link is not in the host namespace.
@@ -51,6 +53,7 @@ pub const CODES: &[u32] = &[
     CODE_DECODE,
     CODE_INVALID_CONFIG,
     CODE_TRY_AGAIN,
+    CODE_NOT_AVAILABLE,
     CODE_NO_DEVICE_ID,
     CODE_DEVICE_LINK_MISSING,
     CODE_NOT_MACVTAP,
@@ -206,6 +209,9 @@ pub enum Error {
     /// The node settings file exists but cannot be used.
     #[error("{0}")]
     NodeSettings(String),
+    /// STATUS: the node settings file cannot be used, so every ADD would fail.
+    #[error("{0}; every ADD fails until it is fixed")]
+    NotAvailable(String),
     /// The kubelet says the pod does not hold the device.
     #[error(
         "device {device_id} is not allocated to pod {pod}: {held}; refusing to hand over \
@@ -255,6 +261,7 @@ impl Error {
             Error::Decode(_) => CODE_DECODE,
             Error::InvalidConfig(_) | Error::NodeSettings(_) => CODE_INVALID_CONFIG,
             Error::PodResourcesUnavailable { .. } | Error::TryAgain(_) => CODE_TRY_AGAIN,
+            Error::NotAvailable(_) => CODE_NOT_AVAILABLE,
             Error::DeviceNotAllocated { .. } => CODE_DEVICE_NOT_ALLOCATED,
             Error::NoDeviceId => CODE_NO_DEVICE_ID,
             Error::DeviceLinkMissing { .. } => CODE_DEVICE_LINK_MISSING,
@@ -354,6 +361,7 @@ mod tests {
                 reason: "r".into(),
             },
             Error::NodeSettings("m".into()),
+            Error::NotAvailable("m".into()),
             Error::DeviceNotAllocated {
                 device_id: "d".into(),
                 pod: "ns/p".into(),
@@ -387,6 +395,7 @@ mod tests {
                 | Error::RollbackFailed { .. }
                 | Error::LogFileRefused { .. }
                 | Error::NodeSettings(_)
+                | Error::NotAvailable(_)
                 | Error::DeviceNotAllocated { .. }
                 | Error::PodResourcesUnavailable { .. }
                 | Error::TryAgain(_) => {}

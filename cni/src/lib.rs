@@ -20,7 +20,6 @@ pub mod del;
 pub mod env;
 pub mod error;
 pub mod escape;
-pub mod grpc;
 pub mod ipam;
 pub mod logfile;
 pub mod podresources;
@@ -116,7 +115,9 @@ fn dispatch(
         }
         Command::Del => del::del(kernel, &env, &conf, stdin).map(|()| None),
         Command::Check => check::check(kernel, &env, &conf, stdin).map(|()| None),
-        Command::Status => status::status(&env, &conf, stdin).map(|()| None),
+        Command::Status => {
+            status::status(&env, &conf, settings.problem.as_deref(), stdin).map(|()| None)
+        }
         Command::Gc => status::gc(&env, &conf, stdin).map(|()| None),
         Command::Version => Ok(Some(version_report(stdin).to_string())),
     }
@@ -221,6 +222,23 @@ mod tests {
         assert_eq!(code("GC", "0.4.0"), 1);
         assert_eq!(code("CHECK", "0.3.1"), 1);
         assert_eq!(code("STATUS", "1.1.0"), 0);
+    }
+
+    #[test]
+    fn status_reports_a_broken_node_settings_file_as_not_available() {
+        let env = vars(&[("CNI_COMMAND", "STATUS")]);
+        let mut settings = NodeSettings::defaults(&env);
+        settings.problem =
+            Some("node settings file /opt/cni/bin/macvtap.settings.json: bad JSON".into());
+        let out = run_with(
+            &settings,
+            &env,
+            br#"{"cniVersion":"1.1.0","name":"n","type":"macvtap"}"#,
+        );
+        assert_eq!(out.exit_code, 1);
+        let v: Value = serde_json::from_str(&out.stdout.unwrap()).unwrap();
+        assert_eq!(v["code"], 50, "{v}");
+        assert!(v["msg"].as_str().unwrap().contains("bad JSON"), "{v}");
     }
 
     #[test]

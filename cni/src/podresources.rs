@@ -14,7 +14,7 @@
 //! after a jittered back-off ([`crate::backoff`]) for at most
 //! [`RETRY_BUDGET`], well inside the whole wait ([`TIMEOUT`]).
 //!
-//! The call is the CNI's own unary gRPC client ([`crate::grpc`]); the
+//! The call is the CNI's own unary gRPC client ([`grpc_unary`]); the
 //! answer is decoded by prost with `kubelet-proto`'s messages (built
 //! without tonic), the same messages the device plugin and the test kubelet
 //! use, and only each pod's name, namespace and devices are kept.
@@ -23,8 +23,8 @@ use crate::backoff::Backoff;
 use crate::config::NetConf;
 use crate::env::CniEnv;
 use crate::error::{Error, Result};
-use crate::grpc::{self, CallError};
 use crate::settings::NodeSettings;
+use grpc_unary::{self as grpc, CallError};
 use kubelet_proto::podresources::v1::ListPodResourcesResponse;
 use macvtap_link::PodResourcesCheck;
 use macvtap_link::RESOURCE_PREFIX;
@@ -435,7 +435,7 @@ mod tests {
     }
 
     /// A kubelet stand-in on `socket` that answers one call with `message`
-    /// and gRPC status 0, framed by [`crate::grpc::frame`].
+    /// and gRPC status 0, framed by [`grpc_unary::frame`].
     fn answer_once(socket: &Path, message: Vec<u8>) -> std::thread::JoinHandle<()> {
         answer_in_turn(socket, vec![Answer::Message(message)])
     }
@@ -443,7 +443,7 @@ mod tests {
     /// A kubelet stand-in on `socket` that answers one call per connection
     /// with each of `answers` in turn, then stops listening.
     fn answer_in_turn(socket: &Path, answers: Vec<Answer>) -> std::thread::JoinHandle<()> {
-        use crate::grpc::frame::{self, encode_headers, flag, kind, put_frame, put_message};
+        use grpc_unary::frame::{self, encode_headers, flag, kind, put_frame, put_message};
         use std::io::{Read, Write};
         let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
         let socket = socket.to_path_buf();

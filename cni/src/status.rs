@@ -9,9 +9,19 @@ use crate::ipam;
 use crate::version::Version;
 use serde_json::Value;
 
-/// Runs STATUS: ready unless the IPAM plugin says otherwise.
-pub fn status(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
+/// Runs STATUS: ready unless the node settings file is unusable
+/// (`settings_problem`, which every ADD would fail on: the spec's code 50)
+/// or the IPAM plugin says otherwise.
+pub fn status(
+    env: &CniEnv,
+    conf: &NetConf,
+    settings_problem: Option<&str>,
+    stdin: &[u8],
+) -> Result<()> {
     conf.version.require(Version::V1_1_0, "STATUS")?;
+    if let Some(problem) = settings_problem {
+        return Err(Error::NotAvailable(problem.to_string()));
+    }
     if let Some(plugin) = conf.ipam_type()? {
         ipam::exec(env, &plugin, Command::Status, stdin)?;
     }

@@ -10,7 +10,7 @@ mod common;
 
 use common::kubelet::PodResourcesKubelet;
 use common::{Sandbox, netconf};
-use macvtap_cni::grpc::{self, CallError};
+use grpc_unary::{self as grpc, CallError};
 use macvtap_cni::podresources::{LIST, TIMEOUT};
 use std::path::Path;
 use std::sync::{Arc, Barrier};

@@ -1086,7 +1086,7 @@ mod tests {
         assert_eq!(min_list_message_len("a", 11), 10 * 18 + 19);
         assert_eq!(min_list_message_len("a", 0), 0);
         // The encoded message agrees.
-        let devices = crate::devices::device_list("eth0", 120, true, None);
+        let devices = crate::kubelet::devices::device_list("eth0", 120, true, None);
         let msg = kubelet_proto::v1beta1::ListAndWatchResponse { devices };
         assert_eq!(
             prost::Message::encoded_len(&msg) as u64,

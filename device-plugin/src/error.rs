@@ -30,7 +30,7 @@ pub const LOWER_DEVICE_MISSING: Refusal = Refusal {
 /// Refused: a bridge, bond, team or OVS owns the resource's NIC.
 pub const LOWER_DEVICE_ENSLAVED: Refusal = Refusal {
     code: tonic::Code::FailedPrecondition,
-    words: crate::master::NEEDS_FREE_NIC,
+    words: crate::core::nic::master::NEEDS_FREE_NIC,
 };
 /// Refused: another device (ipvlan, macsec) holds the NIC's receive path.
 pub const LOWER_DEVICE_BUSY: Refusal = Refusal {
@@ -41,7 +41,7 @@ pub const LOWER_DEVICE_BUSY: Refusal = Refusal {
 /// resource's mode (a passthru macvtap must be alone on its NIC).
 pub const PORT_IN_THE_WAY: Refusal = Refusal {
     code: tonic::Code::FailedPrecondition,
-    words: crate::port::PASSTHRU_ALONE,
+    words: crate::core::nic::port::PASSTHRU_ALONE,
 };
 /// Refused: the device's `/dev/tapN` never appeared, for a reason found on
 /// the node (its `/dev` is not devtmpfs).
@@ -130,7 +130,7 @@ pub enum Error {
         /// The resource.
         resource: String,
         /// The NIC's master.
-        owner: crate::master::Owner,
+        owner: crate::core::nic::master::Owner,
     },
     /// The kernel refused a macvtap on the lower NIC as busy, and no master
     /// owns it (an ipvlan or macsec link on it takes its receive path too).
@@ -152,7 +152,7 @@ pub enum Error {
         /// The resource.
         resource: String,
         /// The port in the way.
-        port: crate::port::PortInTheWay,
+        port: crate::core::nic::port::PortInTheWay,
     },
     /// Creating or checking the macvtap of a device failed.
     #[error("device {device_id} (macvtap {link}): {source}")]
@@ -381,7 +381,7 @@ mod tests {
             },
             Error::LowerDeviceEnslaved {
                 resource: resource.clone(),
-                owner: crate::master::Owner {
+                owner: crate::core::nic::master::Owner {
                     link: "eth1".into(),
                     master: "br0".into(),
                     kind: Some("bridge".into()),
@@ -393,7 +393,7 @@ mod tests {
             },
             Error::PortInTheWay {
                 resource,
-                port: crate::port::PortInTheWay {
+                port: crate::core::nic::port::PortInTheWay {
                     lower: "eth1".into(),
                     link: Some(("mvt0123456789ab".into(), "macvtap".into())),
                     ours_passthru: true,

@@ -9,47 +9,27 @@
 //! namespace, and hands the pod its `/dev/tapN`; the macvtap CNI then moves
 //! the link into the pod.
 //!
-//! Map: [`config`] (sources, precedence, validation), [`discovery`] and
-//! [`links`] (which NICs exist, from netlink events), [`health`] and
-//! [`topology`] (device health and NUMA), [`devices`] (the device list),
-//! [`server`] and [`allocate`] (the gRPC service), [`registration`] and
-//! [`fswatch`] (the kubelet's lifecycle), [`reclaim`] and [`heal`] (leaked and
-//! lost links; [`assignment_file`] keeps what heal needs across restarts),
-//! [`host`] (the kernel handle Allocate, reclaim and heal share),
-//! [`events`] (Kubernetes Events on the Node), [`metrics`], [`procstat`],
-//! [`liveness`] and [`http`] (observability), [`port`] (a port in the way of passthru), [`options`] (what the daemon is told, from
-//! [`cli`], with the Go project's flags in [`glog`]), [`daemon`] (the loop tying them together), [`doctor`] (the
-//! `doctor` subcommand's checks of a node).
+//! Map: [`core`] is the node's truth (NICs and health, the link table,
+//! link creation and reuse, the ledger of what was handed out, heal,
+//! reclaim, the host's namespace and paths on the kernel seam); the fronts
+//! only translate: [`kubelet`] (the device plugin API: the tonic service,
+//! Allocate, Register, the device list) and [`operator`] (metrics, Events,
+//! `doctor`, HTTP). [`daemon`] is the loop wiring them; [`config`],
+//! [`options`] and [`cli`] say what it is told (with the Go project's flags
+//! in [`glog`]); [`fswatch`] is its one
+//! inotify instance; [`install`] is the `install-cni` subcommand.
 
-pub mod allocate;
-pub mod assignment_file;
 pub mod cli;
-pub mod clock;
 pub mod config;
+pub mod core;
 pub mod daemon;
-pub mod devices;
-pub mod discovery;
-pub mod doctor;
 pub mod error;
-pub mod events;
 pub mod fswatch;
 pub mod glog;
-pub mod heal;
-pub mod health;
-pub mod host;
-pub mod http;
 pub mod install;
-pub mod links;
-pub mod liveness;
+pub mod kubelet;
 pub mod logging;
-pub mod master;
-pub mod metrics;
+pub mod operator;
 pub mod options;
-pub mod port;
-pub mod procstat;
-pub mod reclaim;
-pub mod registration;
-pub mod server;
-pub mod topology;
 
 pub use error::{Error, Result};

@@ -1,7 +1,8 @@
 //! `macvtap-deviceplugin`: parse flags, set up logging, run the daemon.
 
 use macvtap_deviceplugin::cli::{self, Args, Command, DoctorArgs, Output};
-use macvtap_deviceplugin::{daemon, doctor, install, logging};
+use macvtap_deviceplugin::operator::doctor;
+use macvtap_deviceplugin::{daemon, install, logging};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {

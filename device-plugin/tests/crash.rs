@@ -13,7 +13,7 @@
 mod common;
 
 use common::{DEADLINE, Node, TestNs, daemon_bin, wait_log};
-use macvtap_deviceplugin::assignment_file;
+use macvtap_deviceplugin::core::ledger::record_file;
 use macvtap_link::tapdev::{open_tap_node, tap_dev_in_netns};
 use macvtap_link::{Link, Netns, link_name_for_device};
 use nix::sys::signal::Signal;
@@ -180,7 +180,7 @@ async fn killed_between_the_link_and_the_answer_a_later_allocate_works() {
     // Its sysfs read follows the link's creation; the record's write (its
     // `mkdir` of the record's directory) comes after the link too, and
     // still before the answer.
-    let record_dir = assignment_file::path_in(&node.plugin_dir())
+    let record_dir = record_file::path_in(&node.plugin_dir())
         .parent()
         .unwrap()
         .to_str()

@@ -181,9 +181,9 @@ async fn the_same_id_allocated_twice_keeps_its_link_and_tap_node() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tap_node_that_never_appears_names_a_dev_that_is_not_devtmpfs() {
-    use macvtap_deviceplugin::allocate::create_device;
     use macvtap_deviceplugin::config::ResourceConfig;
-    use macvtap_deviceplugin::host::Host;
+    use macvtap_deviceplugin::core::host::{Host, HostPaths};
+    use macvtap_deviceplugin::core::link::create_device;
     use macvtap_link::Linux;
     let node = Node::new("tmpfsdev");
     // A private "/dev" that is a plain tmpfs, as a kind node's /dev is.
@@ -203,10 +203,12 @@ async fn a_tap_node_that_never_appears_names_a_dev_that_is_not_devtmpfs() {
         }
     }
     let _unmount = Unmount(dev.path());
-    let host = Host::in_netns(&Linux, Netns::open(node.ns.path()).unwrap()).unwrap();
+    let host = Host::in_netns(&Linux, Netns::open(node.ns.path()).unwrap())
+        .unwrap()
+        .with_paths(HostPaths::with_dev(dev.path()));
     let lower = node.ns.link("eth1").unwrap().unwrap();
     let cfg = ResourceConfig::for_nic("eth1");
-    let e = create_device(&host, &cfg, &lower, "eth1Mvp0", dev.path()).unwrap_err();
+    let e = create_device(&host, &cfg, &lower, "eth1Mvp0").unwrap_err();
     let msg = e.to_string();
     assert_eq!(e.grpc_code(), tonic::Code::FailedPrecondition, "{msg}");
     for want in [

@@ -9,7 +9,7 @@ mod common;
 
 use common::describe_events as describe;
 
-use macvtap_deviceplugin::events::{CONTROLLER, EventSink, NodeEvent};
+use macvtap_deviceplugin::operator::events::{CONTROLLER, EventSink, NodeEvent};
 use serde_json::{Value, json};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};

@@ -14,12 +14,11 @@ mod common;
 
 use common::{DEADLINE, Node, TestNs, metrics_get, require_root, wait_log};
 use kubelet_proto::v1beta1::Device;
-use macvtap_deviceplugin::allocate::create_device;
 use macvtap_deviceplugin::config::ResourceConfig;
-use macvtap_deviceplugin::host::Host;
+use macvtap_deviceplugin::core::host::Host;
+use macvtap_deviceplugin::core::link::create_device;
 use macvtap_link::{Links, Linux, Netns, link_name_for_device};
 use std::collections::BTreeSet;
-use std::path::Path;
 use test_kubelet::ResourceView;
 
 const PREFIX: &str = "macvtap.network.kubevirt.io/";
@@ -312,7 +311,6 @@ fn a_macvtap_the_kernel_refuses_as_busy_names_the_master() {
                 &cfg,
                 &lower,
                 "dpMvp0",
-                Path::new("/dev"),
             ))
         })
         .unwrap()

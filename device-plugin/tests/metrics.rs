@@ -7,9 +7,9 @@
 mod common;
 
 use common::{DEADLINE, Node, metrics_get};
-use macvtap_deviceplugin::http::{self, Endpoints};
-use macvtap_deviceplugin::liveness::Liveness;
-use macvtap_deviceplugin::metrics::Metrics;
+use macvtap_deviceplugin::operator::http::{self, Endpoints};
+use macvtap_deviceplugin::operator::liveness::Liveness;
+use macvtap_deviceplugin::operator::metrics::Metrics;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{ErrorKind, Read, Write};
@@ -133,7 +133,7 @@ fn the_page_passes_the_openmetrics_parser_and_follows_its_conventions() {
         .iter()
         .map(|s| s["labels"]["le"].as_str().unwrap().parse().unwrap())
         .collect();
-    let mut want_bounds = macvtap_deviceplugin::metrics::ALLOCATE_BUCKETS.to_vec();
+    let mut want_bounds = macvtap_deviceplugin::operator::metrics::ALLOCATE_BUCKETS.to_vec();
     want_bounds.push(f64::INFINITY);
     assert_eq!(bounds, want_bounds);
     let counts: Vec<f64> = buckets

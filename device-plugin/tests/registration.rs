@@ -5,7 +5,7 @@
 
 use kubelet_proto::v1beta1::KUBELET_SOCKET;
 use macvtap_deviceplugin::config::ResourceConfig;
-use macvtap_deviceplugin::registration::register;
+use macvtap_deviceplugin::kubelet::register::register;
 use std::time::Duration;
 use test_kubelet::TestKubelet;
 

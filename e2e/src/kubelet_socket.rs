@@ -11,9 +11,9 @@
 //! each with what the node's [`TestPodResources`] answers at that moment
 //! (it asks it over its own socket), so both paths report one state.
 //!
-//! Frames are read and written by the CNI's [`macvtap_cni::grpc::frame`],
+//! Frames are read and written by [`grpc_unary::frame`],
 //! and the node's socket is asked with the CNI's own unary client
-//! ([`macvtap_cni::grpc::unary`]), so HTTP/2 is framed in one place.
+//! ([`grpc_unary::unary`]), so HTTP/2 is framed in one place.
 //!
 //! The same relay ([`LenientUnary`]) serves the kubelet's Registration
 //! socket for the Go project's device plugin, whose grpc-go client (v1.56,
@@ -24,7 +24,7 @@
 //! [`TestPodResources`]: test_kubelet::TestPodResources
 
 use anyhow::{Context, Result, bail};
-use macvtap_cni::grpc::frame::{
+use grpc_unary::frame::{
     self, MAX_FRAME, PREFACE, encode_headers, flag, kind, put_frame, put_message,
 };
 use macvtap_cni::podresources::LIST;
@@ -250,7 +250,7 @@ fn respond(
 /// The upstream's answer to `method` with `request` (both encoded; `List`'s
 /// request has no fields, so its encoding is empty).
 fn relay(upstream: &Path, method: &str, request: &[u8]) -> Result<Vec<u8>> {
-    macvtap_cni::grpc::unary(upstream, method, request, UPSTREAM_TIMEOUT)
+    grpc_unary::unary(upstream, method, request, UPSTREAM_TIMEOUT)
         .map_err(|e| anyhow::anyhow!("{method} on {}: {e}", upstream.display()))
 }
 
@@ -285,7 +285,7 @@ mod tests {
         let held = devices_of(&relayed, "default", "test-pod").unwrap();
         assert_eq!(held[0].id, "dataplaneMvp1");
 
-        let err = macvtap_cni::grpc::unary(
+        let err = grpc_unary::unary(
             &host,
             "/v1.PodResourcesLister/Get",
             &[],
@@ -325,7 +325,7 @@ mod tests {
             resource_name: "example.com/relayed".into(),
             options: None,
         };
-        let err = macvtap_cni::grpc::unary(
+        let err = grpc_unary::unary(
             &front,
             REGISTER,
             &request.encode_to_vec(),

@@ -19,11 +19,12 @@
 
 use kubelet_proto::v1beta1::{AllocateRequest, ContainerAllocateRequest};
 use macvtap_cni::settings::NodeSettings;
-use macvtap_deviceplugin::allocate;
 use macvtap_deviceplugin::config::ResourceConfig;
-use macvtap_deviceplugin::heal::Assignments;
-use macvtap_deviceplugin::host::Host;
-use macvtap_deviceplugin::reclaim::{AllocationClock, Plan, Reclaimer};
+use macvtap_deviceplugin::core::host::{Host, HostPaths};
+use macvtap_deviceplugin::core::ledger::AllocationClock;
+use macvtap_deviceplugin::core::ledger::Assignments;
+use macvtap_deviceplugin::core::reclaim::{Plan, Reclaimer};
+use macvtap_deviceplugin::kubelet::allocate;
 use macvtap_link::{Kernel, Op, link_name_for_device};
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -82,7 +83,7 @@ impl Node {
             GRACE,
             clock.clone(),
         )
-        .with_healing(assignments.clone(), PathBuf::from("/dev"));
+        .with_healing(assignments.clone(), HostPaths::default());
         // No PodResources socket: ADD's ownership check warns and goes on.
         let vars = HashMap::new();
         let settings = NodeSettings {
@@ -124,6 +125,7 @@ impl Node {
         let host = Host::current(&*self.kernel).unwrap();
         let resp = allocate::serve(
             Some(&host),
+            &HostPaths::default(),
             &req,
             &self.resources[0],
             &self.clock,

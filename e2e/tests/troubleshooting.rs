@@ -2,7 +2,7 @@
 //! code, Event reason and Allocate refusal the table quotes is one the
 //! binaries produce, and every one they can produce has a row. What they
 //! produce comes from the crates' own lists (`macvtap_cni::error::CODES`,
-//! `macvtap_deviceplugin::events::REASONS`,
+//! `macvtap_deviceplugin::operator::events::REASONS`,
 //! `macvtap_deviceplugin::error::ALLOCATE_REFUSALS`), which their unit tests
 //! check against the error and event enums.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -83,7 +83,7 @@ fn produced() -> BTreeSet<Key> {
     let mut keys = BTreeSet::new();
     keys.extend(macvtap_cni::error::CODES.iter().map(|c| Key::Cni(*c)));
     keys.extend(
-        macvtap_deviceplugin::events::REASONS
+        macvtap_deviceplugin::operator::events::REASONS
             .iter()
             .map(|r| Key::Event(r.to_string())),
     );

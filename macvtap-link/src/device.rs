@@ -24,30 +24,83 @@ pub fn link_name_for_device(device_id: &str) -> String {
     format!("{LINK_PREFIX}{hash:012x}")
 }
 
-/// Whether a link name has the shape of a name made by [`link_name_for_device`].
-pub fn is_device_link_name(name: &str) -> bool {
-    name.len() == 15
+/// What a link name says about the device it was made for, as
+/// [`parse_link_name`] reads it: the two names a device's link has had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceLinkName<'a> {
+    /// `mvt` + 12 lower-case hex digits, made by [`link_name_for_device`]:
+    /// the device ID cannot be read back from it.
+    Hashed,
+    /// The Go device plugin's v0.13.1 name: the device ID `<resource>Mvp<index>`
+    /// itself, when it fits `IFNAMSIZ`.
+    GoEra {
+        /// The resource's short name.
+        resource: &'a str,
+        /// The device's index.
+        index: u32,
+    },
+}
+
+/// The one reading of a link name both binaries use: the device plugin's
+/// hashed name, the Go project's v0.13.1 name (the device ID), or `None` for
+/// any other name.
+pub fn parse_link_name(name: &str) -> Option<DeviceLinkName<'_>> {
+    let hashed = name.len() == 15
         && name.starts_with(LINK_PREFIX)
         && name[LINK_PREFIX.len()..]
             .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    if hashed {
+        return Some(DeviceLinkName::Hashed);
+    }
+    if name.len() > 15 {
+        return None;
+    }
+    let (resource, index) = parse_device_id(name)?;
+    Some(DeviceLinkName::GoEra { resource, index })
+}
+
+/// Whether `name` is the link of one of the first `capacity` devices of
+/// `resource`, under either name a device's link has had ([`parse_link_name`]).
+pub fn is_link_of_resource(name: &str, resource: &str, capacity: u32) -> bool {
+    match parse_link_name(name) {
+        Some(DeviceLinkName::Hashed) => {
+            (0..capacity).any(|i| link_name_for_device(&device_id(resource, i)) == name)
+        }
+        Some(DeviceLinkName::GoEra { resource: r, index }) => r == resource && index < capacity,
+        None => false,
+    }
 }
 
 /// Splits a device ID `<name>Mvp<i>` into the resource name and the index,
-/// or `None` when it does not have that shape. The Go device plugin's last
-/// release (v0.13.1) named each link after its device ID, so this also
-/// recognises the links it made.
+/// or `None` when it does not have exactly the shape [`device_id`] makes
+/// (a name of letters, digits, `-`, `_` and `.`; an index without sign or
+/// leading zero that fits `u32`): the one device-ID grammar of both
+/// binaries. The Go device plugin's last release (v0.13.1) named each link
+/// after its device ID, so this also reads the links it made
+/// ([`parse_link_name`]).
 pub fn parse_device_id(id: &str) -> Option<(&str, u32)> {
     let (name, index) = id.rsplit_once("Mvp")?;
     let name_ok = !name.is_empty()
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-    let index_ok = !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit());
+    let index_ok = !index.is_empty()
+        && index.bytes().all(|b| b.is_ascii_digit())
+        && (index == "0" || !index.starts_with('0'));
     if !name_ok || !index_ok {
         return None;
     }
     Some((name, index.parse().ok()?))
+}
+
+/// The index of device `id` of resource `name` if it is one of its first
+/// `capacity` devices (`<name>Mvp<i>` with `i < capacity`, by
+/// [`parse_device_id`]).
+pub fn device_index(name: &str, capacity: u32, id: &str) -> Option<u32> {
+    parse_device_id(id)
+        .filter(|(n, i)| *n == name && *i < capacity)
+        .map(|(_, i)| i)
 }
 
 #[cfg(test)]
@@ -66,10 +119,77 @@ mod tests {
         for i in 0..1000 {
             let name = link_name_for_device(&device_id("nic", i));
             assert_eq!(name.len(), 15);
-            assert!(is_device_link_name(&name), "{name}");
+            assert_eq!(
+                parse_link_name(&name),
+                Some(DeviceLinkName::Hashed),
+                "{name}"
+            );
         }
-        assert!(!is_device_link_name("eth0"));
-        assert!(!is_device_link_name("mvtXYZ000000000"));
+        assert_eq!(parse_link_name("eth0"), None);
+        assert_eq!(parse_link_name("mvtXYZ000000000"), None);
+    }
+
+    #[test]
+    fn link_names_are_hashed_or_the_go_projects() {
+        assert_eq!(
+            parse_link_name("mvt0123456789ab"),
+            Some(DeviceLinkName::Hashed)
+        );
+        assert_eq!(
+            parse_link_name("eth0Mvp12"),
+            Some(DeviceLinkName::GoEra {
+                resource: "eth0",
+                index: 12
+            })
+        );
+        assert!(matches!(
+            parse_link_name("dp.x-1_Mvp0"),
+            Some(DeviceLinkName::GoEra { .. })
+        ));
+        for bad in [
+            "eth0",
+            "mvt0123456789aB",
+            "mvt0123456789abc",
+            "Mvp1",
+            "eth0Mvp",
+            "eth0Mvpx",
+            "eth0Mvp01",
+            "a/bMvp1",
+            "averylongnameMvp1",
+            "",
+        ] {
+            assert_eq!(parse_link_name(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_resources_links_have_either_name() {
+        assert!(is_link_of_resource("dpMvp3", "dp", 4));
+        assert!(is_link_of_resource(
+            &link_name_for_device("dpMvp3"),
+            "dp",
+            4
+        ));
+        assert!(!is_link_of_resource("dpMvp4", "dp", 4));
+        assert!(!is_link_of_resource(
+            &link_name_for_device("dpMvp4"),
+            "dp",
+            4
+        ));
+        assert!(!is_link_of_resource("dqMvp0", "dp", 4));
+        assert!(!is_link_of_resource("eth0", "dp", 4));
+    }
+
+    #[test]
+    fn only_own_ids_within_capacity_are_recognised() {
+        assert_eq!(device_index("eth0", 10, "eth0Mvp9"), Some(9));
+        assert_eq!(device_index("eth0", 10, "eth0Mvp0"), Some(0));
+        assert_eq!(device_index("eth0", 10, "eth0Mvp10"), None);
+        assert_eq!(device_index("eth0", 10, "eth1Mvp1"), None);
+        assert_eq!(device_index("eth0", 10, "eth0Mvp01"), None);
+        assert_eq!(device_index("eth0", 10, "eth0Mvp+1"), None);
+        assert_eq!(device_index("eth0", 10, "eth0Mvp"), None);
+        assert_eq!(device_index("eth", 10, "eth0Mvp1"), None);
     }
 
     #[test]
@@ -82,6 +202,8 @@ mod tests {
             "Mvp1",
             "eth0Mvp",
             "eth0Mvpx",
+            "eth0Mvp01",
+            "eth0Mvp+1",
             "a/bMvp1",
             "eth0Mvp99999999999",
         ] {

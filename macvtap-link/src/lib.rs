@@ -27,7 +27,10 @@ pub mod route;
 pub mod settings;
 pub mod tapdev;
 
-pub use device::{RESOURCE_PREFIX, device_id, link_name_for_device};
+pub use device::{
+    DeviceLinkName, RESOURCE_PREFIX, device_id, device_index, is_link_of_resource,
+    link_name_for_device, parse_device_id, parse_link_name,
+};
 pub use error::{Error, Result};
 pub use ifname::check_ifname;
 pub use kernel::{Kernel, Links};

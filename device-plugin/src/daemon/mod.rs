@@ -6,7 +6,7 @@
 //! hands it to that kind's handler (`on_signal`, `on_links`,
 //! `on_fs_events`, `on_stream_event`, `on_registration_done`, `on_timer`).
 //! It reacts to:
-//! - link changes from [`crate::links`] (health, NUMA, auto-discovery of
+//! - link changes from [`crate::core::link_table`] (health, NUMA, auto-discovery of
 //!   the resources they touch: `reconcile.rs`);
 //! - inotify events on one [`DirWatcher`]: in the device-plugins directory
 //!   (a new `kubelet.sock` means a restarted kubelet: re-serve where our
@@ -44,26 +44,27 @@ mod reload;
 
 pub use registration::STREAM_WAIT;
 
-use crate::assignment_file;
 use crate::config::{Resolved, ResourceConfig};
-use crate::discovery::Discovery;
+use crate::core::host::HostPaths;
+use crate::core::ledger::AllocationClock;
+use crate::core::ledger::Assignments;
+use crate::core::ledger::record_file;
+use crate::core::link_table::{LinkTable, LinkUpdate, spawn_link_watcher};
+use crate::core::nic::discovery::Discovery;
+use crate::core::nic::health::HealthLog;
+use crate::core::reclaim::{Reclaimer, reclaim_loop, tap_node_deleted, watch_tap_nodes};
 use crate::error::{Error, Result};
-use crate::events::EventSink;
 use crate::fswatch::{DirWatcher, FsEvent};
-use crate::heal::Assignments;
-use crate::health::HealthLog;
-use crate::links::{LinkTable, LinkUpdate, spawn_link_watcher};
-use crate::liveness::Liveness;
-use crate::metrics::Metrics;
+use crate::kubelet::server::{ServerContext, StreamEvent};
+use crate::operator::events::EventSink;
+use crate::operator::liveness::Liveness;
+use crate::operator::metrics::Metrics;
 use crate::options::{Options, load_config};
-use crate::reclaim::{AllocationClock, Reclaimer, reclaim_loop, tap_node_deleted, watch_tap_nodes};
-use crate::server::{ServerContext, StreamEvent};
 use kubelet::{RegistrationDone, rewatch};
 use nix::sys::inotify::WatchDescriptor;
 use plugin::Plugin;
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::signal::unix::{Signal, SignalKind, signal};
@@ -163,7 +164,7 @@ struct Daemon {
     /// The loop's heartbeat, which `/healthz` reads.
     liveness: Arc<Liveness>,
     /// The `/metrics` and `/healthz` server, stopped when dropped.
-    _http: Option<crate::http::Server>,
+    _http: Option<crate::operator::http::Server>,
 }
 
 /// Runs the daemon until SIGTERM or SIGINT. Errors are startup errors
@@ -201,9 +202,9 @@ impl Daemon {
         let mut tasks = Vec::new();
         let liveness = Arc::new(Liveness::new(std::time::Instant::now()));
         let http = match opts.metrics_addr {
-            Some(addr) => Some(crate::http::spawn(
+            Some(addr) => Some(crate::operator::http::spawn(
                 addr,
-                crate::http::Endpoints {
+                crate::operator::http::Endpoints {
                     metrics: metrics.clone(),
                     liveness: liveness.clone(),
                 },
@@ -219,19 +220,24 @@ impl Daemon {
 
         let (configs_tx, configs_rx) = watch::channel(Vec::new());
         let (streams_tx, streams_rx) = mpsc::unbounded_channel();
+        // The host's file systems: sysfs as the options say.
+        let paths = HostPaths {
+            sysfs: opts.sysfs.clone(),
+            ..HostPaths::default()
+        };
         let ctx = ServerContext {
+            paths: paths.clone(),
             metrics,
             events,
             streams: streams_tx,
             clock: AllocationClock::default(),
-            assignments: Assignments::persisted(assignment_file::path_in(&plugin_dir)),
+            assignments: Assignments::persisted(record_file::path_in(&plugin_dir)),
         };
-        let dev_dir = PathBuf::from(crate::allocate::DEV_DIR);
         let (tap_gone_tx, tap_gone) = mpsc::unbounded_channel();
         // Without the watch the sender goes: the reclaim loop then runs on
         // its interval only.
-        let tap_nodes = watch_tap_nodes(&fs, &dev_dir).map(|wd| (wd, tap_gone_tx));
-        tasks.push(spawn_reclaim(&opts, &ctx, configs_rx, dev_dir, tap_gone));
+        let tap_nodes = watch_tap_nodes(&fs, paths.dev()).map(|wd| (wd, tap_gone_tx));
+        tasks.push(spawn_reclaim(&opts, &ctx, configs_rx, paths, tap_gone));
         let (reg_tx, reg_rx) = mpsc::unbounded_channel();
         let discovery = Discovery::new(opts.discover_kinds.clone());
         let mut d = Daemon {
@@ -406,13 +412,14 @@ impl Daemon {
 }
 
 /// Starts the reclaim loop (leaked links, lost links healed, on a tap
-/// node's deletion in `dev_dir` at once, as `tap_gone` reports) over the
+/// node's deletion in `paths`' tap node directory at once, as `tap_gone`
+/// reports) over the
 /// resources published on `configs`.
 fn spawn_reclaim(
     opts: &Options,
     ctx: &ServerContext,
     configs: watch::Receiver<Vec<ResourceConfig>>,
-    dev_dir: PathBuf,
+    paths: HostPaths,
     tap_gone: mpsc::UnboundedReceiver<()>,
 ) -> JoinHandle<()> {
     let reclaimer = Reclaimer::new(
@@ -421,7 +428,7 @@ fn spawn_reclaim(
         opts.reclaim_grace,
         ctx.clock.clone(),
     )
-    .with_healing(ctx.assignments.clone(), dev_dir)
+    .with_healing(ctx.assignments.clone(), paths)
     .with_events(ctx.events.clone());
     tokio::spawn(reclaim_loop(
         reclaimer,

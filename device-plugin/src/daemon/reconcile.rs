@@ -8,12 +8,13 @@
 use super::plugin::Plugin;
 use super::{Daemon, RESTART_WAIT};
 use crate::config::{ResourceConfig, Resources};
-use crate::devices::device_list;
-use crate::events::NodeEvent;
-use crate::health::{NicHealth, resource_health};
-use crate::links::{LinkTable, LinkUpdate};
-use crate::server::ResourceState;
-use crate::topology::numa_node;
+use crate::core::link_table::{LinkTable, LinkUpdate};
+use crate::core::nic::health::{NicHealth, resource_health};
+use crate::core::nic::port::can_be_in_the_way;
+use crate::core::nic::topology::numa_node;
+use crate::kubelet::devices::device_list;
+use crate::kubelet::server::ResourceState;
+use crate::operator::events::NodeEvent;
 use macvtap_link::{Link, MacvtapMode};
 use tokio::time::Instant;
 use tracing::info;
@@ -216,18 +217,13 @@ impl Daemon {
 /// Whether a change of the links `changed` (their old and new states)
 /// touches the NIC `lower` of a resource in `mode` among `links` (the state
 /// after): the NIC is one of them, or its master is, or a macvlan/macvtap
-/// port on it that can be in the way of the mode (`health::port_in_the_way`:
+/// port on it that can be in the way of the mode ([`can_be_in_the_way`]:
 /// any port beside a passthru resource, a passthru port beside any). So the
 /// resource's own bridge-mode macvtaps, made by every Allocate, do not make
 /// it revisit its devices.
 fn touches_nic(links: &LinkTable, lower: &str, mode: MacvtapMode, changed: &[&Link]) -> bool {
     let nic = links.by_name(lower);
-    let is_port_on_nic = |l: &Link| {
-        nic.is_some_and(|n| l.lower_index == Some(n.index))
-            && !l.lower_in_other_netns
-            && matches!(l.kind.as_deref(), Some("macvtap" | "macvlan"))
-            && (mode == MacvtapMode::Passthru || l.macvtap_mode == Some(MacvtapMode::Passthru))
-    };
+    let is_port_on_nic = |l: &Link| nic.is_some_and(|n| can_be_in_the_way(l, n, mode));
     changed.iter().any(|l| l.name == lower || is_port_on_nic(l))
         || nic
             .and_then(|nic| nic.master)

@@ -6,8 +6,8 @@
 use super::Daemon;
 use crate::config::{self, Resolved, Source};
 use crate::error::{Error, Result};
-use crate::events::NodeEvent;
 use crate::fswatch::DirWatcher;
+use crate::operator::events::NodeEvent;
 use crate::options::Options;
 use nix::sys::inotify::WatchDescriptor;
 use tracing::{debug, error, info};

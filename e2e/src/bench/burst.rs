@@ -9,7 +9,7 @@ use super::report::{Report, Row};
 use super::stats::Samples;
 use crate::sandbox::TestNs;
 use anyhow::{Context, Result, bail, ensure};
-use macvtap_cni::grpc::{self, CallError};
+use grpc_unary::{self as grpc, CallError};
 use macvtap_cni::podresources::{LIST, TIMEOUT};
 use macvtap_link::{Links, MacvtapMode, RESOURCE_PREFIX, link_name_for_device};
 use serde_json::json;

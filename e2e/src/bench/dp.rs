@@ -8,9 +8,9 @@ use super::report::{Report, Row};
 use super::stats::Samples;
 use crate::node::{Node, WAIT};
 use anyhow::{Context, Result, anyhow};
-use macvtap_deviceplugin::allocate::create_device;
 use macvtap_deviceplugin::config::ResourceConfig;
-use macvtap_deviceplugin::host::Host;
+use macvtap_deviceplugin::core::host::Host;
+use macvtap_deviceplugin::core::link::create_device;
 use macvtap_link::{Handle, LinkChange, Links, Linux, MacvtapMode, Netns};
 use prost::Message;
 use std::path::Path;
@@ -136,8 +136,7 @@ async fn allocate(bin: &Path, n: usize, report: &mut Report) -> Result<(String, 
                                 },
                             )?;
                             let t = Instant::now();
-                            let made =
-                                create_device(&host, &cfg, &lower, &floor_id, Path::new("/dev"));
+                            let made = create_device(&host, &cfg, &lower, &floor_id);
                             let took = t.elapsed();
                             made.map_err(|e| macvtap_link::Error::Decode {
                                 op: "create_device".into(),
@@ -159,7 +158,7 @@ async fn allocate(bin: &Path, n: usize, report: &mut Report) -> Result<(String, 
         "Device plugin: Allocate",
         &format!(
             "Latency of one Allocate for one device through the real gRPC socket (the test kubelet's client), against \
-             `allocate::create_device` called in-process in the node namespace (lookup, create the macvtap, check \
+             `core::link::create_device` called in-process in the node namespace (lookup, create the macvtap, check \
              /dev/tapN). {n} of each, interleaved; links are removed in batches between rounds."
         ),
     );

@@ -4,8 +4,8 @@
 
 use super::{Finding, TIMEOUT};
 use crate::config::ResourceConfig;
+use crate::core::reclaim;
 use crate::options::Options;
-use crate::reclaim;
 use kubelet_proto::v1beta1::KUBELET_SOCKET;
 use std::collections::HashSet;
 use std::io::{Read, Write};

@@ -1,13 +1,13 @@
 //! Which links can carry a macvtap: auto-discovery of the node's NICs.
 //!
 //! The kernel refuses a macvtap (`EBUSY`) on a link whose receive path
-//! another device already took ([`crate::master`]). So auto-discovery leaves
+//! another device already took ([`crate::core::nic::master`]). So auto-discovery leaves
 //! such a NIC out and, where a macvtap on the master works (a Linux bridge,
 //! a bond), advertises the master instead. It never chooses passthru mode:
 //! a passthru macvtap takes the whole NIC, which only a configuration may ask.
 
 use crate::config::{ResourceConfig, check_resource_name};
-use crate::master::receive_path_owner;
+use crate::core::nic::master::receive_path_owner;
 use macvtap_link::Link;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -23,7 +23,7 @@ const MAX_MASTER_DEPTH: usize = 8;
 /// Whether `link` is a NIC to advertise: not loopback, and either without
 /// `IFLA_INFO_KIND` (a physical NIC), a bond, or of one of `extra_kinds`
 /// (e.g. `veth` on test nodes). Whether a macvtap fits on it is
-/// [`crate::master::receive_path_owner`]'s question.
+/// [`crate::core::nic::master::receive_path_owner`]'s question.
 pub fn is_nic(link: &Link, extra_kinds: &[String]) -> bool {
     if link.flags & IFF_LOOPBACK != 0 {
         return false;
@@ -243,7 +243,7 @@ mod tests {
         assert_eq!(found[0].mode, MacvtapMode::Bridge);
         assert_eq!(found[0].capacity, crate::config::DEFAULT_CAPACITY);
         assert_eq!(
-            crate::health::resource_health(&found[0], &links).reason(),
+            crate::core::nic::health::resource_health(&found[0], &links).reason(),
             "nic_port_in_the_way"
         );
     }

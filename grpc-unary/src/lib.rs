@@ -13,6 +13,11 @@
 //! trailers-only response), the message from the one length-prefixed DATA
 //! message. A failed call says why as a [`CallError`], so a caller can tell
 //! a refusal it may retry from a missing socket or a silent server.
+//!
+//! Its own crate so that the CNI (ADD's PodResources `List`) and the e2e
+//! (its lenient HTTP/2 relay in front of the test kubelet, the PodResources
+//! burst bench) share one HTTP/2 framing without the e2e depending on the
+//! CNI binary's insides.
 
 pub mod frame;
 

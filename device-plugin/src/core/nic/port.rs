@@ -3,7 +3,20 @@
 //! Health finds it (`health::port_in_the_way`), Allocate refuses with it
 //! (`error::Error::PortInTheWay`); it depends on neither.
 
+use macvtap_link::{Link, MacvtapMode};
 use std::fmt;
+
+/// Whether `port` is a macvlan/macvtap on `nic` (by `IFLA_LINK`, in this
+/// namespace) that can be in the way of a resource in `mode`: any port
+/// beside a passthru resource, a passthru port beside any. The one place of
+/// the rule: health judges by it and the daemon picks the link changes that
+/// touch a resource by it.
+pub fn can_be_in_the_way(port: &Link, nic: &Link, mode: MacvtapMode) -> bool {
+    matches!(port.kind.as_deref(), Some("macvtap" | "macvlan"))
+        && !port.lower_in_other_netns
+        && port.lower_index == Some(nic.index)
+        && (mode == MacvtapMode::Passthru || port.macvtap_mode == Some(MacvtapMode::Passthru))
+}
 
 /// What every message about a passthru conflict says (the words of the
 /// Allocate refusal [`crate::error::PORT_IN_THE_WAY`]).

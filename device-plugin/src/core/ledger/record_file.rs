@@ -1,7 +1,7 @@
 //! The record of handed-out devices that outlives the daemon: which
 //! `/dev/tap<ifindex>` each device was last handed out as, kept in a file so
 //! that a restarted daemon (a crash, an upgrade, the DaemonSet's pod
-//! replaced) can still heal a held device's lost link ([`crate::heal`]).
+//! replaced) can still heal a held device's lost link ([`crate::core::heal`]).
 //!
 //! Why a file, and why there: the link cannot carry its own record (heal is
 //! for the link that is gone, and a held link sits in a pod's namespace the
@@ -31,7 +31,7 @@
 //! replaced) leaves the old record or the new one, never a mix, and what it
 //! wrote is in the page cache for the next daemon. [`flush`] then makes it
 //! durable (`fsync` of the file and the directory), off the Allocate's path
-//! ([`crate::heal::Assignments`] runs it on a thread of its own): an
+//! ([`crate::core::ledger::Assignments`] runs it on a thread of its own): an
 //! `fsync` costs milliseconds on a busy disk, and the only failure it guards
 //! against, a power loss or kernel crash in the moment after an Allocate,
 //! takes the node's links with it anyway. It
@@ -209,16 +209,16 @@ pub fn replay(parsed: &mut Parsed, text: &[u8]) {
     }
 }
 
-/// The journal line of one entry.
-pub fn journal_line(e: Entry<'_>) -> Vec<u8> {
+/// The journal line of one entry. A failure to encode it is an error, never
+/// an empty line.
+pub fn journal_line(e: Entry<'_>) -> std::io::Result<Vec<u8>> {
     let mut line = serde_json::to_vec(&FileEntry {
         device_id: e.device_id.to_string(),
         resource: e.resource.to_string(),
         ifindex: u64::from(e.ifindex),
-    })
-    .unwrap_or_default();
+    })?;
     line.push(b'\n');
-    line
+    Ok(line)
 }
 
 /// Appends `lines` to the journal beside the record at `record` in one
@@ -260,8 +260,9 @@ pub fn clear_journal(record: &Path) -> Result<()> {
 }
 
 /// The record's text for `entries` (sorted by device ID, so equal records
-/// are equal files).
-pub fn render<'a>(entries: impl IntoIterator<Item = Entry<'a>>) -> Vec<u8> {
+/// are equal files). A failure to encode it is an error, never an empty
+/// text that [`save`] would write over the record.
+pub fn render<'a>(entries: impl IntoIterator<Item = Entry<'a>>) -> std::io::Result<Vec<u8>> {
     let mut devices: Vec<FileEntry> = entries
         .into_iter()
         .map(|e| FileEntry {
@@ -274,10 +275,9 @@ pub fn render<'a>(entries: impl IntoIterator<Item = Entry<'a>>) -> Vec<u8> {
     let mut text = serde_json::to_vec(&RecordFile {
         version: VERSION,
         devices,
-    })
-    .unwrap_or_default();
+    })?;
     text.push(b'\n');
-    text
+    Ok(text)
 }
 
 /// Reads the record at `path` and the journal beside it: `Ok(None)` when
@@ -351,8 +351,18 @@ fn create_dir_of(record: &Path) -> Result<()> {
 /// Replaces the record at `path` with `text`: a temporary file beside it
 /// renamed over it, so a process killed at any point leaves the old record
 /// or the new one ([`flush`] makes it durable). Creates the directory
-/// (owner-only) when it is missing.
+/// (owner-only) when it is missing. An empty `text` is refused: a record,
+/// even of no device, is never empty, so it can only be a text that failed
+/// to render.
 pub fn save(path: &Path, text: &[u8]) -> Result<()> {
+    if text.is_empty() {
+        return Err(Error::io("writing the record of handed-out devices", path)(
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "refusing to replace it with an empty text",
+            ),
+        ));
+    }
     create_dir_of(path)?;
     let tmp = path.with_extension(format!("json.tmp.{}", std::process::id()));
     let written = (|| {
@@ -409,11 +419,11 @@ mod tests {
 
     #[test]
     fn the_journal_replays_over_the_record_last_line_first() {
-        let mut parsed = parse(&render([entry("dpMvp0", "dp", 40)]));
-        let mut journal = journal_line(entry("dpMvp0", "dp", 50));
-        journal.extend(journal_line(entry("dpMvp1", "dp", 41)));
-        journal.extend(journal_line(entry("otherMvp1", "dp", 42)));
-        journal.extend(journal_line(entry("dpMvp2", "dp", 0)));
+        let mut parsed = parse(&render([entry("dpMvp0", "dp", 40)]).unwrap());
+        let mut journal = journal_line(entry("dpMvp0", "dp", 50)).unwrap();
+        journal.extend(journal_line(entry("dpMvp1", "dp", 41)).unwrap());
+        journal.extend(journal_line(entry("otherMvp1", "dp", 42)).unwrap());
+        journal.extend(journal_line(entry("dpMvp2", "dp", 0)).unwrap());
         journal.extend(b"{\"deviceID\":\"dpMvp3\"");
         replay(&mut parsed, &journal);
         assert_eq!(parsed.devices.get("dpMvp0"), Some(&("dp".into(), 50)));
@@ -433,7 +443,7 @@ mod tests {
 
     #[test]
     fn a_rendered_record_reads_back_the_same() {
-        let text = render([entry("dpMvp2", "dp", 41), entry("dpMvp0", "dp", 40)]);
+        let text = render([entry("dpMvp2", "dp", 41), entry("dpMvp0", "dp", 40)]).unwrap();
         let parsed = parse(&text);
         assert_eq!(parsed.dropped, Vec::<String>::new());
         assert_eq!(
@@ -446,13 +456,13 @@ mod tests {
         // Sorted: the same record is the same file.
         assert_eq!(
             text,
-            render([entry("dpMvp0", "dp", 40), entry("dpMvp2", "dp", 41)])
+            render([entry("dpMvp0", "dp", 40), entry("dpMvp2", "dp", 41)]).unwrap()
         );
     }
 
     #[test]
     fn corrupt_text_gives_no_entries_and_says_why() {
-        let good = render([entry("dpMvp0", "dp", 40)]);
+        let good = render([entry("dpMvp0", "dp", 40)]).unwrap();
         for bad in [
             &b""[..],
             &good[..good.len() / 2],
@@ -497,7 +507,7 @@ mod tests {
     #[test]
     fn at_most_max_entries_are_kept() {
         let ids: Vec<String> = (0..MAX_ENTRIES + 2).map(|i| format!("dpMvp{i}")).collect();
-        let text = render(ids.iter().map(|id| entry(id, "dp", 7)));
+        let text = render(ids.iter().map(|id| entry(id, "dp", 7))).unwrap();
         let parsed = parse(&text);
         assert_eq!(parsed.devices.len(), MAX_ENTRIES);
         assert_eq!(parsed.dropped.len(), 1, "{:?}", parsed.dropped);
@@ -508,8 +518,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = path_in(dir.path());
         assert_eq!(load(&path).unwrap(), None, "no record yet");
-        save(&path, &render([entry("dpMvp0", "dp", 40)])).unwrap();
-        save(&path, &render([entry("dpMvp1", "dp", 41)])).unwrap();
+        save(&path, &render([entry("dpMvp0", "dp", 40)]).unwrap()).unwrap();
+        save(&path, &render([entry("dpMvp1", "dp", 41)]).unwrap()).unwrap();
         let parsed = load(&path).unwrap().unwrap();
         assert_eq!(
             parsed.devices.keys().collect::<Vec<_>>(),
@@ -527,6 +537,16 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o700);
+    }
+
+    #[test]
+    fn save_never_replaces_the_record_with_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = path_in(dir.path());
+        save(&path, &render([entry("dpMvp0", "dp", 40)]).unwrap()).unwrap();
+        assert!(save(&path, b"").is_err(), "an empty record was written");
+        let parsed = load(&path).unwrap().unwrap();
+        assert_eq!(parsed.devices.keys().collect::<Vec<_>>(), ["dpMvp0"]);
     }
 
     #[test]

@@ -19,18 +19,6 @@ pub fn device_list(name: &str, capacity: u32, healthy: bool, numa: Option<i64>) 
         .collect()
 }
 
-/// The index of device `id` of resource `name` if it is one of its first
-/// `capacity` devices (`<name>Mvp<i>` with `i < capacity`).
-pub fn device_index(name: &str, capacity: u32, id: &str) -> Option<u32> {
-    let rest = id.strip_prefix(name)?.strip_prefix("Mvp")?;
-    // Reject "+1", "01" and the like: only the exact form device_id() makes.
-    if rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let i: u32 = rest.parse().ok()?;
-    (device_id(name, i) == id && i < capacity).then_some(i)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -47,16 +35,5 @@ mod tests {
             l.iter()
                 .all(|d| d.health == "Unhealthy" && d.topology.is_none())
         );
-    }
-
-    #[test]
-    fn only_own_ids_within_capacity_are_recognised() {
-        assert_eq!(device_index("eth0", 10, "eth0Mvp9"), Some(9));
-        assert_eq!(device_index("eth0", 10, "eth0Mvp10"), None);
-        assert_eq!(device_index("eth0", 10, "eth1Mvp1"), None);
-        assert_eq!(device_index("eth0", 10, "eth0Mvp01"), None);
-        assert_eq!(device_index("eth0", 10, "eth0Mvp+1"), None);
-        assert_eq!(device_index("eth0", 10, "eth0Mvp"), None);
-        assert_eq!(device_index("eth", 10, "eth0Mvp1"), None);
     }
 }

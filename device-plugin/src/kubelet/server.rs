@@ -2,17 +2,18 @@
 //!
 //! The service only forwards: options and ListAndWatch answers come from the
 //! resource's snapshot in a `watch` channel (every message is the full list),
-//! Allocate runs [`crate::allocate::allocate`] on a blocking thread. Each
+//! Allocate is answered by [`allocate::answer`]. Each
 //! ListAndWatch stream that opens or ends is reported to the daemon as a
 //! [`StreamEvent`], and each Allocate restarts its devices' leak clocks.
 
-use crate::allocate;
 use crate::config::ResourceConfig;
+use crate::core::host::HostPaths;
+use crate::core::ledger::AllocationClock;
+use crate::core::ledger::Assignments;
 use crate::error::{Error, Result};
-use crate::events::{EventSink, NodeEvent};
-use crate::heal::Assignments;
-use crate::metrics::Metrics;
-use crate::reclaim::AllocationClock;
+use crate::kubelet::allocate;
+use crate::operator::events::EventSink;
+use crate::operator::metrics::Metrics;
 use kubelet_proto::transport::{Connections, bind_unix, error_chain, serve_unix};
 use kubelet_proto::v1beta1::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use kubelet_proto::v1beta1::{
@@ -24,7 +25,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
@@ -53,6 +54,8 @@ pub struct ServerContext {
     pub clock: AllocationClock,
     /// Which `/dev/tapN` each device was handed out as (for healing).
     pub assignments: Assignments,
+    /// Where the host's sysfs, tap nodes and procfs are.
+    pub paths: HostPaths,
 }
 
 static NEXT_SERVER_ID: AtomicU64 = AtomicU64::new(1);
@@ -175,34 +178,10 @@ impl DevicePlugin for PluginService {
         &self,
         request: Request<AllocateRequest>,
     ) -> Result<Response<AllocateResponse>, Status> {
-        let req = request.into_inner();
         let cfg = self.state.borrow().config.clone();
-        let resource = cfg.resource_name();
-        let started = Instant::now();
-        let (clock, assignments) = (self.ctx.clock.clone(), self.ctx.assignments.clone());
-        let res = tokio::task::spawn_blocking(move || {
-            allocate::serve(None, &req, &cfg, &clock, &assignments)
-        })
-        .await
-        .map_err(|e| Error::Task(format!("the Allocate task failed: {e}")))
-        .and_then(|r| r);
-        self.ctx
-            .metrics
-            .allocation(&resource, res.is_ok(), started.elapsed());
-        match res {
-            Ok(resp) => {
-                info!(%resource, elapsed_ms = started.elapsed().as_millis() as u64, "Allocate done");
-                Ok(Response::new(resp))
-            }
-            Err(e) => {
-                warn!(%resource, error = %e, "Allocate failed");
-                self.ctx.events.post(NodeEvent::AllocateRefused {
-                    resource: resource.clone(),
-                    error: e.to_string(),
-                });
-                Err(e.to_status())
-            }
-        }
+        allocate::answer(&self.ctx, cfg, request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn pre_start_container(

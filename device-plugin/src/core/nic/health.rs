@@ -2,10 +2,10 @@
 //! metric of each change.
 
 use crate::config::ResourceConfig;
-use crate::master::{Owner, receive_path_owner};
-use crate::metrics::Metrics;
-use crate::port::PortInTheWay;
-use macvtap_link::{Link, MacvtapMode, device_id, link_name_for_device};
+use crate::core::nic::master::{Owner, receive_path_owner};
+use crate::core::nic::port::{PortInTheWay, can_be_in_the_way};
+use crate::operator::metrics::Metrics;
+use macvtap_link::{Link, MacvtapMode, is_link_of_resource};
 use std::collections::BTreeMap;
 use std::fmt;
 use tracing::{info, warn};
@@ -101,20 +101,11 @@ pub fn nic_health(lower: &str, links: &[Link]) -> NicHealth {
 pub fn port_in_the_way(cfg: &ResourceConfig, links: &[Link]) -> Option<PortInTheWay> {
     let lower = links.iter().find(|l| l.name == cfg.lower_device)?;
     let ours_passthru = cfg.mode == MacvtapMode::Passthru;
-    // A device's link has the hashed name, or a Go-era one named as the ID.
-    let is_own = |name: &str| {
-        (0..cfg.capacity).any(|i| {
-            let id = device_id(&cfg.name, i);
-            name == id || name == link_name_for_device(&id)
-        })
-    };
+    // A device's own link (the hashed name, or a Go-era one named as the ID)
+    // is never in its way.
     let port = links.iter().find(|l| {
-        let kind = l.kind.as_deref();
-        matches!(kind, Some("macvtap" | "macvlan"))
-            && !l.lower_in_other_netns
-            && l.lower_index == Some(lower.index)
-            && (ours_passthru || l.macvtap_mode == Some(MacvtapMode::Passthru))
-            && !is_own(&l.name)
+        can_be_in_the_way(l, lower, cfg.mode)
+            && !is_link_of_resource(&l.name, &cfg.name, cfg.capacity)
     })?;
     Some(PortInTheWay {
         lower: lower.name.clone(),
@@ -177,6 +168,7 @@ impl HealthLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use macvtap_link::link_name_for_device;
 
     fn link(oper: &str, up: bool) -> Link {
         Link {

@@ -102,9 +102,14 @@ pub fn render_text(findings: &[Finding]) -> String {
 
 /// The findings as a JSON array of `{"level","check","message"}` objects.
 pub fn render_json(findings: &[Finding]) -> String {
-    serde_json::to_string_pretty(findings).unwrap_or_else(|e| {
-        format!("[{{\"level\":\"problem\",\"check\":\"doctor\",\"message\":\"{e}\"}}]")
-    })
+    serde_json::to_string_pretty(findings).unwrap_or_else(|e| failure_json(&e.to_string()))
+}
+
+/// The JSON answer when the findings cannot be written: one problem whose
+/// message is `message`, escaped as JSON escapes a string (a `Value` always
+/// serializes).
+fn failure_json(message: &str) -> String {
+    serde_json::json!([{"level": "problem", "check": "doctor", "message": message}]).to_string()
 }
 
 /// What `doctor` checks besides the daemon's options.
@@ -147,6 +152,15 @@ pub async fn run(opts: &Options, target: &Target) -> Vec<Finding> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fallback_json_escapes_its_message() {
+        let message = "a \"quoted\" name, a back\\slash\nand a new line";
+        let v: serde_json::Value = serde_json::from_str(&failure_json(message)).unwrap();
+        assert_eq!(v[0]["level"], "problem");
+        assert_eq!(v[0]["check"], "doctor");
+        assert_eq!(v[0]["message"], message);
+    }
 
     #[test]
     fn text_and_json_say_the_same() {

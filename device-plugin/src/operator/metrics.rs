@@ -1,13 +1,13 @@
 //! The daemon's metrics: counters, gauges and the Allocate latency
 //! histogram as `prometheus-client` families, with the standard `process_*`
-//! metrics ([`crate::procstat`]) and a build-info gauge, rendered in the
+//! metrics ([`crate::operator::procstat`]) and a build-info gauge, rendered in the
 //! OpenMetrics text format that Prometheus scrapes.
 //!
 //! Counters are OpenMetrics families named without `_total` (`# TYPE
 //! macvtap_dp_allocations counter`); their one sample, and the series
 //! Prometheus stores, is `macvtap_dp_allocations_total`.
 
-use crate::procstat::ProcessCollector;
+use crate::operator::procstat::ProcessCollector;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

@@ -2,7 +2,7 @@
 
 use crate::config::ResourceConfig;
 use crate::error::{Error, Result};
-use crate::server::plugin_options;
+use crate::kubelet::server::plugin_options;
 use kubelet_proto::transport::connect_unix;
 use kubelet_proto::v1beta1::registration_client::RegistrationClient;
 use kubelet_proto::v1beta1::{RegisterRequest, VERSION};

@@ -16,8 +16,8 @@
 //! - one request per connection (no keep-alive).
 
 use crate::error::{Error, Result};
-use crate::liveness::Liveness;
-use crate::metrics::Metrics;
+use crate::operator::liveness::Liveness;
+use crate::operator::metrics::Metrics;
 use hyper::body::Incoming;
 use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING};
 use hyper::server::conn::http1;
@@ -286,7 +286,7 @@ fn text(status: StatusCode, body: String) -> Response<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::liveness::STUCK_AFTER;
+    use crate::operator::liveness::STUCK_AFTER;
     use std::io::{Read, Write};
 
     fn get(server: &Server, path: &str) -> String {

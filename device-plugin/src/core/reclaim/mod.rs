@@ -18,27 +18,39 @@
 //! Allocate handed it out since, and if it is still the link the round saw.
 //!
 //! The same round first heals the opposite case, a device a pod holds whose
-//! macvtap is gone everywhere ([`crate::heal`]). Every kernel operation goes
-//! through the reclaimer's kernel (the real one in the daemon, the fake in
-//! unit tests), on a blocking thread.
+//! macvtap is gone everywhere ([`crate::core::heal`]). Every kernel
+//! operation goes through the reclaimer's kernel (the real one in the
+//! daemon, the fake in unit tests), on a blocking thread: the links are
+//! listed on one, the kubelet is asked, and the rest of the round (the
+//! record pruned, heal, the deletions) runs on one more.
+//!
+//! The rules are plain functions ([`rules`]: what the kubelet holds, what
+//! looks leaked, what the record forgets); the kubelet is asked through
+//! [`pod_resources`]; a tap node's deletion starts a round at once
+//! ([`tap_watch`]); [`Reclaimer`] is the one round runner.
 
-pub use crate::clock::AllocationClock;
+mod pod_resources;
+mod rules;
+mod tap_watch;
+
+pub use pod_resources::list_allocated;
+pub use rules::{allocated_ids, forget_unconfigured, go_era_leaked_links, leaked_links};
+pub use tap_watch::{tap_node_deleted, watch_tap_nodes};
+
 use crate::config::ResourceConfig;
+use crate::core::heal::{Lost, heal, lost_devices};
+use crate::core::host::{Host, HostPaths};
+use crate::core::ledger::{AllocationClock, Assignments};
 use crate::error::{Error, Result};
-use crate::events::{EventSink, NodeEvent};
-use crate::heal::{Assignments, Lost, heal, lost_devices};
-use crate::host::Host;
-use crate::metrics::{Metrics, RoundOutcome};
-use kubelet_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
-use kubelet_proto::podresources::v1::{ListPodResourcesRequest, ListPodResourcesResponse};
-use kubelet_proto::transport::connect_unix;
-use macvtap_link::device::is_device_link_name;
+use crate::operator::events::{EventSink, NodeEvent};
+use crate::operator::metrics::{Metrics, RoundOutcome};
 use macvtap_link::tapdev::tap_node_path;
-use macvtap_link::{Kernel, Link, Links, RESOURCE_PREFIX, link_name_for_device};
+use macvtap_link::{Kernel, Link, Links};
 use nix::errno::Errno;
+use rules::{LinkIdentity, identity};
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
@@ -52,73 +64,6 @@ const POD_RESOURCES_WAIT: Duration = Duration::from_secs(5);
 /// that is longer); older ones are forgotten so the map stays small.
 const MIN_CLOCK_MEMORY: Duration = Duration::from_secs(1);
 
-/// A link as the reclaimer tells links apart: a link deleted and created
-/// again under the same name has another ifindex, and starts over.
-type LinkIdentity = (String, u32);
-
-/// The device IDs of our resources that the kubelet reports as allocated.
-pub fn allocated_ids(resp: &ListPodResourcesResponse) -> HashSet<String> {
-    let prefix = format!("{RESOURCE_PREFIX}/");
-    resp.pod_resources
-        .iter()
-        .flat_map(|p| &p.containers)
-        .flat_map(|c| &c.devices)
-        .filter(|d| d.resource_name.starts_with(&prefix))
-        .flat_map(|d| d.device_ids.iter().cloned())
-        .collect()
-}
-
-/// The links that look leaked: macvtaps named like device links, on one of
-/// the `lowers` (NIC names), whose name is not that of an allocated device.
-pub fn leaked_links(
-    links: &[Link],
-    lowers: &HashSet<String>,
-    allocated: &HashSet<String>,
-) -> Vec<Link> {
-    let lower_index: HashSet<u32> = links
-        .iter()
-        .filter(|l| lowers.contains(&l.name))
-        .map(|l| l.index)
-        .collect();
-    let in_use: HashSet<String> = allocated
-        .iter()
-        .map(|id| link_name_for_device(id))
-        .collect();
-    links
-        .iter()
-        .filter(|l| l.is_macvtap() && is_device_link_name(&l.name))
-        .filter(|l| l.lower_index.is_some_and(|i| lower_index.contains(&i)))
-        .filter(|l| !in_use.contains(&l.name))
-        .cloned()
-        .collect()
-}
-
-/// The links the Go device plugin v0.13.1 made that look leaked: macvtaps
-/// named after a device ID of one of `resources` (`<name>Mvp<i>`) on that
-/// resource's NIC, whose device is not allocated. CNI DEL gives such a link
-/// back under that name, so nothing else would ever remove it.
-pub fn go_era_leaked_links(
-    links: &[Link],
-    resources: &[ResourceConfig],
-    allocated: &HashSet<String>,
-) -> Vec<Link> {
-    let names: HashMap<u32, &str> = links.iter().map(|l| (l.index, l.name.as_str())).collect();
-    links
-        .iter()
-        .filter(|l| l.is_macvtap() && !l.lower_in_other_netns && !allocated.contains(&l.name))
-        .filter(|l| {
-            let Some((resource, _)) = macvtap_link::device::parse_device_id(&l.name) else {
-                return false;
-            };
-            let lower = l.lower_index.and_then(|i| names.get(&i).copied());
-            resources
-                .iter()
-                .any(|r| r.name == resource && lower == Some(r.lower_device.as_str()))
-        })
-        .cloned()
-        .collect()
-}
-
 /// Remembers since when each link has looked leaked.
 pub struct Reclaimer {
     kernel: SharedKernel,
@@ -127,7 +72,7 @@ pub struct Reclaimer {
     first_seen: HashMap<LinkIdentity, Instant>,
     clock: AllocationClock,
     assignments: Assignments,
-    dev_dir: PathBuf,
+    paths: HostPaths,
     said_socket_absent: bool,
     events: EventSink,
 }
@@ -150,7 +95,7 @@ impl Reclaimer {
             first_seen: HashMap::new(),
             clock,
             assignments: Assignments::default(),
-            dev_dir: PathBuf::from(crate::allocate::DEV_DIR),
+            paths: HostPaths::default(),
             said_socket_absent: false,
             events: EventSink::off(),
         }
@@ -158,9 +103,9 @@ impl Reclaimer {
 
     /// Heals lost devices from `assignments` (what Allocate handed out),
     /// checking tap nodes in `dev_dir`.
-    pub fn with_healing(mut self, assignments: Assignments, dev_dir: PathBuf) -> Self {
+    pub fn with_healing(mut self, assignments: Assignments, paths: HostPaths) -> Self {
         self.assignments = assignments;
-        self.dev_dir = dev_dir;
+        self.paths = paths;
         self
     }
 
@@ -222,14 +167,16 @@ impl Reclaimer {
             .map_err(|e| Error::Task(format!("the task listing links failed: {e}")))??;
         let allocated = list_allocated(&self.socket, POD_RESOURCES_WAIT).await?;
         let plan = self.plan(&links, &allocated, resources, Instant::now());
-        self.forget_unconfigured(&allocated, resources).await?;
         let work = self.work();
+        let assignments = self.assignments.clone();
         let current = resources.to_vec();
-        let done = tokio::task::spawn_blocking(move || work.carry_out(&plan, &current))
-            .await
-            .map_err(|e| {
-                Error::Task(format!("the task healing and reclaiming links failed: {e}"))
-            })??;
+        // The rest of the round on one blocking thread.
+        let done = tokio::task::spawn_blocking(move || {
+            forget_unconfigured(&assignments, &allocated, &current);
+            work.carry_out(&plan, &current)
+        })
+        .await
+        .map_err(|e| Error::Task(format!("the task healing and reclaiming links failed: {e}")))??;
         metrics.links_healed(done.healed);
         let removed = self.finish(&done);
         metrics.leaked_links_removed(removed);
@@ -249,7 +196,7 @@ impl Reclaimer {
         now: Instant,
     ) -> Plan {
         let kernel = self.kernel.clone();
-        let dev_dir = self.dev_dir.clone();
+        let dev_dir = self.paths.dev.clone();
         let lost = lost_devices(allocated, &self.assignments, links, |i| {
             !matches!(kernel.tap_node(&tap_node_path(&dev_dir, i)), Ok(None))
         });
@@ -272,7 +219,7 @@ impl Reclaimer {
     pub fn work(&self) -> RoundWork {
         RoundWork {
             kernel: self.kernel.clone(),
-            dev_dir: self.dev_dir.clone(),
+            paths: self.paths.clone(),
             clock: self.clock.clone(),
             grace: self.grace,
         }
@@ -289,28 +236,6 @@ impl Reclaimer {
             });
         }
         done.deleted.len() as u64
-    }
-
-    /// Forgets the handed-out devices that no pod holds (per `allocated`)
-    /// of resources no longer configured, so the record (and its file)
-    /// stays within the configured capacity plus what pods hold.
-    pub async fn forget_unconfigured(
-        &self,
-        allocated: &HashSet<String>,
-        resources: &[ResourceConfig],
-    ) -> Result<()> {
-        let names: HashSet<String> = resources.iter().map(|r| r.name.clone()).collect();
-        let allocated = allocated.clone();
-        let assignments = self.assignments.clone();
-        tokio::task::spawn_blocking(move || {
-            assignments.retain(|id, at| allocated.contains(id) || names.contains(&at.resource))
-        })
-        .await
-        .map_err(|e| {
-            Error::Task(format!(
-                "the task pruning the record of handed-out devices failed: {e}"
-            ))
-        })
     }
 }
 
@@ -336,7 +261,7 @@ pub struct Done {
 #[derive(Clone)]
 pub struct RoundWork {
     kernel: SharedKernel,
-    dev_dir: PathBuf,
+    paths: HostPaths,
     clock: AllocationClock,
     grace: Duration,
 }
@@ -352,10 +277,9 @@ impl RoundWork {
             0
         } else {
             heal(
-                &Host::current(&*self.kernel)?,
+                &Host::current(&*self.kernel)?.with_paths(self.paths.clone()),
                 &plan.lost,
                 resources,
-                &self.dev_dir,
             )?
         };
         let deleted = if plan.due.is_empty() {
@@ -378,33 +302,9 @@ impl fmt::Debug for Reclaimer {
             .field("socket", &self.socket)
             .field("grace", &self.grace)
             .field("looking_leaked", &self.first_seen.len())
-            .field("dev_dir", &self.dev_dir)
+            .field("paths", &self.paths)
             .finish_non_exhaustive()
     }
-}
-
-/// Asks the PodResources API which device IDs of ours are allocated.
-pub async fn list_allocated(socket: &Path, timeout: Duration) -> Result<HashSet<String>> {
-    let channel = connect_unix(socket, timeout).await?;
-    let mut client = PodResourcesListerClient::new(channel);
-    let resp = tokio::time::timeout(timeout, client.list(ListPodResourcesRequest {}))
-        .await
-        .map_err(|_| Error::Grpc {
-            op: "listing pod resources".into(),
-            status: Box::new(tonic::Status::deadline_exceeded(format!(
-                "no answer within {} ms",
-                timeout.as_millis()
-            ))),
-        })?
-        .map_err(|status| Error::Grpc {
-            op: "listing pod resources".into(),
-            status: Box::new(status),
-        })?;
-    Ok(allocated_ids(resp.get_ref()))
-}
-
-fn identity(l: &Link) -> LinkIdentity {
-    (l.name.clone(), l.index)
 }
 
 /// Deletes each of `links` from `handle`'s namespace that no Allocate has
@@ -490,89 +390,8 @@ pub async fn reclaim_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kubelet_proto::podresources::v1::{ContainerDevices, ContainerResources, PodResources};
-    use macvtap_link::{MacvtapMode, Op};
+    use macvtap_link::{MacvtapMode, Op, link_name_for_device};
     use test_support::fake::{FakeKernel, HOST, link};
-
-    #[test]
-    fn allocated_ids_are_ours_only() {
-        let resp = ListPodResourcesResponse {
-            pod_resources: vec![PodResources {
-                name: "vm".into(),
-                namespace: "default".into(),
-                containers: vec![ContainerResources {
-                    name: "compute".into(),
-                    devices: vec![
-                        ContainerDevices {
-                            resource_name: "macvtap.network.kubevirt.io/eth0".into(),
-                            device_ids: vec!["eth0Mvp1".into()],
-                            topology: None,
-                        },
-                        ContainerDevices {
-                            resource_name: "nvidia.com/gpu".into(),
-                            device_ids: vec!["GPU-1".into()],
-                            topology: None,
-                        },
-                    ],
-                    ..Default::default()
-                }],
-            }],
-        };
-        assert_eq!(
-            allocated_ids(&resp),
-            HashSet::from(["eth0Mvp1".to_string()])
-        );
-    }
-
-    #[test]
-    fn only_unallocated_device_macvtaps_on_our_nics_are_leaked() {
-        let used = link_name_for_device("eth0Mvp1");
-        let free = link_name_for_device("eth0Mvp2");
-        let links = vec![
-            link(2, "eth0", "veth", None),
-            link(3, "eth9", "veth", None),
-            link(10, &used, "macvtap", Some(2)),
-            link(11, &free, "macvtap", Some(2)),
-            link(12, &link_name_for_device("eth9Mvp0"), "macvtap", Some(3)),
-            link(13, "macvtap0", "macvtap", Some(2)),
-            link(14, &link_name_for_device("eth0Mvp3"), "macvlan", Some(2)),
-        ];
-        let lowers = HashSet::from(["eth0".to_string()]);
-        let allocated = HashSet::from(["eth0Mvp1".to_string()]);
-        let leaked = leaked_links(&links, &lowers, &allocated);
-        assert_eq!(leaked.iter().map(|l| l.index).collect::<Vec<_>>(), [11]);
-    }
-
-    #[test]
-    fn go_era_links_of_our_resources_on_their_nics_are_leaked_when_unallocated() {
-        let links = vec![
-            link(2, "eth0", "veth", None),
-            link(3, "eth9", "veth", None),
-            link(10, "dpMvp1", "macvtap", Some(2)),
-            link(11, "dpMvp2", "macvtap", Some(2)),
-            // Another resource's name, the wrong NIC, not a macvtap, no shape.
-            link(12, "otherMvp0", "macvtap", Some(2)),
-            link(13, "dpMvp3", "macvtap", Some(3)),
-            link(14, "dpMvp4", "macvlan", Some(2)),
-            link(15, "dpMvpx", "macvtap", Some(2)),
-            Link {
-                lower_in_other_netns: true,
-                ..link(16, "dpMvp5", "macvtap", Some(2))
-            },
-        ];
-        let resources = vec![ResourceConfig {
-            name: "dp".into(),
-            lower_device: "eth0".into(),
-            mode: macvtap_link::MacvtapMode::Bridge,
-            capacity: 10,
-        }];
-        let allocated = HashSet::from(["dpMvp1".to_string()]);
-        let leaked = go_era_leaked_links(&links, &resources, &allocated);
-        assert_eq!(leaked.iter().map(|l| l.index).collect::<Vec<_>>(), [11]);
-        // The mvt… scan never picks them up itself.
-        let lowers = HashSet::from(["eth0".to_string()]);
-        assert!(leaked_links(&links, &lowers, &HashSet::new()).is_empty());
-    }
 
     /// A reclaimer of `kernel` with a 60 s grace period and no PodResources
     /// socket.
@@ -751,15 +570,13 @@ mod tests {
 
     #[tokio::test]
     async fn devices_neither_held_nor_of_a_configured_resource_are_forgotten() {
-        let (kernel, resources) = node();
+        let (_, resources) = node();
         let assignments = Assignments::default();
         assignments.assigned("dpMvp3", "dp", 40);
         assignments.assigned("oldMvp0", "old", 41);
         assignments.assigned("oldMvp1", "old", 42);
-        let r = reclaimer_of(kernel, AllocationClock::default())
-            .with_healing(assignments.clone(), PathBuf::from("/nonexistent"));
         let allocated: HashSet<String> = ["oldMvp1".to_string()].into();
-        r.forget_unconfigured(&allocated, &resources).await.unwrap();
+        forget_unconfigured(&assignments, &allocated, &resources);
         assert!(assignments.get("dpMvp3").is_some(), "configured");
         assert!(
             assignments.get("oldMvp0").is_none(),
@@ -775,7 +592,7 @@ mod tests {
         assignments.assigned("dpMvp3", "dp", 40);
         let dev = tempfile::tempdir().unwrap();
         let mut r = reclaimer_of(kernel.clone(), AllocationClock::default())
-            .with_healing(assignments, dev.path().to_path_buf());
+            .with_healing(assignments, HostPaths::with_dev(dev.path()));
         // dpMvp3's link is gone from the host, and its tap node with it.
         let t0 = Instant::now();
         let held = ["dpMvp3"];
@@ -833,82 +650,5 @@ mod tests {
         assert!(r.due(&l, t0 + Duration::from_secs(100)).is_empty());
         assert!(r.due(&l, t0 + Duration::from_secs(149)).is_empty());
         assert_eq!(r.due(&l, t0 + Duration::from_secs(151)).len(), 1);
-    }
-}
-
-/// Watches `dev_dir` on the daemon's `fs` for deleted tap nodes (see
-/// [`tap_node_deleted`]), so that a lost link is healed at once rather
-/// than at the next reclaim interval. Without the watch, healing still
-/// runs every interval; that is logged once.
-pub fn watch_tap_nodes(
-    fs: &crate::fswatch::DirWatcher,
-    dev_dir: &Path,
-) -> Option<nix::sys::inotify::WatchDescriptor> {
-    match fs.watch_deletions(dev_dir) {
-        Ok(wd) => Some(wd),
-        Err(e) => {
-            warn!(dir = %dev_dir.display(), error = %e,
-                "cannot watch tap nodes; lost links are healed at each reclaim interval only");
-            None
-        }
-    }
-}
-
-/// Whether `ev` (of the watch [`watch_tap_nodes`] made) is the deletion of
-/// a `tap*` node: a macvtap destroyed in any namespace.
-pub fn tap_node_deleted(ev: &crate::fswatch::FsEvent) -> bool {
-    ev.mask
-        .contains(nix::sys::inotify::AddWatchFlags::IN_DELETE)
-        && ev
-            .name
-            .as_ref()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with("tap"))
-}
-
-#[cfg(test)]
-mod tap_node_tests {
-    use super::*;
-    use crate::fswatch::DirWatcher;
-
-    #[tokio::test]
-    async fn only_deleted_tap_nodes_are_reported() {
-        let dir = tempfile::tempdir().unwrap();
-        let (fs, mut events) = DirWatcher::new().unwrap();
-        let wd = watch_tap_nodes(&fs, dir.path()).unwrap();
-        for name in ["tap4242", "null", "tapx"] {
-            std::fs::write(dir.path().join(name), "").unwrap();
-        }
-        std::fs::remove_file(dir.path().join("null")).unwrap();
-        std::fs::remove_file(dir.path().join("tap4242")).unwrap();
-        std::fs::rename(dir.path().join("tapx"), dir.path().join("tapy")).unwrap();
-        std::fs::remove_file(dir.path().join("tapy")).unwrap();
-        let mut seen = Vec::new();
-        while seen.len() < 3 {
-            let batch = tokio::time::timeout(Duration::from_secs(10), events.recv())
-                .await
-                .expect("the deletions are reported")
-                .unwrap();
-            seen.extend(batch.into_iter().inspect(|e| assert_eq!(e.wd, wd)));
-        }
-        let reported: Vec<_> = seen
-            .iter()
-            .map(|e| (e.name.clone().unwrap(), tap_node_deleted(e)))
-            .collect();
-        assert_eq!(
-            reported,
-            [
-                ("null".into(), false),
-                ("tap4242".into(), true),
-                ("tapy".into(), true)
-            ],
-            "deletions only (no creation, write or rename), tap nodes told apart"
-        );
-    }
-
-    #[test]
-    fn a_dev_that_cannot_be_watched_is_no_error() {
-        let (fs, _events) = DirWatcher::new().unwrap();
-        assert!(watch_tap_nodes(&fs, Path::new("/nonexistent-dev")).is_none());
     }
 }

@@ -201,7 +201,7 @@ pub fn check_settings(path: &Path, kubelet_dir: &Path) -> Finding {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::doctor::Level;
+    use crate::operator::doctor::Level;
 
     #[test]
     fn the_settings_file_must_be_valid_and_root_only() {

@@ -3,7 +3,7 @@
 //! `/dev` is not).
 
 use super::Finding;
-use crate::allocate::missing_tap_node_cause;
+use crate::core::link::missing_tap_node_cause;
 use std::path::Path;
 
 /// Whether the macvtap driver is there: `/sys/class/macvtap` exists once it
@@ -56,7 +56,7 @@ pub fn check_dev(dev_dir: &Path, mountinfo: &str) -> Finding {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::doctor::Level;
+    use crate::operator::doctor::Level;
 
     #[test]
     fn dev_must_be_devtmpfs() {

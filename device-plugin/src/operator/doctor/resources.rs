@@ -4,10 +4,10 @@
 
 use super::Finding;
 use crate::config::{ResourceConfig, Resources};
-use crate::discovery;
-use crate::health::{NicHealth, resource_health};
+use crate::core::nic::discovery;
+use crate::core::nic::health::{NicHealth, resource_health};
+use crate::core::reclaim::{go_era_leaked_links, leaked_links};
 use crate::options::{Options, load_config};
-use crate::reclaim::{go_era_leaked_links, leaked_links};
 use macvtap_link::device::parse_device_id;
 use macvtap_link::{Handle, Link, Links};
 use std::collections::{BTreeMap, HashSet};
@@ -207,7 +207,7 @@ pub fn check_leaked(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::doctor::Level;
+    use crate::operator::doctor::Level;
 
     fn nic(index: u32, name: &str, up: bool) -> Link {
         Link {

@@ -1,0 +1,162 @@
+//! The daemon's network namespace on one kernel, and where the host's file
+//! systems are: the one handle that link creation, reclaim and heal do
+//! their kernel work through. The daemon passes the real kernel
+//! ([`macvtap_link::Linux`]) and the real paths; unit tests pass the fake
+//! kernel (and temporary directories), so every decision runs without root.
+
+use macvtap_link::{Kernel, Links, Netns, Result};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// Where the host's sysfs, devtmpfs and procfs are, as the daemon sees them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPaths {
+    /// sysfs (`/sys`); in the daemon's mount namespace it shows the daemon's
+    /// network namespace (the host's, or the node namespace of a test).
+    pub sysfs: PathBuf,
+    /// Where the kernel's tap nodes appear (`/dev`).
+    pub dev: PathBuf,
+    /// procfs (`/proc`), for the mount table.
+    pub proc: PathBuf,
+}
+
+impl Default for HostPaths {
+    /// `/sys`, `/dev` and `/proc`.
+    fn default() -> Self {
+        Self {
+            sysfs: PathBuf::from("/sys"),
+            dev: PathBuf::from("/dev"),
+            proc: PathBuf::from("/proc"),
+        }
+    }
+}
+
+impl HostPaths {
+    /// The default paths with tap nodes in `dev` instead.
+    pub fn with_dev(dev: impl Into<PathBuf>) -> Self {
+        Self {
+            dev: dev.into(),
+            ..Self::default()
+        }
+    }
+
+    /// The mount table of this process (`<proc>/self/mountinfo`).
+    pub fn mountinfo(&self) -> PathBuf {
+        self.proc.join("self/mountinfo")
+    }
+
+    /// The tap node directory.
+    pub fn dev(&self) -> &Path {
+        &self.dev
+    }
+}
+
+/// One network namespace on `kernel`: its links, and the namespace itself
+/// for what is read from inside it (a macvtap's char device in sysfs) and
+/// the tap nodes of its macvtaps.
+pub struct Host<'k> {
+    kernel: &'k dyn Kernel,
+    netns: Netns,
+    links: Box<dyn Links + Send + 'k>,
+    paths: HostPaths,
+}
+
+impl<'k> Host<'k> {
+    /// The calling thread's namespace on `kernel`: the host's, since the
+    /// daemon never changes namespace.
+    pub fn current(kernel: &'k dyn Kernel) -> Result<Self> {
+        Ok(Self {
+            kernel,
+            netns: kernel.current_netns()?,
+            // A socket of the calling thread's own: no helper thread.
+            links: kernel.links(None)?,
+            paths: HostPaths::default(),
+        })
+    }
+
+    /// Namespace `netns` on `kernel`, with a netlink socket opened inside it
+    /// (from a helper thread).
+    pub fn in_netns(kernel: &'k dyn Kernel, netns: Netns) -> Result<Self> {
+        let links = kernel.links(Some(&netns))?;
+        Ok(Self {
+            kernel,
+            netns,
+            links,
+            paths: HostPaths::default(),
+        })
+    }
+
+    /// The same namespace with the host's file systems at `paths`.
+    pub fn with_paths(mut self, paths: HostPaths) -> Self {
+        self.paths = paths;
+        self
+    }
+
+    /// Where the host's sysfs, tap nodes and procfs are.
+    pub fn paths(&self) -> &HostPaths {
+        &self.paths
+    }
+
+    /// The kernel, for sysfs reads and tap nodes.
+    pub fn kernel(&self) -> &'k dyn Kernel {
+        self.kernel
+    }
+
+    /// The namespace.
+    pub fn netns(&self) -> &Netns {
+        &self.netns
+    }
+
+    /// The namespace's links.
+    pub fn links(&self) -> &dyn Links {
+        self.links.as_ref()
+    }
+}
+
+/// The host handle (the namespace's descriptor and a netlink socket) that
+/// every [`with_spare`] shares, saving a socket set-up per request (the
+/// daemon never leaves the host namespace). One, whatever thread of the
+/// blocking pool serves the next request: a handle per thread would hold a
+/// pair of descriptors for every thread the pool ever ran one on.
+static SPARE: std::sync::Mutex<Option<Host<'static>>> = std::sync::Mutex::new(None);
+
+/// Runs `f` on the calling thread's namespace on the real kernel, with the
+/// host's file systems at `paths`, through the one spare handle when it is
+/// that namespace's and has those paths (a thread elsewhere, only in tests,
+/// opens its own). A handle whose run failed is not kept; of two runs at
+/// once, the second to finish closes its own.
+pub fn with_spare<T, E: From<macvtap_link::Error>>(
+    paths: &HostPaths,
+    f: impl FnOnce(&Host<'static>) -> std::result::Result<T, E>,
+) -> std::result::Result<T, E> {
+    let spare = SPARE
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take_if(|h| h.netns().is_current() && h.paths() == paths);
+    let host = match spare {
+        Some(host) => host,
+        None => Host::current(&macvtap_link::Linux)?.with_paths(paths.clone()),
+    };
+    let result = f(&host);
+    if result.is_ok() {
+        SPARE
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(host);
+    }
+    result
+}
+
+/// Closes the spare handle (tests count the descriptors it holds).
+pub fn drop_spare() {
+    drop(SPARE.lock().unwrap_or_else(|e| e.into_inner()).take());
+}
+
+impl fmt::Debug for Host<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Host")
+            .field("netns", &self.netns.path())
+            .field("paths", &self.paths)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,109 @@
+//! A macvtap's tap node: `/dev/tap<ifindex>` checked to be the link's char
+//! device (read from sysfs when it shows the link, else from inside its
+//! namespace), and when it never appears, why ([`super::mountinfo`]).
+
+use super::create::device_error;
+use super::mountinfo::missing_tap_node_cause;
+use crate::core::host::Host;
+use crate::error::Error;
+use macvtap_link::tapdev::parse_major_minor;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// How long devtmpfs gets to create `/dev/tapN` after the macvtap appears.
+const TAP_NODE_WAIT: Duration = Duration::from_secs(2);
+
+/// A failed tap node check, before it is tied to a device.
+pub(super) enum NodeError {
+    Link(macvtap_link::Error),
+    /// The node never appeared, and `cause` says why.
+    Missing {
+        node: PathBuf,
+        cause: String,
+    },
+}
+
+impl NodeError {
+    pub(super) fn for_device(self, id: &str, name: &str) -> Error {
+        match self {
+            NodeError::Link(source) => device_error(id, name)(source),
+            NodeError::Missing { node, cause } => Error::TapNodeMissing {
+                device_id: id.to_string(),
+                link: name.to_string(),
+                node,
+                cause,
+            },
+        }
+    }
+}
+
+/// Waits for the link's tap node to be its char device. When it never
+/// appears and the host's tap node directory is not devtmpfs, the error says so.
+pub(super) fn check_node(
+    host: &Host,
+    name: &str,
+    ifindex: u32,
+    node: &Path,
+) -> std::result::Result<(), NodeError> {
+    let dev = match tap_dev_from_sysfs(&host.paths().sysfs, name, ifindex) {
+        Some(dev) => dev,
+        None => host
+            .kernel()
+            .tap_device(host.netns(), name)
+            .map_err(NodeError::Link)?,
+    };
+    match host.kernel().open_tap_node(node, dev, TAP_NODE_WAIT) {
+        Ok(_) => Ok(()),
+        Err(e) if node.symlink_metadata().is_err() => {
+            let mountinfo = std::fs::read_to_string(host.paths().mountinfo()).unwrap_or_default();
+            match missing_tap_node_cause(host.paths().dev(), &mountinfo) {
+                Some(cause) => Err(NodeError::Missing {
+                    node: node.to_path_buf(),
+                    cause,
+                }),
+                None => Err(NodeError::Link(e)),
+            }
+        }
+        Err(e) => Err(NodeError::Link(e)),
+    }
+}
+
+/// `major:minor` of macvtap `name`'s char device from `sysfs`, when it shows
+/// this link (same name and ifindex there): the common case, which needs no
+/// helper thread. One read does both: the kernel names a macvtap's char
+/// device `tap<ifindex>` under its link, so
+/// `class/net/<name>/macvtap/tap<ifindex>/dev` exists only when sysfs shows
+/// a link of this name with this ifindex. (A fresh sysfs mount cannot be
+/// used when `sysfs` already shows the namespace: the kernel refuses to
+/// mount the same sysfs on `/sys` twice, with `EBUSY`.)
+fn tap_dev_from_sysfs(sysfs: &Path, name: &str, ifindex: u32) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string(tap_dev_file(sysfs, name, ifindex)).ok()?;
+    parse_major_minor(text.trim())
+}
+
+/// Where sysfs shows the char device of macvtap `name` with `ifindex`.
+fn tap_dev_file(sysfs: &Path, name: &str, ifindex: u32) -> PathBuf {
+    sysfs
+        .join("class/net")
+        .join(name)
+        .join("macvtap")
+        .join(format!("tap{ifindex}"))
+        .join("dev")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sysfs_gives_the_tap_device_only_for_the_links_ifindex() {
+        let sysfs = tempfile::tempdir().unwrap();
+        let file = tap_dev_file(sysfs.path(), "mvt0", 7);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, "240:3\n").unwrap();
+        assert_eq!(tap_dev_from_sysfs(sysfs.path(), "mvt0", 7), Some((240, 3)));
+        // Another link of that name (another namespace's) has another ifindex.
+        assert_eq!(tap_dev_from_sysfs(sysfs.path(), "mvt0", 8), None);
+        assert_eq!(tap_dev_from_sysfs(sysfs.path(), "mvt1", 7), None);
+    }
+}

@@ -1,0 +1,18 @@
+//! The core of the node agent: the node's truth, whatever front serves it.
+//!
+//! It knows the node's NICs and their health ([`nic`]) from one table of
+//! the node's links kept by netlink events ([`link_table`]), holds the
+//! host's namespace on the kernel seam with the host's paths ([`host`]), makes, reuses and checks devices' macvtaps ([`link`]), keeps
+//! what was handed out ([`ledger`]), brings a held device's lost link
+//! back ([`heal`]) and removes leaked ones ([`reclaim`]).
+//! The fronts only translate: the kubelet's device plugin API
+//! ([`crate::kubelet`]) and the operator's metrics, Events, `doctor` and
+//! HTTP. A second front (a DRA driver) calls the same functions.
+
+pub mod heal;
+pub mod host;
+pub mod ledger;
+pub mod link;
+pub mod link_table;
+pub mod nic;
+pub mod reclaim;

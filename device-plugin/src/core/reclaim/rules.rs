@@ -1,0 +1,181 @@
+//! The reclaim rules as plain functions: which device IDs of ours the
+//! kubelet says are allocated, and which links look leaked (this plugin's
+//! `mvt…` macvtaps and the Go plugin's v0.13.1 `<name>Mvp<i>` ones). The
+//! round ([`super::Reclaimer`]) applies them; `doctor` reports by them.
+
+use crate::config::ResourceConfig;
+use crate::core::ledger::Assignments;
+use kubelet_proto::podresources::v1::ListPodResourcesResponse;
+use macvtap_link::{DeviceLinkName, Link, RESOURCE_PREFIX, link_name_for_device, parse_link_name};
+use std::collections::{HashMap, HashSet};
+
+/// A link as the reclaimer tells links apart: a link deleted and created
+/// again under the same name has another ifindex, and starts over.
+pub(crate) type LinkIdentity = (String, u32);
+
+/// The device IDs of our resources that the kubelet reports as allocated.
+pub fn allocated_ids(resp: &ListPodResourcesResponse) -> HashSet<String> {
+    let prefix = format!("{RESOURCE_PREFIX}/");
+    resp.pod_resources
+        .iter()
+        .flat_map(|p| &p.containers)
+        .flat_map(|c| &c.devices)
+        .filter(|d| d.resource_name.starts_with(&prefix))
+        .flat_map(|d| d.device_ids.iter().cloned())
+        .collect()
+}
+
+/// The links that look leaked: macvtaps named like device links, on one of
+/// the `lowers` (NIC names), whose name is not that of an allocated device.
+pub fn leaked_links(
+    links: &[Link],
+    lowers: &HashSet<String>,
+    allocated: &HashSet<String>,
+) -> Vec<Link> {
+    let lower_index: HashSet<u32> = links
+        .iter()
+        .filter(|l| lowers.contains(&l.name))
+        .map(|l| l.index)
+        .collect();
+    let in_use: HashSet<String> = allocated
+        .iter()
+        .map(|id| link_name_for_device(id))
+        .collect();
+    links
+        .iter()
+        .filter(|l| l.is_macvtap() && parse_link_name(&l.name) == Some(DeviceLinkName::Hashed))
+        .filter(|l| l.lower_index.is_some_and(|i| lower_index.contains(&i)))
+        .filter(|l| !in_use.contains(&l.name))
+        .cloned()
+        .collect()
+}
+
+/// The links the Go device plugin v0.13.1 made that look leaked: macvtaps
+/// named after a device ID of one of `resources` (`<name>Mvp<i>`) on that
+/// resource's NIC, whose device is not allocated. CNI DEL gives such a link
+/// back under that name, so nothing else would ever remove it.
+pub fn go_era_leaked_links(
+    links: &[Link],
+    resources: &[ResourceConfig],
+    allocated: &HashSet<String>,
+) -> Vec<Link> {
+    let names: HashMap<u32, &str> = links.iter().map(|l| (l.index, l.name.as_str())).collect();
+    links
+        .iter()
+        .filter(|l| l.is_macvtap() && !l.lower_in_other_netns && !allocated.contains(&l.name))
+        .filter(|l| {
+            let Some(DeviceLinkName::GoEra { resource, .. }) = parse_link_name(&l.name) else {
+                return false;
+            };
+            let lower = l.lower_index.and_then(|i| names.get(&i).copied());
+            resources
+                .iter()
+                .any(|r| r.name == resource && lower == Some(r.lower_device.as_str()))
+        })
+        .cloned()
+        .collect()
+}
+
+/// Forgets the handed-out devices that no pod holds (per `allocated`) of
+/// resources no longer configured, so the record (and its file) stays
+/// within the configured capacity plus what pods hold.
+pub fn forget_unconfigured(
+    assignments: &Assignments,
+    allocated: &HashSet<String>,
+    resources: &[ResourceConfig],
+) {
+    let names: HashSet<&str> = resources.iter().map(|r| r.name.as_str()).collect();
+    assignments.retain(|id, at| allocated.contains(id) || names.contains(at.resource.as_str()));
+}
+
+/// A link's identity: its name and ifindex.
+pub(crate) fn identity(l: &Link) -> LinkIdentity {
+    (l.name.clone(), l.index)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kubelet_proto::podresources::v1::{ContainerDevices, ContainerResources, PodResources};
+    use test_support::fake::link;
+
+    #[test]
+    fn allocated_ids_are_ours_only() {
+        let resp = ListPodResourcesResponse {
+            pod_resources: vec![PodResources {
+                name: "vm".into(),
+                namespace: "default".into(),
+                containers: vec![ContainerResources {
+                    name: "compute".into(),
+                    devices: vec![
+                        ContainerDevices {
+                            resource_name: "macvtap.network.kubevirt.io/eth0".into(),
+                            device_ids: vec!["eth0Mvp1".into()],
+                            topology: None,
+                        },
+                        ContainerDevices {
+                            resource_name: "nvidia.com/gpu".into(),
+                            device_ids: vec!["GPU-1".into()],
+                            topology: None,
+                        },
+                    ],
+                    ..Default::default()
+                }],
+            }],
+        };
+        assert_eq!(
+            allocated_ids(&resp),
+            HashSet::from(["eth0Mvp1".to_string()])
+        );
+    }
+
+    #[test]
+    fn only_unallocated_device_macvtaps_on_our_nics_are_leaked() {
+        let used = link_name_for_device("eth0Mvp1");
+        let free = link_name_for_device("eth0Mvp2");
+        let links = vec![
+            link(2, "eth0", "veth", None),
+            link(3, "eth9", "veth", None),
+            link(10, &used, "macvtap", Some(2)),
+            link(11, &free, "macvtap", Some(2)),
+            link(12, &link_name_for_device("eth9Mvp0"), "macvtap", Some(3)),
+            link(13, "macvtap0", "macvtap", Some(2)),
+            link(14, &link_name_for_device("eth0Mvp3"), "macvlan", Some(2)),
+        ];
+        let lowers = HashSet::from(["eth0".to_string()]);
+        let allocated = HashSet::from(["eth0Mvp1".to_string()]);
+        let leaked = leaked_links(&links, &lowers, &allocated);
+        assert_eq!(leaked.iter().map(|l| l.index).collect::<Vec<_>>(), [11]);
+    }
+
+    #[test]
+    fn go_era_links_of_our_resources_on_their_nics_are_leaked_when_unallocated() {
+        let links = vec![
+            link(2, "eth0", "veth", None),
+            link(3, "eth9", "veth", None),
+            link(10, "dpMvp1", "macvtap", Some(2)),
+            link(11, "dpMvp2", "macvtap", Some(2)),
+            // Another resource's name, the wrong NIC, not a macvtap, no shape.
+            link(12, "otherMvp0", "macvtap", Some(2)),
+            link(13, "dpMvp3", "macvtap", Some(3)),
+            link(14, "dpMvp4", "macvlan", Some(2)),
+            link(15, "dpMvpx", "macvtap", Some(2)),
+            Link {
+                lower_in_other_netns: true,
+                ..link(16, "dpMvp5", "macvtap", Some(2))
+            },
+        ];
+        let resources = vec![ResourceConfig {
+            name: "dp".into(),
+            lower_device: "eth0".into(),
+            mode: macvtap_link::MacvtapMode::Bridge,
+            capacity: 10,
+        }];
+        let allocated = HashSet::from(["dpMvp1".to_string()]);
+        let leaked = go_era_leaked_links(&links, &resources, &allocated);
+        assert_eq!(leaked.iter().map(|l| l.index).collect::<Vec<_>>(), [11]);
+        // The mvt… scan never picks them up itself.
+        let lowers = HashSet::from(["eth0".to_string()]);
+        assert!(leaked_links(&links, &lowers, &HashSet::new()).is_empty());
+    }
+}

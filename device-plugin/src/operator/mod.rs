@@ -1,0 +1,12 @@
+//! The operator's front: what the daemon shows the people who run it.
+//! Prometheus metrics ([`metrics`], with the Go client's `process_*` from
+//! [`procstat`]), the liveness heartbeat ([`liveness`]) and the HTTP server
+//! of both ([`http`]), Kubernetes Events on the Node ([`events`]) and the
+//! `doctor` subcommand's checks of a node ([`doctor`]).
+
+pub mod doctor;
+pub mod events;
+pub mod http;
+pub mod liveness;
+pub mod metrics;
+pub mod procstat;
