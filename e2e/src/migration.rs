@@ -445,9 +445,14 @@ impl Cluster {
                 .collect();
             let port_before = self.segment.port_of(VM_MAC)?;
             let started = Instant::now();
-            vm.qmp.execute("migrate", Some(json!({ "uri": uri })))?;
+            vm.qmp
+                .execute("migrate", Some(json!({ "uri": uri })))
+                .context("starting the migration on the source QEMU")?;
             let (completed, info) = loop {
-                let info = vm.qmp.execute("query-migrate", None)?;
+                let info = vm
+                    .qmp
+                    .execute("query-migrate", None)
+                    .context("asking the source QEMU how the migration goes")?;
                 match info["status"].as_str() {
                     Some("completed") => break (Instant::now(), info),
                     Some("failed") | Some("cancelled") => bail!(
@@ -464,7 +469,7 @@ impl Cluster {
                 std::thread::sleep(Duration::from_millis(5));
             };
             let answered = pinger.wait_for(AFTER, |l| l.replies_after(completed) >= REPLIES_AFTER);
-            let target_status = target_vm.qmp.status()?;
+            let target_status = target_vm.qmp.status().context("asking the target QEMU")?;
             let port_after = self.segment.port_of(VM_MAC)?;
             let log = pinger.stop(REPLY_GRACE)?;
             ensure!(

@@ -72,7 +72,9 @@ impl Qmp {
         if let Some(a) = arguments {
             msg["arguments"] = a;
         }
-        self.writer.write_all(format!("{msg}\n").as_bytes())?;
+        self.writer
+            .write_all(format!("{msg}\n").as_bytes())
+            .with_context(|| format!("sending {command} to QMP (did QEMU exit?)"))?;
         loop {
             let v = self.read()?;
             if let Some(r) = v.get("return") {
