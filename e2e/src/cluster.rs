@@ -75,9 +75,7 @@ impl Cluster {
     /// cluster is kept and used as it is).
     pub fn up() -> Result<Self> {
         let status = cluster_sh(&["status"])?;
-        let was_running = status
-            .lines()
-            .any(|l| l == "kubelet: running" || l.starts_with("kubelet: running "));
+        let was_running = status.lines().any(|l| l.starts_with("kubelet: running"));
         cluster_sh(&["up"])?;
         let env = parse_env(&cluster_sh(&["env"])?)?;
         Ok(Cluster {
@@ -146,7 +144,7 @@ impl Cluster {
 
     /// `kubectl ARGS` whatever its exit status.
     pub fn kubectl_output(&self, args: &[&str], input: Option<&str>) -> Result<Output> {
-        let mut child = Command::new(kubectl_path())
+        let mut child = Command::new(test_kubelet::tools::venv_tool("kubectl"))
             .arg("--kubeconfig")
             .arg(&self.env.kubeconfig)
             .args(args)
@@ -225,18 +223,6 @@ impl Drop for Cluster {
         if let Err(e) = cluster_sh(&["down"]) {
             eprintln!("bringing the cluster down: {e:#}");
         }
-    }
-}
-
-fn kubectl_path() -> PathBuf {
-    let venv = std::env::var_os("MACVTAP_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/opt/macvtap-rs/venv"));
-    let in_venv = venv.join("bin/kubectl");
-    if in_venv.exists() {
-        in_venv
-    } else {
-        PathBuf::from("kubectl")
     }
 }
 
@@ -351,7 +337,6 @@ fn copy_with_libs(bin: &Path, root: &Path) -> Result<()> {
         }
         std::fs::copy(&f, &to).with_context(|| format!("copying {}", f.display()))?;
     }
-    // /lib64 holds the loader's usual path on amd64.
     Ok(())
 }
 

@@ -29,22 +29,26 @@ pub struct NodeDirsLock {
     _locks: [nix::fcntl::Flock<std::fs::File>; 2],
 }
 
-fn flock(path: &str) -> Result<nix::fcntl::Flock<std::fs::File>> {
+/// Takes an exclusive `flock` on `path` (created if missing), waiting for
+/// another holder to let go.
+pub(crate) fn flock(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(path)
-        .with_context(|| format!("opening {path}"))?;
+        .with_context(|| format!("opening {}", path.display()))?;
     nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| anyhow::anyhow!("locking {path}: {e}"))
+        .map_err(|(_, e)| anyhow::anyhow!("locking {}: {e}", path.display()))
 }
 
 /// Waits for and takes both locks, device plugins first (as every holder
 /// of both takes them).
 pub fn lock_node_dirs() -> Result<NodeDirsLock> {
-    let dp = flock(HOST_DEVICE_PLUGINS_LOCK)?;
-    let pr = flock(crate::multus::host_pod_resources::HOST_POD_RESOURCES_LOCK)?;
+    let dp = flock(Path::new(HOST_DEVICE_PLUGINS_LOCK))?;
+    let pr = flock(Path::new(
+        crate::multus::host_pod_resources::HOST_POD_RESOURCES_LOCK,
+    ))?;
     Ok(NodeDirsLock { _locks: [dp, pr] })
 }
 
@@ -58,14 +62,7 @@ impl HostDevicePlugins {
     }
 
     fn claim_at(dir: &Path, lock_path: &Path) -> Result<Self> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(lock_path)
-            .with_context(|| format!("opening {}", lock_path.display()))?;
-        let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-            .map_err(|(_, e)| anyhow::anyhow!("locking {}: {e}", lock_path.display()))?;
+        let lock = flock(lock_path)?;
         let kubelet_sock = dir.join("kubelet.sock");
         if std::os::unix::net::UnixStream::connect(&kubelet_sock).is_ok() {
             bail!(

@@ -568,7 +568,12 @@ fn scenario(run: &mut Run) -> Result<()> {
         .say(format!("rolled out to {tag_b}, 0 of {sent} pings lost"));
 
     run.steps.step("/metrics from the node");
-    let metrics = http_get("127.0.0.1:9402", "/metrics")?;
+    let metrics = test_kubelet::http_get_here(9402, "/metrics")?;
+    ensure!(
+        metrics.starts_with("HTTP/1.1 200"),
+        "GET /metrics: {}",
+        metrics.lines().next().unwrap_or("")
+    );
     ensure!(
         metrics.contains(&format!("resource=\"{RESOURCE}\"")),
         "/metrics names no series of {RESOURCE}:\n{metrics}"
@@ -697,14 +702,7 @@ fn scenario(run: &mut Run) -> Result<()> {
         !logs.to_lowercase().contains("forbidden"),
         "our daemon was refused something:\n{logs}"
     );
-    c.kubectl(&[
-        "patch",
-        "clusterrole",
-        "macvtap-cni-events",
-        "--type=json",
-        "-p",
-        r#"[{"op":"replace","path":"/rules/0/verbs","value":["create"]}]"#,
-    ])?;
+    set_event_verbs(c, &["create"])?;
     ip(&["link", "set", NIC, "down"])?;
     let refused = c.wait("our daemon saying it was refused an Event", WAIT, || {
         let logs = run.daemon_logs()?;
@@ -714,14 +712,7 @@ fn scenario(run: &mut Run) -> Result<()> {
             .map(str::to_string))
     });
     ip(&["link", "set", NIC, "up"])?;
-    c.kubectl(&[
-        "patch",
-        "clusterrole",
-        "macvtap-cni-events",
-        "--type=json",
-        "-p",
-        r#"[{"op":"replace","path":"/rules/0/verbs","value":["create","patch"]}]"#,
-    ])?;
+    set_event_verbs(c, &["create", "patch"])?;
     let refused = refused?;
     run.steps.say(format!(
         "without patch on events (a repeat of an Event is a patch): {refused}"
@@ -746,6 +737,20 @@ fn node_event_naming(c: &Cluster, reason: &str, what: &str) -> Result<Option<()>
                 && e["note"].as_str().is_some_and(|n| n.contains(what))
         })
         .then_some(()))
+}
+
+/// Sets the verbs our ClusterRole `macvtap-cni-events` grants on Events.
+fn set_event_verbs(c: &Cluster, verbs: &[&str]) -> Result<()> {
+    let patch = json!([{"op": "replace", "path": "/rules/0/verbs", "value": verbs}]);
+    c.kubectl(&[
+        "patch",
+        "clusterrole",
+        "macvtap-cni-events",
+        "--type=json",
+        "-p",
+        &patch.to_string(),
+    ])
+    .map(|_| ())
 }
 
 fn all_daemon_logs(c: &Cluster) -> Result<String> {
@@ -797,23 +802,6 @@ fn daemon_pid() -> Result<u32> {
             other.len()
         ),
     }
-}
-
-/// `GET path` over plain HTTP/1.0.
-fn http_get(addr: &str, path: &str) -> Result<String> {
-    use std::io::{Read, Write};
-    let mut s =
-        std::net::TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
-    let mut body = String::new();
-    s.read_to_string(&mut body)?;
-    ensure!(
-        body.starts_with("HTTP/1.1 200") || body.starts_with("HTTP/1.0 200"),
-        "GET {path}: {}",
-        body.lines().next().unwrap_or("")
-    );
-    Ok(body)
 }
 
 /// `to` relative to `from` (both absolute).

@@ -32,7 +32,7 @@ pub mod tools;
 
 pub use apiserver::{ApiRequest, FakeApiServer, validate_event_v1};
 pub use daemon::Daemon;
-pub use http::http_get;
+pub use http::{http_get, http_get_here};
 pub use plugin_client::{DeviceWatch, PluginClient, summary};
 pub use pod_resources::{TEST_POD, TestPodResources};
 pub use rate_limit::TokenBucket;

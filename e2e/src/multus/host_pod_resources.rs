@@ -27,13 +27,7 @@ impl HostPodResources {
     /// socket or anything else is there (a real kubelet's: these tests must
     /// not run on a real node).
     pub fn serve(upstream: &Path) -> Result<Self> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(HOST_POD_RESOURCES_LOCK)?;
-        let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-            .map_err(|(_, e)| anyhow::anyhow!("locking {HOST_POD_RESOURCES_LOCK}: {e}"))?;
+        let lock = crate::host_kubelet::flock(Path::new(HOST_POD_RESOURCES_LOCK))?;
         let path = Path::new(HOST_POD_RESOURCES);
         claim_socket_path(path)?;
         let mut me = HostPodResources {
