@@ -4,9 +4,25 @@
 //! ([`macvtap_link::Linux`]) and the real paths; unit tests pass the fake
 //! kernel (and temporary directories), so every decision runs without root.
 
+use crate::core::link::missing_tap_node_cause;
 use macvtap_link::{Kernel, Links, Netns, Result};
 use std::fmt;
 use std::path::{Path, PathBuf};
+
+/// Whether the kernel's tap nodes show in the tap node directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum TapNodes {
+    /// It is the host's devtmpfs: every macvtap's `/dev/tapN` appears there.
+    #[default]
+    Shown,
+    /// It is not devtmpfs (a privileged container's own `/dev`, copied at its
+    /// start; a kind node's tmpfs), so no new tap node ever shows there;
+    /// `cause` says so and names the mount that would change it.
+    Unseen {
+        /// Why, as one sentence.
+        cause: String,
+    },
+}
 
 /// Where the host's sysfs, devtmpfs and procfs are, as the daemon sees them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,6 +34,9 @@ pub struct HostPaths {
     pub dev: PathBuf,
     /// procfs (`/proc`), for the mount table.
     pub proc: PathBuf,
+    /// Whether tap nodes show in `dev` ([`HostPaths::judged`] reads it from
+    /// the mount table; shown unless judged otherwise).
+    pub tap_nodes: TapNodes,
 }
 
 impl Default for HostPaths {
@@ -27,6 +46,7 @@ impl Default for HostPaths {
             sysfs: PathBuf::from("/sys"),
             dev: PathBuf::from("/dev"),
             proc: PathBuf::from("/proc"),
+            tap_nodes: TapNodes::Shown,
         }
     }
 }
@@ -48,6 +68,23 @@ impl HostPaths {
     /// The tap node directory.
     pub fn dev(&self) -> &Path {
         &self.dev
+    }
+
+    /// The same paths with [`HostPaths::tap_nodes`] read from the mount
+    /// table: unseen when `dev` is a mount other than devtmpfs, shown when
+    /// it is devtmpfs or its mount cannot be told (as before this was asked).
+    pub fn judged(mut self) -> Self {
+        let mountinfo = std::fs::read_to_string(self.mountinfo()).unwrap_or_default();
+        self.tap_nodes = match missing_tap_node_cause(&self.dev, &mountinfo) {
+            Some(cause) => TapNodes::Unseen { cause },
+            None => TapNodes::Shown,
+        };
+        self
+    }
+
+    /// Whether the kernel's tap nodes show in the tap node directory.
+    pub fn tap_nodes_shown(&self) -> bool {
+        self.tap_nodes == TapNodes::Shown
     }
 }
 

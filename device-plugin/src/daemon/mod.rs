@@ -220,11 +220,14 @@ impl Daemon {
 
         let (configs_tx, configs_rx) = watch::channel(Vec::new());
         let (streams_tx, streams_rx) = mpsc::unbounded_channel();
-        // The host's file systems: sysfs as the options say.
+        // The host's file systems: sysfs as the options say, and whether
+        // tap nodes show in /dev (the host's devtmpfs mounted there) or
+        // not (the Go project's DaemonSets mount no /dev), decided once.
         let paths = HostPaths {
             sysfs: opts.sysfs.clone(),
             ..HostPaths::default()
-        };
+        }
+        .judged();
         let ctx = ServerContext {
             paths: paths.clone(),
             metrics,
