@@ -22,8 +22,8 @@ pub enum Degraded {
     NoHostDev {
         /// The tap node directory.
         dev: PathBuf,
-        /// Why no node shows there, naming the mount.
-        cause: String,
+        /// The file system type it is instead of devtmpfs, e.g. `tmpfs`.
+        fstype: String,
     },
     /// The kubelet's PodResources API cannot be read.
     NoPodResources {
@@ -40,9 +40,9 @@ impl Degraded {
     pub fn of_dev(paths: &HostPaths) -> Option<Self> {
         match &paths.tap_nodes {
             TapNodes::Shown => None,
-            TapNodes::Unseen { cause } => Some(Self::NoHostDev {
+            TapNodes::Unseen { fstype } => Some(Self::NoHostDev {
                 dev: paths.dev.clone(),
-                cause: cause.clone(),
+                fstype: fstype.clone(),
             }),
         }
     }
@@ -74,9 +74,10 @@ impl fmt::Display for Degraded {
     /// would enable it.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::NoHostDev { dev, cause } => write!(
+            Self::NoHostDev { dev, fstype } => write!(
                 f,
-                "the host's /dev is not mounted at {}: {cause}. Without it Allocate answers each \
+                "the host's /dev is not mounted at {} (a {fstype} mount, not devtmpfs, where no \
+                 tap node made after the container started shows), so Allocate answers each \
                  device's host /dev/tapN from sysfs without seeing the node, and lost macvtaps \
                  are never re-created (without tap nodes a macvtap moved into a pod cannot be \
                  told from a lost one); mount the host's /dev (hostPath /dev, read-only) at {} \
@@ -114,14 +115,14 @@ mod tests {
     fn each_gap_names_what_is_left_undone_and_the_mount_that_enables_it() {
         let paths = HostPaths {
             tap_nodes: TapNodes::Unseen {
-                cause: "/dev is a tmpfs mount, not devtmpfs".into(),
+                fstype: "tmpfs".into(),
             },
             ..HostPaths::default()
         };
         let dev = Degraded::of_dev(&paths).unwrap();
         let text = dev.to_string();
         for want in [
-            "/dev is a tmpfs mount, not devtmpfs",
+            "the host's /dev is not mounted at /dev (a tmpfs mount, not devtmpfs",
             "Allocate answers each device's host /dev/tapN from sysfs",
             "lost macvtaps are never re-created",
             "mount the host's /dev (hostPath /dev, read-only) at /dev",

@@ -380,7 +380,7 @@ mod tests {
         let (kernel, lost, resources, dev) = held_device();
         let paths = crate::core::host::HostPaths {
             tap_nodes: crate::core::host::TapNodes::Unseen {
-                cause: "a tmpfs mount, not devtmpfs".into(),
+                fstype: "tmpfs".into(),
             },
             ..dev_at(&dev)
         };

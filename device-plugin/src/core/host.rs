@@ -4,7 +4,7 @@
 //! ([`macvtap_link::Linux`]) and the real paths; unit tests pass the fake
 //! kernel (and temporary directories), so every decision runs without root.
 
-use crate::core::link::missing_tap_node_cause;
+use crate::core::link::not_devtmpfs;
 use macvtap_link::{Kernel, Links, Netns, Result};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -16,11 +16,10 @@ pub enum TapNodes {
     #[default]
     Shown,
     /// It is not devtmpfs (a privileged container's own `/dev`, copied at its
-    /// start; a kind node's tmpfs), so no new tap node ever shows there;
-    /// `cause` says so and names the mount that would change it.
+    /// start; a kind node's tmpfs), so no new tap node ever shows there.
     Unseen {
-        /// Why, as one sentence.
-        cause: String,
+        /// The file system type it is instead, e.g. `tmpfs`.
+        fstype: String,
     },
 }
 
@@ -75,8 +74,8 @@ impl HostPaths {
     /// it is devtmpfs or its mount cannot be told (as before this was asked).
     pub fn judged(mut self) -> Self {
         let mountinfo = std::fs::read_to_string(self.mountinfo()).unwrap_or_default();
-        self.tap_nodes = match missing_tap_node_cause(&self.dev, &mountinfo) {
-            Some(cause) => TapNodes::Unseen { cause },
+        self.tap_nodes = match not_devtmpfs(&self.dev, &mountinfo) {
+            Some(fstype) => TapNodes::Unseen { fstype },
             None => TapNodes::Shown,
         };
         self

@@ -619,7 +619,7 @@ mod tests {
         assert!(posted.try_recv().is_err(), "nothing to say");
         let unseen = HostPaths {
             tap_nodes: crate::core::host::TapNodes::Unseen {
-                cause: format!("{} is a tmpfs mount, not devtmpfs", dev.path().display()),
+                fstype: "tmpfs".into(),
             },
             ..shown
         };

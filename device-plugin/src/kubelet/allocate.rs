@@ -475,7 +475,7 @@ mod tests {
             sysfs: sysfs.path().to_path_buf(),
             dev: dev.path().to_path_buf(),
             tap_nodes: crate::core::host::TapNodes::Unseen {
-                cause: "a tmpfs mount, not devtmpfs".into(),
+                fstype: "tmpfs".into(),
             },
             ..Default::default()
         }

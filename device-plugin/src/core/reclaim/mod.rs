@@ -760,7 +760,7 @@ mod tests {
         let dev = tempfile::tempdir().unwrap();
         let paths = HostPaths {
             tap_nodes: crate::core::host::TapNodes::Unseen {
-                cause: "a tmpfs mount, not devtmpfs".into(),
+                fstype: "tmpfs".into(),
             },
             ..HostPaths::with_dev(dev.path())
         };

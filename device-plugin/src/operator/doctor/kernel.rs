@@ -4,7 +4,7 @@
 
 use super::Finding;
 use crate::core::degraded::Degraded;
-use crate::core::link::missing_tap_node_cause;
+use crate::core::link::not_devtmpfs;
 use std::path::Path;
 
 /// Whether the macvtap driver is there: `/sys/class/macvtap` exists once it
@@ -44,7 +44,7 @@ pub fn check_module(sysfs: &Path, proc_dir: &Path) -> Vec<Finding> {
 /// mount that would enable it, the daemon's own sentence).
 pub fn check_dev(dev_dir: &Path, mountinfo: &str) -> Finding {
     const CHECK: &str = "dev";
-    match missing_tap_node_cause(dev_dir, mountinfo) {
+    match not_devtmpfs(dev_dir, mountinfo) {
         None => Finding::ok(
             CHECK,
             format!(
@@ -52,10 +52,10 @@ pub fn check_dev(dev_dir: &Path, mountinfo: &str) -> Finding {
                 dev_dir.display()
             ),
         ),
-        Some(cause) => {
+        Some(fstype) => {
             let gap = Degraded::NoHostDev {
                 dev: dev_dir.to_path_buf(),
-                cause,
+                fstype,
             };
             Finding::warning(CHECK, gap.to_string())
         }
