@@ -196,3 +196,46 @@ impl fmt::Debug for Host<'_> {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `/dev` judged from a mount table whose `/dev` line is `line` (none
+    /// when empty).
+    fn judged_with(line: &str) -> TapNodes {
+        let proc = tempfile::tempdir().unwrap();
+        std::fs::create_dir(proc.path().join("self")).unwrap();
+        if !line.is_empty() {
+            let root = "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n";
+            std::fs::write(
+                proc.path().join("self/mountinfo"),
+                format!("{root}{line}\n"),
+            )
+            .unwrap();
+        }
+        HostPaths {
+            proc: proc.path().to_path_buf(),
+            ..HostPaths::default()
+        }
+        .judged()
+        .tap_nodes
+    }
+
+    #[test]
+    fn tap_nodes_are_unseen_only_where_dev_is_a_mount_other_than_devtmpfs() {
+        assert_eq!(
+            judged_with("23 22 0:5 / /dev rw,nosuid - devtmpfs udev rw"),
+            TapNodes::Shown
+        );
+        // A privileged container's own /dev.
+        assert_eq!(
+            judged_with("23 22 0:40 / /dev rw,nosuid - tmpfs tmpfs rw,mode=755"),
+            TapNodes::Unseen {
+                fstype: "tmpfs".into()
+            }
+        );
+        // No mount table to read: as before it was asked.
+        assert_eq!(judged_with(""), TapNodes::Shown);
+    }
+}
