@@ -3,6 +3,7 @@
 use crate::config::ENV_VAR;
 use crate::glog::{self, GlogFlags};
 use crate::logging;
+use crate::operator::owner::Owner;
 use crate::options::Options;
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::error::ErrorKind;
@@ -51,9 +52,10 @@ pub struct Args {
     )]
     pub kubelet_dir: PathBuf,
 
-    /// A JSON file in the DP_MACVTAP_CONF format; wins over the environment
-    /// and is re-read when it changes.
-    #[arg(long, global = true, value_name = "FILE")]
+    /// A JSON file in the DP_MACVTAP_CONF format; wins over DP_MACVTAP_CONF
+    /// and is re-read when it changes. From MACVTAP_CONFIG when not given,
+    /// so that `kubectl exec ... doctor` reads the daemon's file too.
+    #[arg(long, global = true, env = "MACVTAP_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
 
     /// A resource, winning over the file and the environment (repeatable):
@@ -101,6 +103,23 @@ pub struct Args {
     /// sets `NODE_NAME` from `spec.nodeName`); without it Events are off.
     #[arg(long, global = true, env = "NODE_NAME", value_name = "NAME")]
     pub node_name: Option<String>,
+
+    /// The DaemonSet that runs the daemon, in the pod's namespace
+    /// (`POD_NAMESPACE`, from the downward API): when it is deleted (an
+    /// uninstall), the daemon removes what is ours from the node as it
+    /// exits. Unset: an exit never cleans.
+    #[arg(long, global = true, value_name = "NAME")]
+    pub owner_daemonset: Option<String>,
+
+    /// The pod's namespace, where `--owner-daemonset` is.
+    #[arg(long, global = true, env = "POD_NAMESPACE", value_name = "NAMESPACE")]
+    pub pod_namespace: Option<String>,
+
+    /// The host's CNI bin dir as mounted (read-write), whose `macvtap` and
+    /// `macvtap.settings.json` an uninstall removes once no pod holds our
+    /// devices. Unset: they are left.
+    #[arg(long, global = true, value_name = "DIR")]
+    pub uninstall_cni_dir: Option<PathBuf>,
 }
 
 /// One-off tasks of the binary.
@@ -245,6 +264,20 @@ impl Args {
             sysfs: PathBuf::from("/sys"),
             register_timeout: self.register_timeout,
             node_name: self.node_name.clone(),
+            owner: match (&self.owner_daemonset, &self.pod_namespace) {
+                (Some(name), Some(ns)) if !name.is_empty() && !ns.is_empty() => Some(Owner {
+                    namespace: ns.clone(),
+                    name: name.clone(),
+                }),
+                (Some(_), _) => {
+                    return Err(
+                        "--owner-daemonset needs the pod's namespace (POD_NAMESPACE or --pod-namespace)"
+                            .into(),
+                    );
+                }
+                _ => None,
+            },
+            uninstall_cni_dir: self.uninstall_cni_dir.clone(),
         })
     }
 }

@@ -4,6 +4,7 @@
 
 use crate::config::{self, Resolved, Sources};
 use crate::error::{Error, Result};
+use crate::operator::owner::Owner;
 use kubelet_proto::v1beta1::KUBELET_SOCKET;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -34,6 +35,12 @@ pub struct Options {
     pub register_timeout: Duration,
     /// The node's name, for Events on its Node; `None` turns Events off.
     pub node_name: Option<String>,
+    /// The DaemonSet running the daemon, whose deletion (an uninstall)
+    /// makes the daemon clean the node as it exits; `None`: never.
+    pub owner: Option<Owner>,
+    /// The host's CNI bin dir as mounted, whose CNI binary and settings an
+    /// uninstall removes; `None` leaves them.
+    pub uninstall_cni_dir: Option<PathBuf>,
 }
 
 impl Options {
@@ -106,6 +113,8 @@ impl Options {
             sysfs: PathBuf::from("/sys"),
             register_timeout: Duration::from_secs(5),
             node_name: None,
+            owner: None,
+            uninstall_cni_dir: None,
         }
     }
 }

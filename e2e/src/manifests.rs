@@ -40,6 +40,65 @@ pub fn render(dir: &Path) -> Result<Vec<Value>> {
     parse_docs(&text).with_context(|| format!("parsing the rendering of {}", dir.display()))
 }
 
+/// The Go project's ConfigMap and DaemonSet as cluster-network-addons-operator
+/// deploys them (`e2e/fixtures/cnao-macvtap.yaml`), its template's
+/// variables filled in: namespace `namespace`, image `image`
+/// (`IfNotPresent`), the CNI dir `/opt/cni/bin`; the ConfigMap's
+/// `DP_MACVTAP_CONF` set to `conf`. Returns the ConfigMap and the DaemonSet.
+pub fn cnao_macvtap(namespace: &str, image: &str, conf: &str) -> Result<(Value, Value)> {
+    fixture(
+        "cnao-macvtap.yaml",
+        &[
+            ("{{ .Namespace }}", namespace),
+            ("{{ .MacvtapImage }}", image),
+            ("{{ .ImagePullPolicy }}", "IfNotPresent"),
+            ("{{ .CniMountPath }}", "/opt/cni/bin"),
+        ],
+        conf,
+    )
+}
+
+/// The Go project's own DaemonSet and its README's ConfigMap
+/// (`e2e/fixtures/go-macvtap.yaml`, namespace `default`) with image
+/// `image`, pulled `IfNotPresent` (upstream's `Always` needs a registry),
+/// and `DP_MACVTAP_CONF` set to `conf`. Returns the ConfigMap and the
+/// DaemonSet.
+pub fn go_macvtap(image: &str, conf: &str) -> Result<(Value, Value)> {
+    let (cm, mut ds) = fixture("go-macvtap.yaml", &[("{{ .MacvtapImage }}", image)], conf)?;
+    for c in containers_mut(&mut ds) {
+        c["imagePullPolicy"] = Value::from("IfNotPresent");
+    }
+    Ok((cm, ds))
+}
+
+/// The ConfigMap and DaemonSet of the fixture `name` with its variables
+/// replaced by `vars` and the ConfigMap's `DP_MACVTAP_CONF` set to `conf`.
+fn fixture(name: &str, vars: &[(&str, &str)], conf: &str) -> Result<(Value, Value)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(name);
+    let mut text = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
+    for (var, value) in vars {
+        text = text.replace(var, value);
+    }
+    if text.contains("{{") {
+        bail!("{}: a template variable is left", path.display());
+    }
+    let docs = parse_docs(&text).with_context(|| path.display().to_string())?;
+    let mut cm = docs
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap")
+        .cloned()
+        .with_context(|| format!("no ConfigMap in {name}"))?;
+    cm["data"]["DP_MACVTAP_CONF"] = Value::from(conf);
+    let ds = docs
+        .iter()
+        .find(|d| d["kind"] == "DaemonSet")
+        .cloned()
+        .with_context(|| format!("no DaemonSet in {name}"))?;
+    Ok((cm, ds))
+}
+
 /// Splits `registry/name:tag` into name and tag (a port is not a tag).
 pub fn split_image(image: &str) -> (&str, Option<String>) {
     match image.rfind(':') {

@@ -41,6 +41,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 const NS: &str = "macvtap-system";
+/// cluster-network-addons-operator's namespace.
+const CNAO_NS: &str = "cluster-network-addons";
 const DS: &str = "macvtap-cni";
 const DAEMON: &str = "macvtap-deviceplugin";
 const RESOURCE: &str = "macvtap.network.kubevirt.io/dataplane";
@@ -150,7 +152,13 @@ impl Run<'_> {
     }
 
     fn ds_ready(&self) -> Result<Option<()>> {
-        let ds = self.c.get_json(&["-n", NS, "ds", DS])?;
+        self.ds_ready_in(NS)
+    }
+
+    /// Whether the DaemonSet `macvtap-cni` of namespace `ns` has its one pod
+    /// Ready and up to date.
+    fn ds_ready_in(&self, ns: &str) -> Result<Option<()>> {
+        let ds = self.c.get_json(&["-n", ns, "ds", DS])?;
         let st = &ds["status"];
         let gen_ok = st["observedGeneration"] == ds["metadata"]["generation"];
         let want = st["desiredNumberScheduled"].as_i64().unwrap_or(0);
@@ -298,6 +306,32 @@ fn clean_up(run: &Run) -> Result<()> {
         "-f",
         &repo().join("manifests/examples/nad.yaml").to_string_lossy(),
         "--ignore-not-found",
+    ]);
+    let _ = c.kubectl(&[
+        "-n",
+        "default",
+        "delete",
+        "ds",
+        DS,
+        "--ignore-not-found",
+        "--wait=true",
+        "--timeout=120s",
+    ]);
+    let _ = c.kubectl(&[
+        "-n",
+        "default",
+        "delete",
+        "configmap",
+        "macvtap-deviceplugin-config",
+        "--ignore-not-found",
+    ]);
+    let _ = c.kubectl(&[
+        "delete",
+        "namespace",
+        CNAO_NS,
+        "--ignore-not-found",
+        "--wait=true",
+        "--timeout=120s",
     ]);
     let _ = c.kubectl(&[
         "delete",
@@ -745,6 +779,180 @@ fn scenario(run: &mut Run) -> Result<()> {
     run.steps.say(format!(
         "without patch on events (a repeat of an Event is a patch): {refused}"
     ));
+
+    run.steps.step(
+        "the image swap: our install removed (kubectl delete -k), the Go project's DaemonSets next",
+    );
+    c.kubectl(&[
+        "delete",
+        "-k",
+        &kdir.path().to_string_lossy(),
+        "--wait=true",
+        "--timeout=180s",
+    ])?;
+    run.wait_allocatable(0)?;
+    // Our daemon saw its DaemonSet deleted (an uninstall, not a rollout)
+    // and removed what is ours from the node as it exited.
+    let left: Vec<String> = [
+        "/opt/cni/bin/macvtap",
+        "/opt/cni/bin/macvtap.settings.json",
+        "/var/lib/kubelet/device-plugins/macvtap-deviceplugin",
+    ]
+    .into_iter()
+    .filter(|p| Path::new(p).exists())
+    .map(str::to_string)
+    .collect();
+    ensure!(left.is_empty(), "the uninstall left {left:?} on the node");
+    ensure!(
+        macvtaps_on_nic()?.is_empty(),
+        "the uninstall left macvtaps: {:?}",
+        macvtaps_on_nic()?
+    );
+    for kind in ["clusterrole", "clusterrolebinding"] {
+        let out = c.kubectl(&["get", kind, "macvtap-cni-events", "--ignore-not-found"])?;
+        ensure!(
+            out.trim().is_empty(),
+            "the uninstall left {kind} macvtap-cni-events"
+        );
+    }
+    run.steps.say(
+        "uninstalled: no CNI binary, settings, record or macvtap of ours on the node; no RBAC, namespace or DaemonSet of ours in the cluster",
+    );
+    let conf = format!(
+        r#"[{{"name":"dataplane","lowerDevice":"{NIC}","mode":"bridge","capacity":{CAPACITY}}}]"#
+    );
+    let (cm, ds) = macvtap_e2e::manifests::go_macvtap(&tag_a, &conf)?;
+    go_daemonset_runs_our_image(
+        run,
+        &peer,
+        "the Go project's manifests/macvtap.yaml (namespace default)",
+        (cm, ds),
+        (
+            "virt-launcher-vm3",
+            "02:00:c6:33:64:a4",
+            Ipv4Addr::new(198, 51, 100, 164),
+        ),
+    )?;
+    let (cm, ds) = macvtap_e2e::manifests::cnao_macvtap(CNAO_NS, &tag_a, &conf)?;
+    c.apply(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": CNAO_NS}}))?;
+    go_daemonset_runs_our_image(
+        run,
+        &peer,
+        "cluster-network-addons-operator's rendering (namespace cluster-network-addons)",
+        (cm, ds),
+        (
+            "virt-launcher-vm4",
+            "02:00:c6:33:64:a5",
+            Ipv4Addr::new(198, 51, 100, 165),
+        ),
+    )?;
+    c.kubectl(&[
+        "delete",
+        "namespace",
+        CNAO_NS,
+        "--wait=true",
+        "--timeout=180s",
+    ])?;
+    Ok(())
+}
+
+/// The image swap on the real node: the Go project's ConfigMap and
+/// DaemonSet `objects` (named `what`), unchanged but for our image, reach
+/// Ready (the init container's `cp`, the `sh -c ls` probes where they have
+/// them); the node advertises the resource; a VM pod `vm` (name, MAC, IP)
+/// gets its device, its guest answers the peer's pings, and its deletion's
+/// DEL gives the link back. Then the DaemonSet and ConfigMap are deleted.
+fn go_daemonset_runs_our_image(
+    run: &mut Run,
+    peer: &TestNs,
+    what: &str,
+    objects: (Value, Value),
+    vm: (&str, &str, Ipv4Addr),
+) -> Result<()> {
+    let c = run.c;
+    let (cm, ds) = objects;
+    let ns = ds["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or("default")
+        .to_string();
+    run.steps.step(&format!("{what} with our image"));
+    c.apply(&cm)?;
+    c.apply(&ds)?;
+    c.wait(&format!("{what}: the DaemonSet Ready"), WAIT, || {
+        run.ds_ready_in(&ns)
+    })?;
+    run.wait_allocatable(CAPACITY)?;
+    let pods = c.get_json(&["-n", &ns, "pods", "-l", "name=macvtap-cni"])?;
+    let pod = &pods["items"][0];
+    let status = &pod["status"]["containerStatuses"][0];
+    run.steps.say(format!(
+        "{}: ready {}, restarts {}, image {}; allocatable {RESOURCE}: {CAPACITY}",
+        pod["metadata"]["name"].as_str().unwrap_or("?"),
+        status["ready"],
+        status["restartCount"],
+        status["image"].as_str().unwrap_or("?"),
+    ));
+    let (name, mac, ip) = vm;
+    run.start_vm(name, mac, ip)?;
+    // The pod's link is in the pod: the host's list lacks it until DEL.
+    let during = macvtaps_on_nic()?;
+    let t0 = Instant::now();
+    let pinger = Pinger::start(peer, ip, PING_EVERY)?;
+    ensure!(
+        pinger.wait_for(Duration::from_secs(60), |l| l.replies_after(t0) >= 5),
+        "{what}: the guest of {name} did not answer 5 pings from the peer"
+    );
+    let log = pinger.stop(Duration::from_secs(2))?;
+    run.steps.say(format!(
+        "the guest of {name} answered {} pings through our macvtap",
+        log.replies_after(t0)
+    ));
+    let logs = c.kubectl(&[
+        "-n",
+        &ns,
+        "logs",
+        &format!("ds/{DS}"),
+        "-c",
+        "macvtap-cni",
+        "--tail=-1",
+    ])?;
+    ensure!(
+        logs.contains("pod-resources"),
+        "{what}: our daemon did not say what it cannot do without pod-resources:\n{logs}"
+    );
+    c.kubectl(&[
+        "-n",
+        "default",
+        "delete",
+        "pod",
+        name,
+        "--wait=true",
+        "--timeout=120s",
+    ])?;
+    // Without pod-resources nothing reclaims it: the link stays in the
+    // host's namespace, where the next Allocate of the device reuses it.
+    c.wait(&format!("{what}: DEL giving the link back"), WAIT, || {
+        Ok((macvtaps_on_nic()?.len() == during.len() + 1).then_some(()))
+    })?;
+    run.steps
+        .say("DEL gave the link back to the host's namespace");
+    c.kubectl(&[
+        "-n",
+        &ns,
+        "delete",
+        "ds",
+        DS,
+        "--wait=true",
+        "--timeout=180s",
+    ])?;
+    c.kubectl(&[
+        "-n",
+        &ns,
+        "delete",
+        "configmap",
+        "macvtap-deviceplugin-config",
+    ])?;
+    run.wait_allocatable(0)?;
     Ok(())
 }
 

@@ -7,7 +7,7 @@
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use kube::api::DynamicObject;
 use macvtap_deviceplugin::config::{Resources, Source, parse_json};
 use macvtap_e2e::manifests::{parse_docs, render};
@@ -109,6 +109,8 @@ fn every_object_parses_into_its_kubernetes_type() {
                 "ServiceAccount" => drop(typed::<ServiceAccount>(&what, &v)),
                 "ClusterRole" => drop(typed::<ClusterRole>(&what, &v)),
                 "ClusterRoleBinding" => drop(typed::<ClusterRoleBinding>(&what, &v)),
+                "Role" => drop(typed::<Role>(&what, &v)),
+                "RoleBinding" => drop(typed::<RoleBinding>(&what, &v)),
                 "SecurityContextConstraints" => {
                     let scc: DynamicObject = serde_json::from_value(v).unwrap();
                     assert_eq!(scc.data["allowHostNetwork"], true);
@@ -453,7 +455,19 @@ fn the_daemonset_is_what_a_node_critical_daemon_needs() {
         c.env_from.is_none(),
         "the config is a watched file, not envFrom"
     );
-    let config = flag(&args, "--config").expect("--config");
+    assert_eq!(
+        flag(&args, "--config"),
+        None,
+        "MACVTAP_CONFIG, which doctor inherits"
+    );
+    let config = c
+        .env
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|e| e.name == "MACVTAP_CONFIG")
+        .and_then(|e| e.value.clone())
+        .expect("MACVTAP_CONFIG");
     let config = std::path::Path::new(&config);
     assert_eq!(
         config.file_name().unwrap(),
@@ -608,8 +622,9 @@ fn no_termination_log_lies_in_a_read_only_mount() {
 }
 
 /// The daemon's API access: creating and patching events.k8s.io Events
-/// (what `kube::runtime::events::Recorder` does), for the DaemonSet's
-/// service account only, and nothing else in any rendering.
+/// (what `kube::runtime::events::Recorder` does) and watching its own
+/// DaemonSet by name (an uninstall), for the DaemonSet's service account
+/// only, and nothing else in any rendering.
 #[test]
 fn rbac_grants_events_create_and_patch_only() {
     for (dir, docs) in renderings() {
@@ -630,9 +645,48 @@ fn rbac_grants_events_create_and_patch_only() {
             "{dir}: events create and patch, nothing more"
         );
         assert!(roles[0].aggregation_rule.is_none());
-        for kind in ["Role", "RoleBinding"] {
-            assert!(!docs.iter().any(|d| d["kind"] == kind), "{dir}: no {kind}");
-        }
+        let ds = daemonset(&docs);
+        let local: Vec<Role> = docs
+            .iter()
+            .filter(|d| d["kind"] == "Role")
+            .map(|d| typed(&format!("{dir}: Role"), d))
+            .collect();
+        assert_eq!(local.len(), 1, "{dir}: one Role");
+        assert_eq!(
+            local[0].rules.clone().unwrap(),
+            vec![PolicyRule {
+                api_groups: Some(vec!["apps".into()]),
+                resources: Some(vec!["daemonsets".into()]),
+                resource_names: Some(vec![ds.metadata.name.clone().unwrap()]),
+                verbs: vec!["get".into(), "list".into(), "watch".into()],
+                ..Default::default()
+            }],
+            "{dir}: reading its own DaemonSet, nothing more"
+        );
+        let args = ds.spec.clone().template.spec.unwrap().containers[0]
+            .args
+            .clone()
+            .unwrap();
+        assert_eq!(
+            flag(&args, "--owner-daemonset").as_ref(),
+            ds.metadata.name.as_ref(),
+            "{dir}: the Role's resourceNames are the DaemonSet the daemon watches"
+        );
+        let local_bindings: Vec<RoleBinding> = docs
+            .iter()
+            .filter(|d| d["kind"] == "RoleBinding")
+            .map(|d| typed(&format!("{dir}: RoleBinding"), d))
+            .collect();
+        assert_eq!(local_bindings.len(), 1, "{dir}: one RoleBinding");
+        assert_eq!(
+            local_bindings[0].role_ref.name,
+            local[0].metadata.name.clone().unwrap()
+        );
+        assert_eq!(
+            local_bindings[0].subjects.clone().unwrap()[0].name,
+            "macvtap-cni",
+            "{dir}: the DaemonSet's account"
+        );
         let bindings: Vec<ClusterRoleBinding> = docs
             .iter()
             .filter(|d| d["kind"] == "ClusterRoleBinding")

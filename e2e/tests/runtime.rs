@@ -233,6 +233,10 @@ async fn daemonset_runs_under_runc(variant: &str, layout: Layout) -> Result<()> 
         );
     }
     let config_maps = vec![example_config_map(CONF)?];
+    let pod_namespace = ds["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or("default")
+        .to_string();
 
     steps.step(&format!(
         "node: netns with NIC lower0, kubelet dir {}, CNI dir {}, test kubelet",
@@ -240,12 +244,13 @@ async fn daemonset_runs_under_runc(variant: &str, layout: Layout) -> Result<()> 
     ));
     let mut node = TestNode::new(layout)?;
     let pod_dir = node.host.path().join("pod");
-    let sandbox = PodSandbox::new(
+    let mut sandbox = PodSandbox::new(
         Path::new(&node.ns.path()),
         node.host.path(),
         &pod_dir,
         config_maps,
     )?;
+    sandbox.namespace = pod_namespace;
     node.start_kubelet().await?;
 
     for c in pod["initContainers"].as_array().into_iter().flatten() {
@@ -381,7 +386,6 @@ async fn daemonset_runs_under_runc(variant: &str, layout: Layout) -> Result<()> 
     steps.say(format!("dataplaneMvp0 -> {} (char device)", tap.display()));
 
     steps.step("the ConfigMap edited (a second resource), projected as the kubelet does: applied without a restart");
-    let mut sandbox = sandbox;
     sandbox.update_config_map(
         &pod,
         "macvtap-deviceplugin-config",
@@ -393,7 +397,7 @@ async fn daemonset_runs_under_runc(variant: &str, layout: Layout) -> Result<()> 
         .map_err(|e| {
             anyhow!(
                 "{field}: the edited ConfigMap's {RESOURCE_ADDED} did not register: {e}. \
-                 Check args --config and the config volume. Daemon output:\n{}",
+                 Check env MACVTAP_CONFIG and the config volume. Daemon output:\n{}",
                 dp.log()
             )
         })?;
@@ -507,44 +511,13 @@ async fn daemonset_runs_under_runc(variant: &str, layout: Layout) -> Result<()> 
 }
 
 /// The Go project's DaemonSet as cluster-network-addons-operator renders it
-/// (`data/macvtap/002-macvtap-daemonset.yaml`, its template filled in with
-/// our image and the default CNI dir), with its ConfigMap naming this
-/// node's NIC: privileged, `hostNetwork` and `hostPID`, no user, and only
-/// the device-plugins and CNI dirs mounted.
+/// (`e2e/fixtures/cnao-macvtap.yaml`) with our image, and its ConfigMap
+/// naming this node's NIC: privileged, `hostNetwork` and `hostPID`, no
+/// user, and only the device-plugins and CNI dirs mounted.
 fn go_project_daemonset(image: &str) -> (Value, Value) {
-    let cm = json!({
-        "kind": "ConfigMap",
-        "apiVersion": "v1",
-        "metadata": {"name": "macvtap-deviceplugin-config", "namespace": "cluster-network-addons"},
-        "data": {"DP_MACVTAP_CONF": CONF},
-    });
-    let pod = json!({
-        "hostNetwork": true,
-        "hostPID": true,
-        "containers": [{
-            "name": "macvtap-cni",
-            "command": ["/macvtap-deviceplugin", "-v", "3", "-logtostderr"],
-            "envFrom": [{"configMapRef": {"name": "macvtap-deviceplugin-config"}}],
-            "image": image,
-            "imagePullPolicy": "IfNotPresent",
-            "resources": {"requests": {"cpu": "60m", "memory": "30Mi"}},
-            "securityContext": {"privileged": true},
-            "volumeMounts": [{"name": "deviceplugin", "mountPath": "/var/lib/kubelet/device-plugins"}],
-        }],
-        "initContainers": [{
-            "name": "install-cni",
-            "command": ["cp", "/macvtap-cni", "/host/opt/cni/bin/macvtap"],
-            "image": image,
-            "imagePullPolicy": "IfNotPresent",
-            "securityContext": {"privileged": true},
-            "volumeMounts": [{"name": "cni", "mountPath": "/host/opt/cni/bin", "mountPropagation": "Bidirectional"}],
-        }],
-        "volumes": [
-            {"name": "deviceplugin", "hostPath": {"path": "/var/lib/kubelet/device-plugins"}},
-            {"name": "cni", "hostPath": {"path": "/opt/cni/bin"}},
-        ],
-    });
-    (cm, pod)
+    let (cm, ds) = macvtap_e2e::manifests::cnao_macvtap("cluster-network-addons", image, CONF)
+        .expect("the fixture");
+    (cm, ds["spec"]["template"]["spec"].clone())
 }
 
 /// An image swap is enough: the Go project's DaemonSet (as
@@ -821,8 +794,8 @@ fn the_base_daemonset_translates_as_containerd_translates_it() {
     let cni_bin = &dp["mounts"][5];
     assert_eq!(
         cni_bin["options"],
-        json!(["rbind", "rprivate", "ro"]),
-        "the installed CNI, read only, for doctor"
+        json!(["rbind", "rprivate", "rw"]),
+        "the installed CNI, for doctor and for the uninstall's removal"
     );
     let caps = json!(["CAP_NET_ADMIN"]);
     for set in ["bounding", "effective", "permitted"] {

@@ -5,11 +5,13 @@
 //! host's namespace on the kernel seam with the host's paths ([`host`]), makes, reuses and checks devices' macvtaps ([`link`]), keeps
 //! what was handed out ([`ledger`]), brings a held device's lost link
 //! back ([`heal`]) and removes leaked ones ([`reclaim`]), and says what
-//! is left undone without a mount of the host's ([`degraded`]).
+//! is left undone without a mount of the host's ([`degraded`]), and
+//! removes what is ours from the node at an uninstall ([`cleanup`]).
 //! The fronts only translate: the kubelet's device plugin API
 //! ([`crate::kubelet`]) and the operator's metrics, Events, `doctor` and
 //! HTTP. A second front (a DRA driver) calls the same functions.
 
+pub mod cleanup;
 pub mod degraded;
 pub mod heal;
 pub mod host;

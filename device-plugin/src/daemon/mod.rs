@@ -41,6 +41,7 @@ mod plugin;
 mod reconcile;
 mod registration;
 mod reload;
+mod uninstall;
 
 pub use registration::STREAM_WAIT;
 
@@ -60,6 +61,7 @@ use crate::kubelet::server::{ServerContext, StreamEvent};
 use crate::operator::events::{EventSink, NodeEvent};
 use crate::operator::liveness::Liveness;
 use crate::operator::metrics::Metrics;
+use crate::operator::owner::Uninstall;
 use crate::options::{Options, load_config};
 use kubelet::{RegistrationDone, rewatch};
 use nix::sys::inotify::WatchDescriptor;
@@ -166,6 +168,8 @@ struct Daemon {
     liveness: Arc<Liveness>,
     /// The `/metrics` and `/healthz` server, stopped when dropped.
     _http: Option<crate::operator::http::Server>,
+    /// Whether our DaemonSet was deleted: an exit then cleans the node.
+    uninstall: Uninstall,
 }
 
 /// Runs the daemon until SIGTERM or SIGINT. Errors are startup errors
@@ -180,7 +184,9 @@ pub async fn run(opts: Options) -> Result<()> {
         }
         d.liveness.beat(std::time::Instant::now());
     }
+    let (opts, uninstall) = (d.opts.clone(), d.uninstall.clone());
     d.shutdown().await;
+    uninstall::clean_if_uninstalled(&opts, &uninstall).await;
     Ok(())
 }
 
@@ -203,6 +209,7 @@ impl Daemon {
         ))?;
         let metrics = Arc::new(Metrics::default());
         let events = EventSink::from_environment(opts.node_name.as_deref()).await;
+        let uninstall = crate::operator::owner::from_environment(opts.owner.clone()).await;
         let mut tasks = Vec::new();
         let liveness = Arc::new(Liveness::new(std::time::Instant::now()));
         let http = match opts.metrics_addr {
@@ -266,6 +273,7 @@ impl Daemon {
             tasks,
             liveness,
             _http: http,
+            uninstall,
         };
         d.reconcile();
         d.start_due_registrations();

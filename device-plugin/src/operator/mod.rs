@@ -2,11 +2,13 @@
 //! Prometheus metrics ([`metrics`], with the Go client's `process_*` from
 //! [`procstat`]), the liveness heartbeat ([`liveness`]) and the HTTP server
 //! of both ([`http`]), Kubernetes Events on the Node ([`events`]) and the
-//! `doctor` subcommand's checks of a node ([`doctor`]).
+//! `doctor` subcommand's checks of a node ([`doctor`]), and the watch of
+//! our DaemonSet that tells an uninstall from a restart ([`owner`]).
 
 pub mod doctor;
 pub mod events;
 pub mod http;
 pub mod liveness;
 pub mod metrics;
+pub mod owner;
 pub mod procstat;

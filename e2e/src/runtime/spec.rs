@@ -193,6 +193,8 @@ pub struct PodSandbox {
     pub pod_dir: PathBuf,
     /// The node's ConfigMaps, for `envFrom` and `configMap` volumes.
     pub config_maps: Vec<Value>,
+    /// The pod's namespace, for the downward API (`default` unless set).
+    pub namespace: String,
     hostname: String,
 }
 
@@ -224,6 +226,7 @@ impl PodSandbox {
             host_root: host_root.to_path_buf(),
             pod_dir: pod_dir.to_path_buf(),
             config_maps,
+            namespace: "default".into(),
             hostname,
         })
     }
@@ -341,14 +344,16 @@ impl PodSandbox {
                 .as_str()
                 .with_context(|| format!("{field}.env[{i}].name"))?;
             // The downward API: the kubelet resolves `spec.nodeName` to the
-            // node's name, by default its hostname (pkg/kubelet/kubelet_pods.go,
+            // node's name, by default its hostname, and `metadata.namespace`
+            // to the pod's (pkg/kubelet/kubelet_pods.go,
             // podFieldSelectorRuntimeValue).
             let field_path = e["valueFrom"]["fieldRef"]["fieldPath"].as_str();
             let v = match (e["value"].as_str(), field_path) {
                 (Some(v), _) => v.to_string(),
                 (None, Some("spec.nodeName")) => self.hostname.clone(),
+                (None, Some("metadata.namespace")) => self.namespace.clone(),
                 _ => bail!(
-                    "{field}.env[{i}] ({k}): only a literal value or the fieldRef spec.nodeName is supported here"
+                    "{field}.env[{i}] ({k}): only a literal value or the fieldRef spec.nodeName or metadata.namespace is supported here"
                 ),
             };
             set(k, &v);
