@@ -166,8 +166,8 @@ impl Reclaimer {
             .await
             .map_err(|e| Error::Task(format!("the task listing links failed: {e}")))??;
         let allocated = list_allocated(&self.socket, POD_RESOURCES_WAIT).await?;
-        metrics.pod_resources_listed(resources, &allocated, self.grace, Instant::now());
         let plan = self.plan(&links, &allocated, resources, Instant::now());
+        metrics.pod_resources_listed(resources, &allocated, self.grace, Instant::now());
         let work = self.work();
         let assignments = self.assignments.clone();
         let current = resources.to_vec();
