@@ -6,7 +6,7 @@ use crate::config::{self, Resolved, Sources};
 use crate::error::{Error, Result};
 use kubelet_proto::v1beta1::KUBELET_SOCKET;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Everything the daemon needs, from flags and environment.
@@ -67,16 +67,27 @@ impl Options {
 }
 
 /// Reads the configuration sources named by `opts` and resolves them;
-/// also returns the config file's text, if a file is configured.
+/// also returns the config file's text, if a file is configured and there.
+/// A config file that does not exist (yet) is no source: a ConfigMap
+/// mounted as an optional volume has no file until it is created, and the
+/// watch of its directory applies it then.
 pub fn load_config(opts: &Options) -> Result<(Resolved, Option<String>)> {
     let file_text = match &opts.config_file {
-        Some(p) => {
-            Some(std::fs::read_to_string(p).map_err(Error::io("reading the config file", p))?)
-        }
+        Some(p) => read_config_file(p)?,
         None => None,
     };
     let resolved = config::resolve(&opts.sources(file_text.clone()))?;
     Ok((resolved, file_text))
+}
+
+/// The config file's text, or `None` when there is no such file; any other
+/// failure to read it is an error.
+pub fn read_config_file(path: &Path) -> Result<Option<String>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io("reading the config file", path)(e)),
+    }
 }
 
 #[cfg(test)]
@@ -102,7 +113,6 @@ impl Options {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::Path;
 
     fn options(config_file: Option<&str>) -> Options {
         Options {

@@ -445,20 +445,47 @@ fn the_daemonset_is_what_a_node_critical_daemon_needs() {
         Some("system-node-critical")
     );
     let c = &spec.containers[0];
-    let env_from = c.env_from.clone().unwrap();
+    let args = c.args.clone().unwrap();
+    // The Go project's ConfigMap, as a file the daemon watches (a live
+    // edit), optional (no ConfigMap: auto-discovery) and not in the
+    // rendering (an upgrade never resets it).
+    assert!(
+        c.env_from.is_none(),
+        "the config is a watched file, not envFrom"
+    );
+    let config = flag(&args, "--config").expect("--config");
+    let config = std::path::Path::new(&config);
     assert_eq!(
-        env_from[0].config_map_ref.as_ref().unwrap().name,
-        "macvtap-deviceplugin-config",
+        config.file_name().unwrap(),
+        "DP_MACVTAP_CONF",
+        "the ConfigMap's key"
+    );
+    let mount = c
+        .volume_mounts
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|m| std::path::Path::new(&m.mount_path) == config.parent().unwrap())
+        .expect("the config file's directory is a volume mount");
+    assert_eq!(mount.read_only, Some(true));
+    let volume = spec
+        .volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|v| v.name == mount.name)
+        .unwrap();
+    let cm_vol = volume.config_map.as_ref().expect("a configMap volume");
+    assert_eq!(
+        cm_vol.name, "macvtap-deviceplugin-config",
         "the Go project's ConfigMap"
     );
-    let cm = one(docs, "ConfigMap");
-    assert_eq!(cm["metadata"]["name"], "macvtap-deviceplugin-config");
-    assert_eq!(
-        cm["data"]["DP_MACVTAP_CONF"], "[]",
-        "auto-discovery by default"
+    assert_eq!(cm_vol.optional, Some(true), "the daemon starts without it");
+    assert!(
+        !docs.iter().any(|d| d["kind"] == "ConfigMap"),
+        "the base ships no ConfigMap: applying it again must not reset the operator's"
     );
 
-    let args = c.args.clone().unwrap();
     let metrics = flag(&args, "--metrics-addr").unwrap();
     let port: i32 = metrics.rsplit(':').next().unwrap().parse().unwrap();
     assert_eq!(c.ports.clone().unwrap()[0].container_port, port);

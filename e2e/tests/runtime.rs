@@ -42,6 +42,10 @@ use test_support::tap_node_lock;
 /// this node's NIC: auto-discovery would skip a veth.
 const CONF: &str = r#"[{"name":"dataplane","lowerDevice":"lower0","mode":"bridge","capacity":4}]"#;
 const RESOURCE: &str = "macvtap.network.kubevirt.io/dataplane";
+/// The ConfigMap after an operator's edit: a second resource.
+const CONF_EDITED: &str = r#"[{"name":"dataplane","lowerDevice":"lower0","mode":"bridge","capacity":4},
+ {"name":"dataplane2","lowerDevice":"lower0","capacity":2}]"#;
+const RESOURCE_ADDED: &str = "macvtap.network.kubevirt.io/dataplane2";
 const CAPACITY: usize = 4;
 /// Deadline for a container to finish or the daemon to answer (not a
 /// latency target: the cold start is measured and printed).
@@ -168,6 +172,25 @@ fn probe_port(c: &Value, probe: &str, field: &str) -> Result<(u16, String)> {
     Ok((u16::try_from(port)?, path))
 }
 
+/// `manifests/examples/configmap-explicit.yaml` with `DP_MACVTAP_CONF` set
+/// to `conf`, as an operator applies it.
+fn example_config_map(conf: &str) -> Result<Value> {
+    let path = repo_root().join("manifests/examples/configmap-explicit.yaml");
+    let text = std::fs::read_to_string(&path)?;
+    let mut cm = macvtap_e2e::manifests::parse_docs(&text)?
+        .into_iter()
+        .next()
+        .with_context(|| format!("{}: no object", path.display()))?;
+    ensure!(
+        cm["metadata"]["name"] == "macvtap-deviceplugin-config"
+            && cm["data"]["DP_MACVTAP_CONF"].is_string(),
+        "{}: not the ConfigMap macvtap-deviceplugin-config with DP_MACVTAP_CONF",
+        path.display()
+    );
+    cm["data"]["DP_MACVTAP_CONF"] = Value::from(conf);
+    Ok(cm)
+}
+
 async fn daemonset_runs_under_runc(variant: &str, layout: Layout) -> Result<()> {
     require_root()?;
     let mut steps = Steps::new();
@@ -181,30 +204,19 @@ async fn daemonset_runs_under_runc(variant: &str, layout: Layout) -> Result<()> 
     ));
 
     steps.step(&format!(
-        "render manifests/{variant}; the ConfigMap names the node's NIC lower0"
+        "render manifests/{variant}; the operator's ConfigMap (examples/configmap-explicit.yaml) names the node's NIC lower0"
     ));
-    let mut docs = render(&repo_root().join("manifests").join(variant))?;
-    let mut found_cm = false;
-    for d in docs.iter_mut().filter(|d| {
-        d["kind"] == "ConfigMap" && d["metadata"]["name"] == "macvtap-deviceplugin-config"
-    }) {
-        d["data"]["DP_MACVTAP_CONF"] = Value::from(CONF);
-        found_cm = true;
-    }
+    let docs = render(&repo_root().join("manifests").join(variant))?;
     ensure!(
-        found_cm,
-        "{variant}: no ConfigMap macvtap-deviceplugin-config"
+        !docs.iter().any(|d| d["kind"] == "ConfigMap"),
+        "{variant}: the rendering holds a ConfigMap, which an upgrade would reset"
     );
     let ds = docs
         .iter()
         .find(|d| d["kind"] == "DaemonSet")
         .context("no DaemonSet in the rendering")?;
     let pod = ds["spec"]["template"]["spec"].clone();
-    let config_maps: Vec<Value> = docs
-        .iter()
-        .filter(|d| d["kind"] == "ConfigMap")
-        .cloned()
-        .collect();
+    let config_maps = vec![example_config_map(CONF)?];
 
     steps.step(&format!(
         "node: netns with NIC lower0, kubelet dir {}, CNI dir {}, test kubelet",
@@ -351,6 +363,30 @@ async fn daemonset_runs_under_runc(variant: &str, layout: Layout) -> Result<()> 
         tap.display()
     );
     steps.say(format!("dataplaneMvp0 -> {} (char device)", tap.display()));
+
+    steps.step("the ConfigMap edited (a second resource), projected as the kubelet does: applied without a restart");
+    let mut sandbox = sandbox;
+    sandbox.update_config_map(
+        &pod,
+        "macvtap-deviceplugin-config",
+        Some(example_config_map(CONF_EDITED)?),
+    )?;
+    kubelet
+        .wait_for_registration(RESOURCE_ADDED, 0, WAIT)
+        .await
+        .map_err(|e| {
+            anyhow!(
+                "{field}: the edited ConfigMap's {RESOURCE_ADDED} did not register: {e}. \
+                 Check args --config and the config volume. Daemon output:\n{}",
+                dp.log()
+            )
+        })?;
+    ensure!(
+        dp.exited()?.is_none(),
+        "{field} exited on a config edit:\n{}",
+        dp.log()
+    );
+    steps.say(format!("{RESOURCE_ADDED} registered by the same process"));
 
     steps.step("probes: GET on the manifest's probe ports, inside the node namespace");
     for probe in ["readinessProbe", "livenessProbe"] {
@@ -553,6 +589,7 @@ fn the_base_daemonset_translates_as_containerd_translates_it() {
             "/sys",
             "/sys/fs/cgroup",
             "/dev",
+            "/etc/macvtap-deviceplugin",
             "/host/cni-bin",
             "/etc/hosts",
             "/tmp/termination-log",
@@ -567,7 +604,20 @@ fn the_base_daemonset_translates_as_containerd_translates_it() {
     let dev = &dp["mounts"][3];
     assert_eq!(dev["source"], "/dev", "the real /dev");
     assert_eq!(dev["options"], json!(["rbind", "rprivate", "ro"]));
-    let cni_bin = &dp["mounts"][4];
+    let config = &dp["mounts"][4];
+    assert_eq!(
+        config["options"],
+        json!(["rbind", "rprivate", "ro"]),
+        "a configMap volume"
+    );
+    assert!(
+        config["source"]
+            .as_str()
+            .unwrap()
+            .ends_with("volumes/kubernetes.io~configmap/config"),
+        "{config}"
+    );
+    let cni_bin = &dp["mounts"][5];
     assert_eq!(
         cni_bin["options"],
         json!(["rbind", "rprivate", "ro"]),
@@ -588,10 +638,11 @@ fn the_base_daemonset_translates_as_containerd_translates_it() {
     assert_eq!(dp["linux"]["resources"]["memory"]["limit"], 64 << 20);
     assert_eq!(dp["linux"]["resources"]["cpu"]["quota"], 20_000);
     assert!(
-        dp["process"]["env"]
+        !dp["process"]["env"]
             .as_array()
             .unwrap()
-            .contains(&json!("DP_MACVTAP_CONF=[]")),
-        "envFrom the ConfigMap"
+            .iter()
+            .any(|e| e.as_str().unwrap().starts_with("DP_MACVTAP_CONF=")),
+        "the ConfigMap is a watched file, not the environment"
     );
 }

@@ -192,6 +192,9 @@ impl Daemon {
         let (fs, fs_events) = DirWatcher::new()?;
         let loaded = reload::watch_then_read(&fs, &opts, load_config)?;
         info!(source = %loaded.resolved.source, resources = %loaded.resolved.resources, "configuration loaded");
+        if let (Some(file), None) = (&opts.config_file, &loaded.file_text) {
+            info!(file = %file.display(), "the config file does not exist (yet); it is applied when it appears");
+        }
         let plugin_dir = opts.plugin_dir();
         std::fs::create_dir_all(&plugin_dir).map_err(Error::io(
             "creating the device-plugins directory",

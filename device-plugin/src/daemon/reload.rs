@@ -8,7 +8,7 @@ use crate::config::{self, Resolved, Source};
 use crate::error::{Error, Result};
 use crate::fswatch::DirWatcher;
 use crate::operator::events::NodeEvent;
-use crate::options::Options;
+use crate::options::{Options, read_config_file};
 use nix::sys::inotify::WatchDescriptor;
 use tracing::{debug, error, info};
 
@@ -59,12 +59,13 @@ pub(super) enum Change {
 }
 
 /// Resolves the sources of `opts` again with the config file reading
-/// `text`, unless that is the `last` text read.
-pub(super) fn change(opts: &Options, last: Option<&str>, text: &str) -> Change {
-    if last == Some(text) {
+/// `now` (`None`: there is no such file now), unless that is what was
+/// `last` read.
+pub(super) fn change(opts: &Options, last: Option<&str>, now: Option<&str>) -> Change {
+    if last == now {
         return Change::Unchanged;
     }
-    match config::resolve(&opts.sources(Some(text.to_string()))) {
+    match config::resolve(&opts.sources(now.map(str::to_string))) {
         Ok(r) if r.source == Source::Flags => Change::FlagsWin,
         Ok(r) => Change::Apply(r),
         Err(e) => Change::Invalid(e),
@@ -78,21 +79,29 @@ impl Daemon {
         let Some(path) = self.opts.config_file.clone() else {
             return;
         };
-        let text = match std::fs::read_to_string(&path) {
+        // A file that is gone is no source: the configuration falls back to
+        // DP_MACVTAP_CONF or auto-discovery, as at a start without it.
+        let text = match read_config_file(&path) {
             Ok(t) => t,
             Err(e) => {
-                debug!(file = %path.display(), error = %e, "config file not readable right now; keeping the current configuration");
+                debug!(error = %e, "config file not readable right now; keeping the current configuration");
                 return;
             }
         };
-        let change = change(&self.opts, self.file_text.as_deref(), &text);
+        let change = change(&self.opts, self.file_text.as_deref(), text.as_deref());
+        let gone = text.is_none();
         if !matches!(change, Change::Unchanged) {
-            self.file_text = Some(text);
+            self.file_text = text;
         }
         match change {
             Change::Unchanged => {}
             Change::FlagsWin => {
                 info!(file = %path.display(), "config file changed, but --resource flags take precedence; nothing to apply");
+            }
+            Change::Apply(r) if gone => {
+                info!(file = %path.display(), source = %r.source, resources = %r.resources, "config file removed; applying the next source");
+                self.apply_config(r);
+                self.ctx.metrics.config_reload(true);
             }
             Change::Apply(r) => {
                 info!(file = %path.display(), resources = %r.resources, "config file changed; applying");
@@ -225,7 +234,7 @@ mod tests {
 
         // The event's reload applies the edit.
         let text = std::fs::read_to_string(&file).unwrap();
-        match change(&opts, loaded.file_text.as_deref(), &text) {
+        match change(&opts, loaded.file_text.as_deref(), Some(&text)) {
             Change::Apply(r) => assert_eq!(names_of(&r), ["dp", "dp2"]),
             other => panic!("the edit is not applied: {other:?}"),
         }
@@ -255,20 +264,97 @@ mod tests {
         assert!(!read, "nothing is read before the watch is in place");
     }
 
+    /// A config file that is not there yet (an optional ConfigMap volume
+    /// before the ConfigMap exists) is no source: the start goes on with
+    /// the environment's configuration, and the file's creation is an event
+    /// whose reload applies it.
+    #[tokio::test]
+    async fn a_config_file_created_after_the_start_is_applied() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("DP_MACVTAP_CONF");
+        let mut opts = options(&file, &[]);
+        opts.env_config = Some(ONE.into());
+        let (fs, mut events) = DirWatcher::new().unwrap();
+
+        let loaded = watch_then_read(&fs, &opts, load_config).unwrap();
+        assert_eq!(loaded.file_text, None);
+        assert_eq!(loaded.resolved.source, Source::Env);
+        assert_eq!(names_of(&loaded.resolved), ["dp"]);
+
+        std::fs::write(&file, TWO).unwrap();
+        let config_wd = loaded.config_wd.unwrap();
+        let mut seen: Vec<FsEvent> = Vec::new();
+        while !seen
+            .iter()
+            .any(|e| e.wd == config_wd && e.name.as_deref() == Some("DP_MACVTAP_CONF".as_ref()))
+        {
+            let batch = tokio::time::timeout(Duration::from_secs(10), events.recv())
+                .await
+                .expect("the file's creation is an event")
+                .unwrap();
+            seen.extend(batch);
+        }
+        let now = read_config_file(&file).unwrap();
+        match change(&opts, loaded.file_text.as_deref(), now.as_deref()) {
+            Change::Apply(r) => {
+                assert_eq!(r.source, Source::File(file.clone()));
+                assert_eq!(names_of(&r), ["dp", "dp2"]);
+            }
+            other => panic!("the new file is not applied: {other:?}"),
+        }
+    }
+
+    /// A config file removed (its ConfigMap deleted) hands the decision to
+    /// the next source: `DP_MACVTAP_CONF` if set, else auto-discovery.
+    #[test]
+    fn a_removed_config_file_falls_back_to_the_next_source() {
+        let mut opts = options(Path::new("conf.json"), &[]);
+        match change(&opts, Some(TWO), None) {
+            Change::Apply(r) => {
+                assert_eq!(r.source, Source::Default);
+                assert_eq!(r.resources, Resources::AutoDiscover);
+            }
+            other => panic!("{other:?}"),
+        }
+        opts.env_config = Some(ONE.into());
+        match change(&opts, Some(TWO), None) {
+            Change::Apply(r) => {
+                assert_eq!(r.source, Source::Env);
+                assert_eq!(names_of(&r), ["dp"]);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Anything but a missing file (here: a directory where the file should
+    /// be) is an error, never an empty configuration.
+    #[test]
+    fn an_unreadable_config_file_is_an_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("conf.json");
+        std::fs::create_dir(&file).unwrap();
+        let e = load_config(&options(&file, &[])).unwrap_err();
+        assert!(e.to_string().contains("reading the config file"), "{e}");
+    }
+
     #[test]
     fn the_same_text_again_is_no_change() {
         let opts = options(Path::new("conf.json"), &[]);
-        assert!(matches!(change(&opts, Some(ONE), ONE), Change::Unchanged));
+        assert!(matches!(
+            change(&opts, Some(ONE), Some(ONE)),
+            Change::Unchanged
+        ));
+        assert!(matches!(change(&opts, None, None), Change::Unchanged));
     }
 
     #[test]
     fn a_new_valid_text_is_applied() {
         let opts = options(Path::new("conf.json"), &[]);
-        match change(&opts, Some(ONE), TWO) {
+        match change(&opts, Some(ONE), Some(TWO)) {
             Change::Apply(r) => assert_eq!(names_of(&r), ["dp", "dp2"]),
             other => panic!("{other:?}"),
         }
-        match change(&opts, None, "[]") {
+        match change(&opts, None, Some("[]")) {
             Change::Apply(r) => assert_eq!(r.resources, Resources::AutoDiscover),
             other => panic!("{other:?}"),
         }
@@ -277,13 +363,16 @@ mod tests {
     #[test]
     fn resource_flags_win_over_any_new_text() {
         let opts = options(Path::new("conf.json"), &["eth0"]);
-        assert!(matches!(change(&opts, Some(ONE), TWO), Change::FlagsWin));
+        assert!(matches!(
+            change(&opts, Some(ONE), Some(TWO)),
+            Change::FlagsWin
+        ));
     }
 
     #[test]
     fn an_invalid_text_is_refused_naming_the_entry() {
         let opts = options(Path::new("conf.json"), &[]);
-        match change(&opts, Some(ONE), r#"[{"name":"dp","mode":"nope"}]"#) {
+        match change(&opts, Some(ONE), Some(r#"[{"name":"dp","mode":"nope"}]"#)) {
             Change::Invalid(e) => {
                 let msg = e.to_string();
                 assert!(

@@ -4,7 +4,7 @@
 //!
 //! One file per job, each citing the upstream code it reproduces:
 //! [`caps`] (the capability set of a `securityContext`), [`quantity`] (CPU
-//! and memory quantities), [`image`] (the podman image), [`spec`] (a
+//! and memory quantities), [`config_map`] (a `configMap` volume), [`image`] (the podman image), [`spec`] (a
 //! container's OCI config) with [`mounts`] (its mounts), and [`runc`] (the
 //! container's lifecycle).
 //!
@@ -20,6 +20,7 @@
 //! run at once); Service environment variables (there is no API server).
 
 pub mod caps;
+pub mod config_map;
 pub mod image;
 pub mod mounts;
 pub mod quantity;

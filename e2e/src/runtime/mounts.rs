@@ -10,7 +10,9 @@
 //! `pkg/cri/opts/spec_linux_opts.go` (`WithMounts`: sorted by path depth, a
 //! read-only `cgroup` at `/sys/fs/cgroup`, default mounts dropped where a
 //! supplied one takes the path and everything under `/dev` dropped when
-//! `/dev` is supplied; binds `rbind` + `rprivate` + `ro`/`rw`).
+//! `/dev` is supplied; binds `rbind` + `rprivate` + `ro`/`rw`). A
+//! `configMap` volume is the pod's directory that [`super::config_map`]
+//! projects, bound read-only.
 
 use super::COUNTER;
 use super::spec::{DEFAULT_TERMINATION_MESSAGE_PATH, PodSandbox};
@@ -72,8 +74,17 @@ impl PodSandbox {
                 .enumerate()
                 .find(|(_, v)| v["name"] == vname)
                 .with_context(|| format!("{mfield}.name: no volume {vname} in the pod"))?;
+            if vol.get("configMap").is_some() {
+                // The kubelet mounts every configMap volume read-only.
+                cri.push(Bind {
+                    dst: dst.to_string(),
+                    src: self.config_map_volume(vol, vi)?,
+                    ro: true,
+                });
+                continue;
+            }
             let hp = vol["hostPath"]["path"].as_str().with_context(|| {
-                format!("spec.template.spec.volumes[{vi}] ({vname}): only hostPath volumes are supported here")
+                format!("spec.template.spec.volumes[{vi}] ({vname}): only hostPath and configMap volumes are supported here")
             })?;
             let src = self.host_path(hp);
             // The kubelet checks the hostPath type before it starts the pod.

@@ -132,7 +132,7 @@ pub struct PodSandbox {
     /// The pod's own directory (hosts file, resolv.conf, hostname, shm,
     /// termination logs, container logs).
     pub pod_dir: PathBuf,
-    /// The rendering's ConfigMaps, for `envFrom`.
+    /// The node's ConfigMaps, for `envFrom` and `configMap` volumes.
     pub config_maps: Vec<Value>,
     hostname: String,
 }
@@ -167,6 +167,70 @@ impl PodSandbox {
             config_maps,
             hostname,
         })
+    }
+
+    /// The directory of the pod's `configMap` volume `vol` (the `vi`th of
+    /// the pod spec), projected from [`PodSandbox::config_maps`] the first
+    /// time a container mounts it, as the kubelet does at the pod's first
+    /// sync.
+    pub(super) fn config_map_volume(&self, vol: &Value, vi: usize) -> Result<PathBuf> {
+        let vname = vol["name"].as_str().unwrap_or_default();
+        let what = format!("spec.template.spec.volumes[{vi}] ({vname}).configMap");
+        let dir = self.volume_dir(vname);
+        if !dir.exists() {
+            self.project_volume(vol, &what)?;
+        }
+        Ok(dir)
+    }
+
+    /// Replaces (or, with `None`, deletes) the ConfigMap `name` and projects
+    /// it again into each of the pod `pod`'s volumes of it, as the kubelet
+    /// does at the next pod sync after the change.
+    pub fn update_config_map(&mut self, pod: &Value, name: &str, cm: Option<Value>) -> Result<()> {
+        self.config_maps.retain(|c| c["metadata"]["name"] != name);
+        self.config_maps.extend(cm);
+        for (vi, vol) in pod["volumes"].as_array().into_iter().flatten().enumerate() {
+            if vol["configMap"]["name"] == name {
+                let vname = vol["name"].as_str().unwrap_or_default();
+                self.project_volume(
+                    vol,
+                    &format!("spec.template.spec.volumes[{vi}] ({vname}).configMap"),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `<pod dir>/volumes/kubernetes.io~configmap/<volume>`, as the kubelet
+    /// names it.
+    fn volume_dir(&self, vname: &str) -> PathBuf {
+        self.pod_dir
+            .join("volumes")
+            .join("kubernetes.io~configmap")
+            .join(vname)
+    }
+
+    /// Projects the ConfigMap that `vol` names into its directory.
+    fn project_volume(&self, vol: &Value, what: &str) -> Result<()> {
+        let cm_name = vol["configMap"]["name"]
+            .as_str()
+            .with_context(|| format!("{what}.name"))?;
+        ensure!(
+            vol["configMap"].get("items").is_none(),
+            "{what}.items: not supported here"
+        );
+        let cm = self
+            .config_maps
+            .iter()
+            .find(|cm| cm["metadata"]["name"] == cm_name);
+        let mode = vol["configMap"]["defaultMode"].as_u64().map(|m| m as u32);
+        super::config_map::project(
+            &self.volume_dir(vol["name"].as_str().unwrap_or_default()),
+            cm,
+            vol["configMap"]["optional"] == true,
+            mode,
+            what,
+        )
     }
 
     /// Where the host path `path` is for this node.
