@@ -7,7 +7,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use macvtap_deviceplugin::config::{Resources, Source, parse_json};
-use macvtap_e2e::manifests::{by_identity, first_difference, render, render_chart, run_helm};
+use macvtap_e2e::manifests::{
+    by_identity, first_difference, parse_docs, render, render_chart, run_helm,
+};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -25,6 +27,16 @@ fn kustomize(dir: &str) -> Vec<Value> {
 
 fn helm_template(sets: &[&str]) -> Vec<Value> {
     render_chart(&chart_dir(), sets).unwrap_or_else(|e| panic!("helm template {sets:?}: {e:#}"))
+}
+
+/// `helm template` with each of `sets` a `--set-json key=json`.
+fn render_chart_json(sets: &[&str]) -> Vec<Value> {
+    let dir = chart_dir();
+    let mut args = vec!["template", "macvtap-rs", dir.to_str().unwrap()];
+    for s in sets {
+        args.extend(["--set-json", s]);
+    }
+    parse_docs(&run_helm(&args).unwrap_or_else(|e| panic!("{e:#}"))).unwrap()
 }
 
 /// Fails unless `chart` (rendered with `sets`) and `kustomized` (from
@@ -282,6 +294,14 @@ fn the_other_values_reach_the_objects() {
         ("dataplane", "eth0", 50)
     );
     assert_eq!(list[0].mode.to_string(), "vepa");
+
+    // The ConfigMap only when the values set resources: `[]` is one for
+    // auto-discovery that the release owns; unset, the chart makes none.
+    let discover = render_chart_json(&["config.resources=[]"]);
+    let cm = discover.iter().find(|d| d["kind"] == "ConfigMap").unwrap();
+    assert_eq!(cm["data"]["DP_MACVTAP_CONF"], "[]");
+    assert_eq!(cm["metadata"]["name"], "macvtap-deviceplugin-config");
+    assert!(!helm_template(&[]).iter().any(|d| d["kind"] == "ConfigMap"));
 
     // Metrics off: the daemon serves nothing, so no port and no probes.
     let off = helm_template(&["metrics.enabled=false", "namespace.create=false"]);
