@@ -31,5 +31,7 @@ pub mod kubelet;
 pub mod logging;
 pub mod operator;
 pub mod options;
+#[cfg(test)]
+mod testlog;
 
 pub use error::{Error, Result};

@@ -228,6 +228,74 @@ async fn a_tap_node_that_never_appears_names_a_dev_that_is_not_devtmpfs() {
     );
 }
 
+/// As the Go project's DaemonSets run the daemon: privileged, with no
+/// host `/dev` (the container's own `/dev` is a tmpfs made at its start,
+/// where no new tap node ever shows; here a tmpfs mounted on `/dev` in a
+/// mount namespace of the daemon's own) and no `pod-resources` mounted.
+/// Allocate answers the host's `/dev/tapN` of the new link, and each gap
+/// is said once, naming the mount that would close it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_hosts_dev_or_pod_resources_allocate_answers_the_hosts_tap_node() {
+    let mut node = Node::new("nodev");
+    node.start_kubelet().await;
+    node.start_daemon_under(
+        &[
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            "mount -t tmpfs tmpfs /dev && exec \"$@\"",
+            "sh",
+        ],
+        &["--resource=name=dp,lowerDevice=eth1,capacity=2"],
+        &[],
+    );
+    node.kubelet()
+        .wait_for_registration(DP, 0, DEADLINE)
+        .await
+        .unwrap();
+    node.kubelet()
+        .wait_resource(DP, DEADLINE, |v| serving(v, 2))
+        .await
+        .unwrap();
+    let resp = node.kubelet().allocate(DP, &["dpMvp0"]).await.unwrap();
+    let spec = &resp.container_responses[0].devices[0];
+    let name = link_name_for_device("dpMvp0");
+    let link = node.ns.link(&name).unwrap().expect("macvtap exists");
+    assert_eq!(spec.host_path, format!("/dev/tap{}", link.index));
+    assert_eq!(spec.container_path, spec.host_path);
+    assert_eq!(spec.permissions, "rw");
+    // The host's node (this test sees the host's /dev) is the link's.
+    let dev = tap_dev_in_netns(&Netns::open(node.ns.path()).unwrap(), &name).unwrap();
+    open_tap_node(Path::new(&spec.host_path), dev, DEADLINE).unwrap();
+    // Each gap said once: the /dev at start, PodResources at the first
+    // reclaim round (at start too).
+    let log = wait_log(&mut node, "the PodResources warning", |l| {
+        l.contains("leaked-link reclaim and heal are off")
+    })
+    .await;
+    assert_eq!(
+        log.matches("serving without the host's /dev").count(),
+        1,
+        "{log}"
+    );
+    assert!(
+        log.contains("mount the host's /dev (hostPath /dev, read-only) at /dev"),
+        "{log}"
+    );
+    let pod_resources = node.dir.path().join("pod-resources");
+    assert!(
+        log.contains(&format!(
+            "mount the host's {} (hostPath)",
+            pod_resources.display()
+        )),
+        "{log}"
+    );
+    assert!(!log.contains("did not appear"), "{log}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allocate_of_an_unknown_id_fails_and_leaves_no_link() {
     let node = node_with_dp("unknown", "name=dp,lowerDevice=eth1,capacity=2", &[]).await;
@@ -265,6 +333,8 @@ async fn a_flapping_nic_posts_events_on_the_node() {
     let mut node = Node::new("events");
     let mut api = FakeApiServer::start(&node.ns).unwrap();
     node.start_kubelet().await;
+    // Every mount there: no Event but the NIC's.
+    node.start_pod_resources().await;
     let kubeconfig = api.kubeconfig.to_str().unwrap().to_string();
     node.start_daemon(
         &["--resource=name=dp,lowerDevice=eth1,capacity=3"],
@@ -352,6 +422,8 @@ async fn node_with_events(tag: &str, node_name: &str) -> (Node, FakeApiServer) {
     let mut node = Node::new(tag);
     let api = FakeApiServer::start(&node.ns).unwrap();
     node.start_kubelet().await;
+    // Every mount there: no Event but the NIC's.
+    node.start_pod_resources().await;
     let kubeconfig = api.kubeconfig.to_str().unwrap().to_string();
     node.start_daemon(
         &["--resource=name=dp,lowerDevice=eth1,capacity=3"],
@@ -1036,7 +1108,11 @@ async fn reclaim_without_pod_resources_socket_is_skipped_with_one_message() {
     assert!(skipped(&metrics) >= 4, "{metrics}");
     // Still one message, and the link is untouched.
     let log = node.daemon().log();
-    assert_eq!(log.matches("no PodResources socket").count(), 1, "{log}");
+    assert_eq!(
+        log.matches("leaked-link reclaim and heal are off").count(),
+        1,
+        "{log}"
+    );
     assert!(
         node.ns
             .link(&link_name_for_device("dpMvp0"))

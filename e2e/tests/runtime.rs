@@ -16,6 +16,12 @@
 //! pod's termination grace period (the time it took is printed, not judged)
 //! with its socket removed. Every failure names the manifest field at fault.
 //!
+//! And the Go project's own DaemonSet (as cluster-network-addons-operator
+//! renders it) with only its image replaced by ours: privileged, so the
+//! daemon's `/dev` is the runtime's tmpfs copy of the host's devices, with
+//! no `pod-resources`; its `cp` installs our CNI, Allocate answers the
+//! host's `/dev/tapN` of the new link, and each missing mount is said once.
+//!
 //! `oom_score_adj` is not set: the kubelet would give this
 //! `system-node-critical` pod -997, but lowering it needs
 //! `CAP_SYS_RESOURCE`, which this sandbox's bounding set does not have.
@@ -216,6 +222,16 @@ async fn daemonset_runs_under_runc(variant: &str, layout: Layout) -> Result<()> 
         .find(|d| d["kind"] == "DaemonSet")
         .context("no DaemonSet in the rendering")?;
     let pod = ds["spec"]["template"]["spec"].clone();
+    for c in ["initContainers", "containers"]
+        .iter()
+        .flat_map(|k| pod[*k].as_array().cloned().unwrap_or_default())
+    {
+        ensure!(
+            c["securityContext"]["privileged"] != true,
+            "containers[{}].securityContext.privileged: our DaemonSet must not be privileged",
+            c["name"]
+        );
+    }
     let config_maps = vec![example_config_map(CONF)?];
 
     steps.step(&format!(
@@ -487,6 +503,191 @@ async fn daemonset_runs_under_runc(variant: &str, layout: Layout) -> Result<()> 
         "STOP {variant}: SIGTERM to exit {:.0} ms (grace period {grace:?})",
         stopped.as_secs_f64() * 1e3
     );
+    Ok(())
+}
+
+/// The Go project's DaemonSet as cluster-network-addons-operator renders it
+/// (`data/macvtap/002-macvtap-daemonset.yaml`, its template filled in with
+/// our image and the default CNI dir), with its ConfigMap naming this
+/// node's NIC: privileged, `hostNetwork` and `hostPID`, no user, and only
+/// the device-plugins and CNI dirs mounted.
+fn go_project_daemonset(image: &str) -> (Value, Value) {
+    let cm = json!({
+        "kind": "ConfigMap",
+        "apiVersion": "v1",
+        "metadata": {"name": "macvtap-deviceplugin-config", "namespace": "cluster-network-addons"},
+        "data": {"DP_MACVTAP_CONF": CONF},
+    });
+    let pod = json!({
+        "hostNetwork": true,
+        "hostPID": true,
+        "containers": [{
+            "name": "macvtap-cni",
+            "command": ["/macvtap-deviceplugin", "-v", "3", "-logtostderr"],
+            "envFrom": [{"configMapRef": {"name": "macvtap-deviceplugin-config"}}],
+            "image": image,
+            "imagePullPolicy": "IfNotPresent",
+            "resources": {"requests": {"cpu": "60m", "memory": "30Mi"}},
+            "securityContext": {"privileged": true},
+            "volumeMounts": [{"name": "deviceplugin", "mountPath": "/var/lib/kubelet/device-plugins"}],
+        }],
+        "initContainers": [{
+            "name": "install-cni",
+            "command": ["cp", "/macvtap-cni", "/host/opt/cni/bin/macvtap"],
+            "image": image,
+            "imagePullPolicy": "IfNotPresent",
+            "securityContext": {"privileged": true},
+            "volumeMounts": [{"name": "cni", "mountPath": "/host/opt/cni/bin", "mountPropagation": "Bidirectional"}],
+        }],
+        "volumes": [
+            {"name": "deviceplugin", "hostPath": {"path": "/var/lib/kubelet/device-plugins"}},
+            {"name": "cni", "hostPath": {"path": "/opt/cni/bin"}},
+        ],
+    });
+    (cm, pod)
+}
+
+/// An image swap is enough: the Go project's DaemonSet (as
+/// cluster-network-addons-operator renders it) runs our image under runc.
+/// The init container's `cp` installs our CNI; the daemon, privileged with
+/// its own `/dev` (a tmpfs holding the host's devices of its start, never a
+/// tap node made later) and no `pod-resources`, registers, and Allocate
+/// answers the host's `/dev/tapN` of the new link (the host's node is that
+/// link's char device), saying once what it leaves undone and which mount
+/// would enable it; SIGTERM ends it with exit 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_go_projects_daemonset_runs_our_image_under_runc() -> Result<()> {
+    require_root()?;
+    let mut steps = Steps::new();
+    steps.step("static binaries (hack/build-static.sh), image (hack/build-image.sh --prebuilt)");
+    let bins = tempfile::tempdir()?;
+    tokio::task::block_in_place(|| build_static(bins.path()))?;
+    let image = tokio::task::block_in_place(|| Image::build(bins.path()))?;
+    let (cm, pod) = go_project_daemonset("ghcr.io/kubevirt/macvtap-rs:v0.1.0");
+
+    steps.step("node: netns with NIC lower0, kubelet dir /var/lib/kubelet, test kubelet");
+    let mut node = TestNode::new(Layout {
+        kubelet_root: "/var/lib/kubelet",
+        cni_bin: "/opt/cni/bin",
+    })?;
+    let pod_dir = node.host.path().join("pod");
+    let sandbox = PodSandbox::new(
+        Path::new(&node.ns.path()),
+        node.host.path(),
+        &pod_dir,
+        vec![cm],
+    )?;
+    node.start_kubelet().await?;
+
+    steps.step("init container install-cni (cp) under runc");
+    let init = &pod["initContainers"][0];
+    let field = "spec.template.spec.initContainers[install-cni]";
+    let id = unique_id("install-cni");
+    let config = sandbox.oci_config(&pod, init, field, &image.config, &format!("/{id}"))?;
+    let mut ctr = RuncContainer::create(&id, &config, &image, &pod_dir.join("install-cni.log"))?;
+    ctr.start()?;
+    let status = tokio::task::block_in_place(|| ctr.wait(WAIT))?;
+    ensure!(
+        status.is_some_and(|s| s.success()),
+        "{field} did not exit 0 ({status:?}):\n{}",
+        ctr.log()
+    );
+    let installed = node.host_path("/opt/cni/bin/macvtap");
+    ensure!(
+        std::fs::read(&installed)? == std::fs::read(bins.path().join("macvtap"))?,
+        "the Go project's cp did not install our CNI as /opt/cni/bin/macvtap"
+    );
+
+    steps.step("daemon container macvtap-cni (privileged) under runc, until it registers");
+    let c = &pod["containers"][0];
+    let field = "spec.template.spec.containers[macvtap-cni]";
+    let id = unique_id("macvtap-cni");
+    let config = sandbox.oci_config(&pod, c, field, &image.config, &format!("/{id}"))?;
+    let mut dp = RuncContainer::create(&id, &config, &image, &pod_dir.join("macvtap-cni.log"))?;
+    let kubelet = node.kubelet.as_ref().context("kubelet")?;
+    dp.start()?;
+    let reg = kubelet
+        .wait_for_registration(RESOURCE, 0, WAIT)
+        .await
+        .map_err(|e| anyhow!("{field} did not register {RESOURCE}: {e}\n{}", dp.log()))?;
+
+    steps.step("kubelet: ListAndWatch, Allocate one device");
+    let mut client = kubelet
+        .connect(&reg.endpoint)
+        .await
+        .map_err(|e| anyhow!("{e}"))?;
+    let mut watch = client.list_and_watch().await?;
+    watch
+        .wait_until(WAIT, |d| {
+            d.len() == CAPACITY && d.iter().all(|d| d.health == "Healthy")
+        })
+        .await
+        .map_err(|e| anyhow!("{field}: no {CAPACITY} healthy devices: {e}\n{}", dp.log()))?;
+    let resp = client
+        .allocate(&["dataplaneMvp0"])
+        .await
+        .map_err(|e| anyhow!("{field}: Allocate failed: {e}\n{}", dp.log()))?;
+    let spec = resp
+        .container_responses
+        .first()
+        .and_then(|r| r.devices.first())
+        .context("Allocate returned no DeviceSpec")?;
+    let name = macvtap_link::link_name_for_device("dataplaneMvp0");
+    let link = node
+        .ns
+        .link(&name)?
+        .context("no macvtap for dataplaneMvp0 on the node")?;
+    ensure!(
+        spec.host_path == format!("/dev/tap{}", link.index)
+            && spec.container_path == spec.host_path,
+        "Allocate answered {spec:?} for {name} (ifindex {})",
+        link.index
+    );
+    let netns = macvtap_link::Netns::open(Path::new(&node.ns.path()))?;
+    let dev = macvtap_link::tapdev::tap_dev_in_netns(&netns, &name)?;
+    macvtap_link::tapdev::open_tap_node(Path::new(&spec.host_path), dev, WAIT)?;
+    steps.say(format!(
+        "dataplaneMvp0 -> {} (the host's node of {name})",
+        spec.host_path
+    ));
+
+    steps.step("each gap said once, naming its mount");
+    let deadline = Instant::now() + WAIT;
+    let log = loop {
+        let log = dp.log();
+        if log.contains("leaked-link reclaim and heal are off") || Instant::now() >= deadline {
+            break log;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    for (what, count) in [
+        ("serving without the host's /dev", 1),
+        (
+            "mount the host's /dev (hostPath /dev, read-only) at /dev",
+            1,
+        ),
+        ("leaked-link reclaim and heal are off", 1),
+        (
+            "mount the host's /var/lib/kubelet/pod-resources (hostPath)",
+            1,
+        ),
+    ] {
+        ensure!(
+            log.matches(what).count() == count,
+            "{field}: want {what:?} {count} time(s) in its log:\n{log}"
+        );
+    }
+
+    steps.step("SIGTERM (runc kill): exit 0 and socket removed");
+    let socket = node.plugin_dir().join(&reg.endpoint);
+    dp.kill("TERM")?;
+    let status = tokio::task::block_in_place(|| dp.wait(DEFAULT_GRACE))?;
+    ensure!(
+        status.is_some_and(|s| s.success()),
+        "{field} did not exit 0 after SIGTERM ({status:?}):\n{}",
+        dp.log()
+    );
+    ensure!(!socket.exists(), "{field} left {} behind", socket.display());
     Ok(())
 }
 

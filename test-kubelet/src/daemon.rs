@@ -53,7 +53,11 @@ impl Daemon {
         Self::start_under(&wrapper, bin, ns, log_dir, args, env)
     }
 
-    fn start_under(
+    /// Starts like [`Daemon::start`], as the last arguments of `wrapper`
+    /// (a command that runs its arguments, e.g. one that first mounts a
+    /// tmpfs on the daemon's `/dev` in a mount namespace of its own);
+    /// [`Daemon::pid`] is then the wrapper's.
+    pub fn start_under(
         wrapper: &[&str],
         bin: &Path,
         ns: &TestNs,

@@ -66,7 +66,17 @@ pub fn lost_devices(
 /// flight has ended ([`settle`]), and one whose link is on the host or whose
 /// node exists is not lost. A link made while the device's own moved into a
 /// pod gets no node (the name is the other's) and is deleted at once.
+///
+/// Where tap nodes do not show (no host `/dev`), nothing is made: a link in
+/// a pod cannot be told from a lost one there.
 pub fn heal(host: &Host, lost: &[Lost], resources: &[ResourceConfig]) -> Result<u64> {
+    if !host.paths().tap_nodes_shown() {
+        debug!(
+            lost = lost.len(),
+            "not healing: no tap node shows without the host's /dev"
+        );
+        return Ok(0);
+    }
     let handle = host.links();
     let mut healed = 0;
     for l in lost {
@@ -148,7 +158,6 @@ fn still_there(host: &Host, name: &str, index: u32, node: &Path) -> Result<Optio
 mod tests {
     use super::*;
     use macvtap_link::{Kernel, MacvtapMode, Op};
-    use std::sync::{Arc, Mutex};
     use test_support::fake::{FakeKernel, HOST, link};
 
     #[test]
@@ -265,31 +274,6 @@ mod tests {
         assert_eq!(kernel.count(Op::AddMacvtap), 1, "only the set-up's");
     }
 
-    /// What `f` logs, as text.
-    fn logged(f: impl FnOnce()) -> String {
-        #[derive(Clone, Default)]
-        struct Buf(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Buf {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(b);
-                Ok(b.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let buf = Buf::default();
-        let out = buf.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::DEBUG)
-            .with_writer(move || out.clone())
-            .with_ansi(false)
-            .finish();
-        tracing::subscriber::with_default(subscriber, f);
-        let bytes = buf.0.lock().unwrap().clone();
-        String::from_utf8_lossy(&bytes).into_owned()
-    }
-
     /// Issue 37, seed 1796164578509130593: the round listed the links while
     /// the device's was in a pod and looked at `/dev/tapN` while DEL moved
     /// it back; by the time heal runs, the link is on the host at its
@@ -309,7 +293,7 @@ mod tests {
                 Some(40),
             )
             .unwrap();
-        let log = logged(|| {
+        let log = crate::testlog::logged(|| {
             assert_eq!(heal(&host, &lost, &resources).unwrap(), 0);
         });
         assert!(!log.contains("taken on the host"), "{log}");
@@ -388,5 +372,21 @@ mod tests {
         assert_eq!(heal(&host, &lost, &resources).unwrap(), 0);
         assert_eq!(kernel.count(Op::AddMacvtap), 1);
         assert_eq!(kernel.link(HOST, &link_name_for_device("dpMvp1")), None);
+    }
+
+    #[test]
+    fn without_the_hosts_dev_a_lost_looking_device_is_never_made_again() {
+        // No tap node shows: the device's link may well be in its pod.
+        let (kernel, lost, resources, dev) = held_device();
+        let paths = crate::core::host::HostPaths {
+            tap_nodes: crate::core::host::TapNodes::Unseen {
+                fstype: "tmpfs".into(),
+            },
+            ..dev_at(&dev)
+        };
+        let host = Host::current(&kernel).unwrap().with_paths(paths);
+        assert_eq!(heal(&host, &lost, &resources).unwrap(), 0);
+        assert_eq!(kernel.count(Op::AddMacvtap), 0);
+        assert_eq!(kernel.count(Op::DelLink), 0);
     }
 }

@@ -4,9 +4,24 @@
 //! ([`macvtap_link::Linux`]) and the real paths; unit tests pass the fake
 //! kernel (and temporary directories), so every decision runs without root.
 
+use crate::core::link::not_devtmpfs;
 use macvtap_link::{Kernel, Links, Netns, Result};
 use std::fmt;
 use std::path::{Path, PathBuf};
+
+/// Whether the kernel's tap nodes show in the tap node directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum TapNodes {
+    /// It is the host's devtmpfs: every macvtap's `/dev/tapN` appears there.
+    #[default]
+    Shown,
+    /// It is not devtmpfs (a privileged container's own `/dev`, copied at its
+    /// start; a kind node's tmpfs), so no new tap node ever shows there.
+    Unseen {
+        /// The file system type it is instead, e.g. `tmpfs`.
+        fstype: String,
+    },
+}
 
 /// Where the host's sysfs, devtmpfs and procfs are, as the daemon sees them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,6 +33,9 @@ pub struct HostPaths {
     pub dev: PathBuf,
     /// procfs (`/proc`), for the mount table.
     pub proc: PathBuf,
+    /// Whether tap nodes show in `dev` ([`HostPaths::judged`] reads it from
+    /// the mount table; shown unless judged otherwise).
+    pub tap_nodes: TapNodes,
 }
 
 impl Default for HostPaths {
@@ -27,6 +45,7 @@ impl Default for HostPaths {
             sysfs: PathBuf::from("/sys"),
             dev: PathBuf::from("/dev"),
             proc: PathBuf::from("/proc"),
+            tap_nodes: TapNodes::Shown,
         }
     }
 }
@@ -48,6 +67,23 @@ impl HostPaths {
     /// The tap node directory.
     pub fn dev(&self) -> &Path {
         &self.dev
+    }
+
+    /// The same paths with [`HostPaths::tap_nodes`] read from the mount
+    /// table: unseen when `dev` is a mount other than devtmpfs, shown when
+    /// it is devtmpfs or its mount cannot be told (as before this was asked).
+    pub fn judged(mut self) -> Self {
+        let mountinfo = std::fs::read_to_string(self.mountinfo()).unwrap_or_default();
+        self.tap_nodes = match not_devtmpfs(&self.dev, &mountinfo) {
+            Some(fstype) => TapNodes::Unseen { fstype },
+            None => TapNodes::Shown,
+        };
+        self
+    }
+
+    /// Whether the kernel's tap nodes show in the tap node directory.
+    pub fn tap_nodes_shown(&self) -> bool {
+        self.tap_nodes == TapNodes::Shown
     }
 }
 
@@ -158,5 +194,48 @@ impl fmt::Debug for Host<'_> {
             .field("netns", &self.netns.path())
             .field("paths", &self.paths)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `/dev` judged from a mount table whose `/dev` line is `line` (none
+    /// when empty).
+    fn judged_with(line: &str) -> TapNodes {
+        let proc = tempfile::tempdir().unwrap();
+        std::fs::create_dir(proc.path().join("self")).unwrap();
+        if !line.is_empty() {
+            let root = "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n";
+            std::fs::write(
+                proc.path().join("self/mountinfo"),
+                format!("{root}{line}\n"),
+            )
+            .unwrap();
+        }
+        HostPaths {
+            proc: proc.path().to_path_buf(),
+            ..HostPaths::default()
+        }
+        .judged()
+        .tap_nodes
+    }
+
+    #[test]
+    fn tap_nodes_are_unseen_only_where_dev_is_a_mount_other_than_devtmpfs() {
+        assert_eq!(
+            judged_with("23 22 0:5 / /dev rw,nosuid - devtmpfs udev rw"),
+            TapNodes::Shown
+        );
+        // A privileged container's own /dev.
+        assert_eq!(
+            judged_with("23 22 0:40 / /dev rw,nosuid - tmpfs tmpfs rw,mode=755"),
+            TapNodes::Unseen {
+                fstype: "tmpfs".into()
+            }
+        );
+        // No mount table to read: as before it was asked.
+        assert_eq!(judged_with(""), TapNodes::Shown);
     }
 }

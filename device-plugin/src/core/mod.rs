@@ -4,11 +4,13 @@
 //! the node's links kept by netlink events ([`link_table`]), holds the
 //! host's namespace on the kernel seam with the host's paths ([`host`]), makes, reuses and checks devices' macvtaps ([`link`]), keeps
 //! what was handed out ([`ledger`]), brings a held device's lost link
-//! back ([`heal`]) and removes leaked ones ([`reclaim`]).
+//! back ([`heal`]) and removes leaked ones ([`reclaim`]), and says what
+//! is left undone without a mount of the host's ([`degraded`]).
 //! The fronts only translate: the kubelet's device plugin API
 //! ([`crate::kubelet`]) and the operator's metrics, Events, `doctor` and
 //! HTTP. A second front (a DRA driver) calls the same functions.
 
+pub mod degraded;
 pub mod heal;
 pub mod host;
 pub mod ledger;

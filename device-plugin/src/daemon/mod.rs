@@ -45,6 +45,7 @@ mod reload;
 pub use registration::STREAM_WAIT;
 
 use crate::config::{Resolved, ResourceConfig};
+use crate::core::degraded::Degraded;
 use crate::core::host::HostPaths;
 use crate::core::ledger::AllocationClock;
 use crate::core::ledger::Assignments;
@@ -56,7 +57,7 @@ use crate::core::reclaim::{Reclaimer, reclaim_loop, tap_node_deleted, watch_tap_
 use crate::error::{Error, Result};
 use crate::fswatch::{DirWatcher, FsEvent};
 use crate::kubelet::server::{ServerContext, StreamEvent};
-use crate::operator::events::EventSink;
+use crate::operator::events::{EventSink, NodeEvent};
 use crate::operator::liveness::Liveness;
 use crate::operator::metrics::Metrics;
 use crate::options::{Options, load_config};
@@ -223,11 +224,14 @@ impl Daemon {
 
         let (configs_tx, configs_rx) = watch::channel(Vec::new());
         let (streams_tx, streams_rx) = mpsc::unbounded_channel();
-        // The host's file systems: sysfs as the options say.
+        // The host's file systems: sysfs as the options say, and whether
+        // tap nodes show in /dev (the host's devtmpfs mounted there) or
+        // not (the Go project's DaemonSets mount no /dev), decided once.
         let paths = HostPaths {
             sysfs: opts.sysfs.clone(),
             ..HostPaths::default()
-        };
+        }
+        .judged();
         let ctx = ServerContext {
             paths: paths.clone(),
             metrics,
@@ -237,9 +241,7 @@ impl Daemon {
             assignments: Assignments::persisted(record_file::path_in(&plugin_dir)),
         };
         let (tap_gone_tx, tap_gone) = mpsc::unbounded_channel();
-        // Without the watch the sender goes: the reclaim loop then runs on
-        // its interval only.
-        let tap_nodes = watch_tap_nodes(&fs, paths.dev()).map(|wd| (wd, tap_gone_tx));
+        let tap_nodes = watch_or_say(&fs, &paths, &ctx.events, tap_gone_tx);
         tasks.push(spawn_reclaim(&opts, &ctx, configs_rx, paths, tap_gone));
         let (reg_tx, reg_rx) = mpsc::unbounded_channel();
         let discovery = Discovery::new(opts.discover_kinds.clone());
@@ -421,6 +423,27 @@ impl Daemon {
     }
 }
 
+/// The watch of `paths`' tap node directory for deleted tap nodes, reported
+/// on `tap_gone`; `None` without it (the sender goes, and the reclaim loop
+/// runs on its interval only). Where no tap node shows there is nothing to
+/// watch, and what that leaves undone, with the mount that would enable it,
+/// is said once, here: a warning and an Event on `events`.
+fn watch_or_say(
+    fs: &DirWatcher,
+    paths: &HostPaths,
+    events: &EventSink,
+    tap_gone: mpsc::UnboundedSender<()>,
+) -> Option<(WatchDescriptor, mpsc::UnboundedSender<()>)> {
+    match Degraded::of_dev(paths) {
+        None => watch_tap_nodes(fs, paths.dev()).map(|wd| (wd, tap_gone)),
+        Some(gap) => {
+            warn!(reason = %gap, "serving without the host's /dev");
+            events.post(NodeEvent::from(&gap));
+            None
+        }
+    }
+}
+
 /// Starts the reclaim loop (leaked links, lost links healed, on a tap
 /// node's deletion in `paths`' tap node directory at once, as `tap_gone`
 /// reports) over the
@@ -593,5 +616,48 @@ mod tests {
                 ..Default::default()
             }
         );
+    }
+
+    #[test]
+    fn without_the_hosts_dev_the_start_says_so_once_and_watches_nothing() {
+        let (fs, _rx) = DirWatcher::new().unwrap();
+        let dev = tempfile::tempdir().unwrap();
+        let (tx, _gone) = mpsc::unbounded_channel();
+        let (events, mut posted) = EventSink::queue();
+        let shown = HostPaths::with_dev(dev.path());
+        assert!(watch_or_say(&fs, &shown, &events, tx.clone()).is_some());
+        assert!(posted.try_recv().is_err(), "nothing to say");
+        let unseen = HostPaths {
+            tap_nodes: crate::core::host::TapNodes::Unseen {
+                fstype: "tmpfs".into(),
+            },
+            ..shown
+        };
+        let (watch, log) = {
+            let (guard, log) = crate::testlog::capture();
+            let watch = watch_or_say(&fs, &unseen, &events, tx);
+            drop(guard);
+            (watch, log.text())
+        };
+        assert!(watch.is_none());
+        assert_eq!(
+            log.matches("serving without the host's /dev").count(),
+            1,
+            "{log}"
+        );
+        let want = format!(
+            "mount the host's /dev (hostPath /dev, read-only) at {}",
+            dev.path().display()
+        );
+        assert!(log.contains(&want), "{log}");
+        let event = posted.try_recv().expect("an Event");
+        assert_eq!(event.reason(), crate::operator::events::HOST_DEV_MISSING);
+        let note = event.to_event().note.unwrap();
+        assert!(
+            note.starts_with("The host's /dev is not mounted at"),
+            "{note}"
+        );
+        assert!(note.contains(&want), "{note}");
+        assert!(posted.try_recv().is_err(), "one Event");
     }
 }

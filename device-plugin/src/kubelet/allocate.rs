@@ -466,4 +466,102 @@ mod tests {
             format!("/dev/tap{}", made.index)
         );
     }
+
+    /// The host's file systems as a privileged container without the
+    /// host's `/dev` sees them: sysfs at `sysfs`, its own empty copy of
+    /// `/dev` at `dev`, where no tap node ever shows.
+    fn without_host_dev(
+        sysfs: &tempfile::TempDir,
+        dev: &tempfile::TempDir,
+    ) -> crate::core::host::HostPaths {
+        crate::core::host::HostPaths {
+            sysfs: sysfs.path().to_path_buf(),
+            dev: dev.path().to_path_buf(),
+            tap_nodes: crate::core::host::TapNodes::Unseen {
+                fstype: "tmpfs".into(),
+            },
+            ..Default::default()
+        }
+    }
+
+    /// Makes `sysfs` show macvtap `name` with `ifindex` and char device `dev`,
+    /// as the kernel does under `class/net/<name>/macvtap/tap<ifindex>/dev`.
+    fn sysfs_shows(sysfs: &tempfile::TempDir, name: &str, ifindex: u32, dev: (u64, u64)) {
+        let dir = sysfs
+            .path()
+            .join(format!("class/net/{name}/macvtap/tap{ifindex}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("dev"), format!("{}:{}\n", dev.0, dev.1)).unwrap();
+    }
+
+    #[test]
+    fn without_the_hosts_dev_allocate_answers_the_host_path_sysfs_shows() {
+        let kernel = fake_node();
+        let (sysfs, dev) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let name = link_name_for_device("lower0Mvp0");
+        let lower = kernel.link(HOST, "lower0").unwrap();
+        // The device's macvtap is on the node already (an init container's
+        // Allocate made it), and sysfs shows its char device.
+        kernel.insert_link(
+            HOST,
+            Link {
+                macvtap_mode: Some(MacvtapMode::Bridge),
+                ..test_support::fake::link(40, &name, "macvtap", Some(lower.index))
+            },
+        );
+        sysfs_shows(&sysfs, &name, 40, (240, 7));
+        // Neither the namespace nor a tap node could say more: the answer
+        // comes from sysfs alone.
+        kernel.fail(Op::TapDevice, 1, Errno::EIO);
+        kernel.fail(Op::OpenTapNode, 1, Errno::ENOENT);
+        let host = Host::current(&kernel)
+            .unwrap()
+            .with_paths(without_host_dev(&sysfs, &dev));
+        let req = AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: vec!["lower0Mvp0".into()],
+            }],
+        };
+        let resp = allocate_on(&host, &req, &ResourceConfig::for_nic("lower0")).unwrap();
+        let spec = &resp.container_responses[0].devices[0];
+        // The host's node, not the container's copy of /dev.
+        assert_eq!(spec.host_path, "/dev/tap40");
+        assert_eq!(spec.container_path, "/dev/tap40");
+        assert_eq!(spec.permissions, "rw");
+        assert_eq!(kernel.count(Op::OpenTapNode), 0, "no node is waited for");
+        assert_eq!(kernel.count(Op::TapDevice), 0, "sysfs showed it");
+        assert_eq!(kernel.count(Op::DelLink), 0);
+    }
+
+    #[test]
+    fn without_the_hosts_dev_a_new_macvtap_is_answered_without_its_node() {
+        let kernel = fake_node();
+        let (sysfs, dev) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let host = Host::current(&kernel)
+            .unwrap()
+            .with_paths(without_host_dev(&sysfs, &dev));
+        let cfg = ResourceConfig::for_nic("lower0");
+        let req = |id: &str| AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: vec![id.into()],
+            }],
+        };
+        // The tap node never shows: waiting for it would fail.
+        kernel.fail(Op::OpenTapNode, 1, Errno::ENOENT);
+        let resp = allocate_on(&host, &req("lower0Mvp0"), &cfg).unwrap();
+        let link = kernel
+            .link(HOST, &link_name_for_device("lower0Mvp0"))
+            .unwrap();
+        assert_eq!(
+            resp.container_responses[0].devices[0].host_path,
+            format!("/dev/tap{}", link.index)
+        );
+        assert_eq!(kernel.count(Op::OpenTapNode), 0);
+        // A link whose char device nothing shows is no macvtap to hand out:
+        // refused, and the link made for it deleted.
+        kernel.fail(Op::TapDevice, 2, Errno::ENOENT);
+        let e = allocate_on(&host, &req("lower0Mvp1"), &cfg).unwrap_err();
+        assert!(e.to_string().contains("lower0Mvp1"), "{e}");
+        assert_eq!(kernel.link(HOST, &link_name_for_device("lower0Mvp1")), None);
+    }
 }

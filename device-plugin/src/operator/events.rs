@@ -1,7 +1,8 @@
 //! Kubernetes Events on the daemon's Node, so that `kubectl describe node`
 //! says what the device plugin knows first: a NIC went down or came back,
 //! a config reload added or removed a resource, registration keeps
-//! failing, a leaked link was removed, an Allocate was refused.
+//! failing, a leaked link was removed, an Allocate was refused, a mount of
+//! the host's is missing (what that leaves undone).
 //!
 //! Events are posted by `kube::runtime::events::Recorder` (events.k8s.io/v1,
 //! in namespace `default` as for every Node event), which aggregates a
@@ -36,6 +37,10 @@ pub const REGISTRATION_FAILING: &str = "MacvtapRegistrationFailing";
 pub const LEAKED_LINK_REMOVED: &str = "MacvtapLeakedLinkRemoved";
 /// Event reason: an Allocate was refused.
 pub const ALLOCATE_FAILED: &str = "MacvtapAllocateFailed";
+/// Event reason: the host's `/dev` is not mounted (tap nodes never show).
+pub const HOST_DEV_MISSING: &str = "MacvtapHostDevMissing";
+/// Event reason: the kubelet's PodResources API cannot be read.
+pub const POD_RESOURCES_UNREADABLE: &str = "MacvtapPodResourcesUnreadable";
 /// Every reason of our Events, in [`NodeEvent`]'s order.
 pub const REASONS: &[&str] = &[
     NIC_DOWN,
@@ -46,6 +51,8 @@ pub const REASONS: &[&str] = &[
     REGISTRATION_FAILING,
     LEAKED_LINK_REMOVED,
     ALLOCATE_FAILED,
+    HOST_DEV_MISSING,
+    POD_RESOURCES_UNREADABLE,
 ];
 /// How many Events may wait for the publisher before new ones are dropped.
 const QUEUE: usize = 256;
@@ -120,6 +127,30 @@ pub enum NodeEvent {
         /// Why.
         error: String,
     },
+    /// The host's `/dev` is not mounted: what that leaves undone, and the
+    /// mount ([`crate::core::degraded::Degraded`]'s sentence).
+    HostDevMissing {
+        /// The sentence.
+        what: String,
+    },
+    /// The kubelet's PodResources API cannot be read: what that leaves
+    /// undone, and the mount.
+    PodResourcesUnreadable {
+        /// The sentence.
+        what: String,
+    },
+}
+
+impl From<&crate::core::degraded::Degraded> for NodeEvent {
+    /// The Event that says `gap`.
+    fn from(gap: &crate::core::degraded::Degraded) -> Self {
+        use crate::core::degraded::Degraded;
+        let what = gap.to_string();
+        match gap {
+            Degraded::NoHostDev { .. } => Self::HostDevMissing { what },
+            Degraded::NoPodResources { .. } => Self::PodResourcesUnreadable { what },
+        }
+    }
 }
 
 impl NodeEvent {
@@ -134,6 +165,8 @@ impl NodeEvent {
             Self::RegistrationFailing { .. } => REGISTRATION_FAILING,
             Self::LeakedLinkRemoved { .. } => LEAKED_LINK_REMOVED,
             Self::AllocateRefused { .. } => ALLOCATE_FAILED,
+            Self::HostDevMissing { .. } => HOST_DEV_MISSING,
+            Self::PodResourcesUnreadable { .. } => POD_RESOURCES_UNREADABLE,
         }
     }
 
@@ -202,6 +235,8 @@ impl NodeEvent {
                 "Allocate",
                 format!("Allocate of {resource} refused: {error}"),
             ),
+            Self::HostDevMissing { what } => (EventType::Warning, "Start", capital(what)),
+            Self::PodResourcesUnreadable { what } => (EventType::Warning, "Reclaim", capital(what)),
         };
         Event {
             type_,
@@ -211,6 +246,14 @@ impl NodeEvent {
             secondary: None,
         }
     }
+}
+
+/// `s` with its first letter upper-cased, as a note begins.
+fn capital(s: &str) -> String {
+    let mut chars = s.chars();
+    chars.next().map_or_else(String::new, |c| {
+        c.to_uppercase().chain(chars).collect::<String>()
+    })
 }
 
 fn truncate(mut s: String, max: usize) -> String {
@@ -262,6 +305,13 @@ impl EventSink {
     /// A sink that drops every Event.
     pub fn off() -> Self {
         Self::default()
+    }
+
+    /// A sink whose Events the unit tests take from the queue.
+    #[cfg(test)]
+    pub(crate) fn queue() -> (Self, mpsc::Receiver<NodeEvent>) {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        (Self { tx: Some(tx) }, rx)
     }
 
     /// Queues `ev` for the publisher; dropped when Events are off or the
@@ -434,6 +484,8 @@ mod tests {
                 resource,
                 error: "e".into(),
             },
+            NodeEvent::HostDevMissing { what: "w".into() },
+            NodeEvent::PodResourcesUnreadable { what: "w".into() },
         ];
         for ev in &all {
             match ev {
@@ -444,7 +496,9 @@ mod tests {
                 | NodeEvent::ResourceRemoved { .. }
                 | NodeEvent::RegistrationFailing { .. }
                 | NodeEvent::LeakedLinkRemoved { .. }
-                | NodeEvent::AllocateRefused { .. } => {}
+                | NodeEvent::AllocateRefused { .. }
+                | NodeEvent::HostDevMissing { .. }
+                | NodeEvent::PodResourcesUnreadable { .. } => {}
             }
         }
         all

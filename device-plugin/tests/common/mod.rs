@@ -8,7 +8,7 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use test_kubelet::{Daemon, TestKubelet};
+use test_kubelet::{Daemon, TestKubelet, TestPodResources};
 use test_support::tap_node_lock;
 pub use test_support::{TestNs, require_root};
 
@@ -30,6 +30,8 @@ pub struct Node {
     pub daemon: Option<Daemon>,
     /// The kubelet's registration endpoint.
     pub kubelet: Option<TestKubelet>,
+    /// The kubelet's PodResources API, when started.
+    pub pod_resources: Option<TestPodResources>,
     /// The node namespace.
     pub ns: TestNs,
     /// The kubelet directory.
@@ -48,6 +50,7 @@ impl Node {
         Self {
             daemon: None,
             kubelet: None,
+            pod_resources: None,
             ns,
             dir: tempfile::tempdir().unwrap(),
             _tap_lock: tap_lock,
@@ -64,6 +67,14 @@ impl Node {
         self.kubelet = Some(TestKubelet::start(&self.plugin_dir()).await.unwrap());
     }
 
+    /// Starts the kubelet's PodResources API at
+    /// `<dir>/pod-resources/kubelet.sock`, reporting no devices held, so a
+    /// daemon started next has every mount it asks for.
+    pub async fn start_pod_resources(&mut self) {
+        let socket = self.dir.path().join("pod-resources/kubelet.sock");
+        self.pod_resources = Some(TestPodResources::start(&socket).await.unwrap());
+    }
+
     /// The test kubelet.
     pub fn kubelet(&self) -> &TestKubelet {
         self.kubelet.as_ref().expect("kubelet started")
@@ -71,13 +82,20 @@ impl Node {
 
     /// Starts the daemon with `--kubelet-dir`, metrics off, and `args`.
     pub fn start_daemon(&mut self, args: &[&str], env: &[(&str, &str)]) {
+        self.start_daemon_under(&[], args, env);
+    }
+
+    /// Starts the daemon as [`Node::start_daemon`] does, run by `wrapper`
+    /// (see [`Daemon::start_under`]).
+    pub fn start_daemon_under(&mut self, wrapper: &[&str], args: &[&str], env: &[(&str, &str)]) {
         let kdir = self.dir.path().to_str().unwrap().to_string();
         let mut all = vec!["--kubelet-dir", kdir.as_str()];
         if !args.iter().any(|a| a.starts_with("--metrics-addr")) {
             all.extend(["--metrics-addr", "off"]);
         }
         all.extend_from_slice(args);
-        let d = Daemon::start(daemon_bin(), &self.ns, self.dir.path(), &all, env).unwrap();
+        let d = Daemon::start_under(wrapper, daemon_bin(), &self.ns, self.dir.path(), &all, env)
+            .unwrap();
         self.daemon = Some(d);
     }
 

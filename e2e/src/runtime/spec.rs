@@ -10,7 +10,12 @@
 //! `pkg/kubelet/kuberuntime/kuberuntime_container_linux.go`
 //! (`calculateLinuxResources`: CPU shares from the request, CFS quota from
 //! the limit over a 100 ms period, the memory limit). The mounts are in
-//! [`super::mounts`].
+//! [`super::mounts`]. A `privileged` container gets what containerd's
+//! `oci.WithPrivileged`, `WithHostDevices` and `WithAllDevicesAllowed` give
+//! it: every capability containerd itself holds, no masked or read-only
+//! paths, a writable `/sys`, and a node in its own `/dev` tmpfs for every
+//! device the host's `/dev` holds when the container is created (and none
+//! made later).
 
 use super::caps::capabilities;
 use super::image::ImageConfig;
@@ -43,6 +48,60 @@ pub const READONLY_PATHS: [&str; 5] = [
     "/proc/sys",
     "/proc/sysrq-trigger",
 ];
+
+/// The capabilities of this process's bounding set, which containerd gives
+/// a privileged container (`WithAllCurrentCapabilities`).
+fn held_caps() -> Result<Vec<String>> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let mask = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapBnd:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .context("no CapBnd in /proc/self/status")?;
+    Ok(super::caps::cap_names(mask))
+}
+
+/// Every char and block device under `dir`, as containerd's `HostDevices`
+/// walks the host's `/dev` (`oci/utils_unix.go` `getDevices`: the `pts`,
+/// `shm`, `fd`, `mqueue`, `.lxc`, `.lxd-mounts` and `.udev` directories and
+/// `console` left out), as OCI `linux.devices` entries.
+fn host_devices(dir: &Path, out: &mut Vec<Value>) -> Result<()> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let meta = std::fs::symlink_metadata(entry.path())?;
+        let ft = meta.file_type();
+        if ft.is_dir() {
+            let skip = ["pts", "shm", "fd", "mqueue", ".lxc", ".lxd-mounts", ".udev"];
+            if !skip.iter().any(|s| name == *s) {
+                host_devices(&entry.path(), out)?;
+            }
+            continue;
+        }
+        if name == "console" {
+            continue;
+        }
+        let kind = if ft.is_char_device() {
+            "c"
+        } else if ft.is_block_device() {
+            "b"
+        } else {
+            continue;
+        };
+        let rdev = meta.rdev();
+        out.push(json!({
+            "path": entry.path(),
+            "type": kind,
+            "major": nix::sys::stat::major(rdev),
+            "minor": nix::sys::stat::minor(rdev),
+            "fileMode": meta.mode() & 0o777,
+            "uid": meta.uid(),
+            "gid": meta.gid(),
+        }));
+    }
+    Ok(())
+}
 
 /// The kubelet's default `terminationMessagePath`.
 pub const DEFAULT_TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
@@ -315,10 +374,7 @@ impl PodSandbox {
         );
         let sc = &container["securityContext"];
         let psc = &pod["securityContext"];
-        ensure!(
-            sc["privileged"] != true,
-            "{field}.securityContext.privileged: the DaemonSet must not be privileged"
-        );
+        let privileged = sc["privileged"] == true;
 
         // Process arguments (containerd `WithProcessArgs`).
         let command = strings(&container["command"]);
@@ -339,13 +395,35 @@ impl PodSandbox {
         );
 
         let (uid, gid, gids) = user(sc, psc, image)?;
-        let caps = capabilities(sc, &format!("{field}.securityContext"))?;
+        let caps = if privileged {
+            held_caps()?
+        } else {
+            capabilities(sc, &format!("{field}.securityContext"))?
+        };
         let no_new_privs = sc["allowPrivilegeEscalation"] == false;
         let read_only_root = sc["readOnlyRootFilesystem"] == true;
 
-        let mounts = self.mounts(pod, container, field, read_only_root)?;
+        let mut mounts = self.mounts(pod, container, field, read_only_root)?;
 
-        let resources = resources(container, field)?;
+        let mut resources = resources(container, field)?;
+        let mut devices = Vec::new();
+        if privileged {
+            // `WithWriteableSysfs`, `WithAllDevicesAllowed`, `WithHostDevices`.
+            for m in &mut mounts {
+                if m["type"] == "sysfs"
+                    && let Some(opts) = m["options"].as_array_mut()
+                {
+                    opts.retain(|o| o != "ro");
+                }
+            }
+            resources["devices"] = json!([{"allow": true, "access": "rwm"}]);
+            host_devices(Path::new("/dev"), &mut devices)?;
+        }
+        let (masked, readonly): (&[&str], &[&str]) = if privileged {
+            (&[], &[])
+        } else {
+            (&MASKED_PATHS, &READONLY_PATHS)
+        };
 
         let mut namespaces = vec![json!({"type": "mount"})];
         if pod["hostPID"] != true {
@@ -381,10 +459,11 @@ impl PodSandbox {
             "mounts": mounts,
             "linux": {
                 "namespaces": namespaces,
-                "maskedPaths": MASKED_PATHS,
-                "readonlyPaths": READONLY_PATHS,
+                "maskedPaths": masked,
+                "readonlyPaths": readonly,
                 "cgroupsPath": cgroup,
                 "resources": resources,
+                "devices": devices,
             },
         }))
     }

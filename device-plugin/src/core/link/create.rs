@@ -3,7 +3,7 @@
 //! name is taken (`EEXIST`) read and reused or replaced; a lost link made
 //! again at its ifindex for heal. A link made by a failed call is deleted.
 
-use super::devfs::check_node;
+use super::devfs::{answer_path, check_node};
 use super::refusal::{busy_lower, port_refusal};
 use crate::config::ResourceConfig;
 use crate::core::host::Host;
@@ -80,7 +80,7 @@ pub fn recreate_device(
 /// Checks the tap node of `link`, just made for device `id`, and returns its
 /// path; deletes the link when the check fails.
 fn checked_or_deleted(host: &Host, id: &str, link: &Link) -> Result<PathBuf> {
-    let node = tap_node_path(host.paths().dev(), link.index);
+    let node = answer_path(host.paths(), link.index);
     match check_node(host, &link.name, link.index, &node) {
         Ok(()) => Ok(node),
         Err(e) => {
@@ -95,7 +95,9 @@ fn checked_or_deleted(host: &Host, id: &str, link: &Link) -> Result<PathBuf> {
 pub struct PreparedDevice {
     /// The link in the host namespace.
     pub link: Link,
-    /// Its tap node, `/dev/tap<ifindex>`, checked to be its char device.
+    /// Its tap node as the kubelet is told it, `/dev/tap<ifindex>`: checked
+    /// to be its char device where tap nodes show, else the host's path of
+    /// the char device sysfs shows.
     pub node: PathBuf,
     /// Whether this call created the link (false: an existing one was reused).
     pub created: bool,
@@ -236,7 +238,7 @@ fn reuse_or_remove(
     };
     match unusable_reason(&old, lower, cfg.mode) {
         None => {
-            let node = tap_node_path(host.paths().dev(), old.index);
+            let node = answer_path(host.paths(), old.index);
             check_node(host, name, old.index, &node).map_err(|e| e.for_device(id, name))?;
             info!(device_id = id, ifname = %name, tap = %node.display(), "reusing the device's existing macvtap");
             Ok(Some(PreparedDevice {

@@ -1,17 +1,35 @@
 //! A macvtap's tap node: `/dev/tap<ifindex>` checked to be the link's char
 //! device (read from sysfs when it shows the link, else from inside its
-//! namespace), and when it never appears, why ([`super::mountinfo`]).
+//! namespace), and when it never appears, why ([`super::mountinfo`]). Where
+//! tap nodes never show ([`TapNodes::Unseen`]: a privileged container
+//! without the host's `/dev`), the link's char device in sysfs is the
+//! check, and the answer is the host's `/dev/tap<ifindex>`, as the Go
+//! plugin answered.
 
 use super::create::device_error;
 use super::mountinfo::missing_tap_node_cause;
-use crate::core::host::Host;
+use crate::core::host::{Host, HostPaths, TapNodes};
 use crate::error::Error;
-use macvtap_link::tapdev::parse_major_minor;
+use macvtap_link::tapdev::{parse_major_minor, tap_node_path};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// How long devtmpfs gets to create `/dev/tapN` after the macvtap appears.
 const TAP_NODE_WAIT: Duration = Duration::from_secs(2);
+
+/// Where the host's kernel makes tap nodes, as the kubelet and the
+/// container runtime name them.
+const HOST_DEV: &str = "/dev";
+
+/// The tap node of the link with `ifindex` that Allocate answers: in the
+/// tap node directory where tap nodes show there (the host's `/dev`,
+/// mounted), else the host's own `/dev/tap<ifindex>`.
+pub(super) fn answer_path(paths: &HostPaths, ifindex: u32) -> PathBuf {
+    match paths.tap_nodes {
+        TapNodes::Shown => tap_node_path(paths.dev(), ifindex),
+        TapNodes::Unseen { .. } => tap_node_path(Path::new(HOST_DEV), ifindex),
+    }
+}
 
 /// A failed tap node check, before it is tied to a device.
 pub(super) enum NodeError {
@@ -39,6 +57,9 @@ impl NodeError {
 
 /// Waits for the link's tap node to be its char device. When it never
 /// appears and the host's tap node directory is not devtmpfs, the error says so.
+/// Where tap nodes never show, the link's char device (its
+/// `class/net/<name>/macvtap/tap<ifindex>/dev` in sysfs, or read from
+/// inside its namespace) is all that is checked.
 pub(super) fn check_node(
     host: &Host,
     name: &str,
@@ -52,6 +73,9 @@ pub(super) fn check_node(
             .tap_device(host.netns(), name)
             .map_err(NodeError::Link)?,
     };
+    if !host.paths().tap_nodes_shown() {
+        return Ok(());
+    }
     match host.kernel().open_tap_node(node, dev, TAP_NODE_WAIT) {
         Ok(_) => Ok(()),
         Err(e) if node.symlink_metadata().is_err() => {

@@ -10,5 +10,5 @@ mod prepare;
 mod refusal;
 
 pub use create::{PreparedDevice, Recreated, create_device, recreate_device, unusable_reason};
-pub use mountinfo::missing_tap_node_cause;
+pub use mountinfo::{missing_tap_node_cause, not_devtmpfs};
 pub use prepare::{check_ids, hand_out, prepare};

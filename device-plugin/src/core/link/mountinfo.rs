@@ -10,18 +10,22 @@ use std::path::Path;
 /// `/dev` is mounted into it (kubevirt/macvtap-cni#39). `None` when
 /// `dev_dir` is devtmpfs or its mount cannot be told.
 pub fn missing_tap_node_cause(dev_dir: &Path, mountinfo: &str) -> Option<String> {
-    let dir = dev_dir
-        .canonicalize()
-        .unwrap_or_else(|_| dev_dir.to_path_buf());
-    let fstype = mount_fstype(mountinfo, &dir)?;
-    if fstype == "devtmpfs" {
-        return None;
-    }
+    let fstype = not_devtmpfs(dev_dir, mountinfo)?;
     Some(format!(
         "{} is a {fstype} mount, not devtmpfs, so the kernel never creates tap nodes in it; \
          mount the host's /dev (devtmpfs) there, as a kind node needs (kubevirt/macvtap-cni#39)",
         dev_dir.display()
     ))
+}
+
+/// The file system type of the mount that holds `dev_dir`, from
+/// `mountinfo`, when it is not devtmpfs; `None` when it is or its mount
+/// cannot be told.
+pub fn not_devtmpfs(dev_dir: &Path, mountinfo: &str) -> Option<String> {
+    let dir = dev_dir
+        .canonicalize()
+        .unwrap_or_else(|_| dev_dir.to_path_buf());
+    mount_fstype(mountinfo, &dir).filter(|t| t != "devtmpfs")
 }
 
 /// The file system type of the mount that holds `path` (the mount point

@@ -18,7 +18,11 @@
 //! Allocate handed it out since, and if it is still the link the round saw.
 //!
 //! The same round first heals the opposite case, a device a pod holds whose
-//! macvtap is gone everywhere ([`crate::core::heal`]). Every kernel
+//! macvtap is gone everywhere ([`crate::core::heal`]), where tap nodes show
+//! (without the host's `/dev` a link in a pod looks lost, so nothing is
+//! healed). When PodResources cannot be read, a round deletes and heals
+//! nothing, and says so once per outage, with the mount that would enable
+//! it ([`crate::core::degraded`]): a warning and an Event. Every kernel
 //! operation goes through the reclaimer's kernel (the real one in the
 //! daemon, the fake in unit tests), on a blocking thread: the links are
 //! listed on one, the kubelet is asked, and the rest of the round (the
@@ -38,6 +42,7 @@ pub use rules::{allocated_ids, forget_unconfigured, go_era_leaked_links, leaked_
 pub use tap_watch::{tap_node_deleted, watch_tap_nodes};
 
 use crate::config::ResourceConfig;
+use crate::core::degraded::Degraded;
 use crate::core::heal::{Lost, heal, lost_devices};
 use crate::core::host::{Host, HostPaths};
 use crate::core::ledger::{AllocationClock, Assignments};
@@ -73,7 +78,8 @@ pub struct Reclaimer {
     clock: AllocationClock,
     assignments: Assignments,
     paths: HostPaths,
-    said_socket_absent: bool,
+    /// PodResources could not be read at the last round (said once).
+    unreadable: bool,
     events: EventSink,
 }
 
@@ -96,7 +102,7 @@ impl Reclaimer {
             clock,
             assignments: Assignments::default(),
             paths: HostPaths::default(),
-            said_socket_absent: false,
+            unreadable: false,
             events: EventSink::off(),
         }
     }
@@ -107,6 +113,19 @@ impl Reclaimer {
         self.assignments = assignments;
         self.paths = paths;
         self
+    }
+
+    /// PodResources cannot be read (`why`): said once per outage, as a
+    /// warning and an Event naming what is left undone and the mount that
+    /// would enable it; later rounds of the same outage log at debug level.
+    fn cannot_read(&mut self, why: String) {
+        let gap = Degraded::pod_resources(&self.socket, why);
+        if std::mem::replace(&mut self.unreadable, true) {
+            debug!(reason = %gap, "reclaim round skipped: PodResources still cannot be read");
+            return;
+        }
+        warn!(reason = %gap, "leaked-link reclaim and heal are off");
+        self.events.post(NodeEvent::from(&gap));
     }
 
     /// Posts a Kubernetes Event for every leaked link removed.
@@ -145,27 +164,34 @@ impl Reclaimer {
 
     /// One round: list links, ask the kubelet, decide ([`Reclaimer::plan`]),
     /// carry it out on a blocking thread ([`RoundWork::carry_out`]). Without
-    /// a PodResources socket it logs that once and does nothing.
+    /// a PodResources socket (skipped), or when the kubelet does not answer
+    /// there (failed), it deletes and heals nothing and says so once
+    /// ([`Reclaimer::cannot_read`]).
     pub async fn run_once(
         &mut self,
         resources: &[ResourceConfig],
         metrics: &Metrics,
     ) -> Result<RoundOutcome> {
         if !self.socket.exists() {
-            if !self.said_socket_absent {
-                info!(socket = %self.socket.display(), "no PodResources socket; leaked-link reclaim is skipped until it appears");
-                self.said_socket_absent = true;
-            }
+            self.cannot_read("it does not exist".into());
             self.first_seen.clear();
             return Ok(RoundOutcome::Skipped);
         }
-        self.said_socket_absent = false;
         // Links first: every link listed existed before PodResources answers.
         let kernel = self.kernel.clone();
         let links = tokio::task::spawn_blocking(move || kernel.links(None)?.list_links())
             .await
             .map_err(|e| Error::Task(format!("the task listing links failed: {e}")))??;
-        let allocated = list_allocated(&self.socket, POD_RESOURCES_WAIT).await?;
+        let allocated = match list_allocated(&self.socket, POD_RESOURCES_WAIT).await {
+            Ok(allocated) => allocated,
+            Err(e) => {
+                self.cannot_read(e.to_string());
+                return Ok(RoundOutcome::Failed);
+            }
+        };
+        if std::mem::take(&mut self.unreadable) {
+            info!(socket = %self.socket.display(), "the kubelet's PodResources API answers again; leaked macvtaps are reclaimed and lost ones healed again");
+        }
         let plan = self.plan(&links, &allocated, resources, Instant::now());
         metrics.pod_resources_listed(resources, &allocated, self.grace, Instant::now());
         let work = self.work();
@@ -198,9 +224,15 @@ impl Reclaimer {
     ) -> Plan {
         let kernel = self.kernel.clone();
         let dev_dir = self.paths.dev.clone();
-        let lost = lost_devices(allocated, &self.assignments, links, |i| {
-            !matches!(kernel.tap_node(&tap_node_path(&dev_dir, i)), Ok(None))
-        });
+        // Without tap nodes a link in a pod looks lost: nothing is (the
+        // daemon said so at start).
+        let lost = if self.paths.tap_nodes_shown() {
+            lost_devices(allocated, &self.assignments, links, |i| {
+                !matches!(kernel.tap_node(&tap_node_path(&dev_dir, i)), Ok(None))
+            })
+        } else {
+            Vec::new()
+        };
         let lowers: HashSet<String> = resources.iter().map(|r| r.lower_device.clone()).collect();
         self.clock
             .forget_older_than(self.grace.max(MIN_CLOCK_MEMORY), now);
@@ -651,5 +683,94 @@ mod tests {
         assert!(r.due(&l, t0 + Duration::from_secs(100)).is_empty());
         assert!(r.due(&l, t0 + Duration::from_secs(149)).is_empty());
         assert_eq!(r.due(&l, t0 + Duration::from_secs(151)).len(), 1);
+    }
+
+    #[tokio::test]
+    async fn unreadable_pod_resources_delete_and_heal_nothing_and_say_so_once() {
+        use test_kubelet::pod_resources::TestPodResources;
+        let (kernel, resources) = node();
+        // dpMvp3 is held and its link gone (it would be healed); every
+        // other macvtap of dp is held by no pod (it would be deleted: no grace).
+        let assignments = Assignments::default();
+        assignments.assigned("dpMvp3", "dp", 40);
+        let kubelet_dir = tempfile::tempdir().unwrap();
+        let socket = kubelet_dir.path().join("pod-resources/kubelet.sock");
+        let dev = tempfile::tempdir().unwrap();
+        let (events, mut posted) = EventSink::queue();
+        let mut r = Reclaimer::new(
+            kernel.clone(),
+            socket.clone(),
+            Duration::ZERO,
+            AllocationClock::default(),
+        )
+        .with_healing(assignments, HostPaths::with_dev(dev.path()))
+        .with_events(events);
+        let metrics = Metrics::default();
+        let (guard, log) = crate::testlog::capture();
+        // Not mounted: no socket, twice.
+        for _ in 0..2 {
+            let outcome = r.run_once(&resources, &metrics).await.unwrap();
+            assert_eq!(outcome, RoundOutcome::Skipped);
+        }
+        // Mounted, but the kubelet does not answer.
+        let server = TestPodResources::start(&socket).await.unwrap();
+        server.fail(Some(tonic::Code::Unavailable));
+        let outcome = r.run_once(&resources, &metrics).await.unwrap();
+        assert_eq!(outcome, RoundOutcome::Failed);
+        assert_eq!(kernel.count(Op::DelLink), 0, "nothing deleted");
+        assert_eq!(kernel.count(Op::AddMacvtap), 5, "nothing healed");
+        let said = log.text();
+        assert_eq!(
+            said.matches("leaked-link reclaim and heal are off").count(),
+            1,
+            "said once: {said}"
+        );
+        let dir = socket.parent().unwrap().display().to_string();
+        assert!(
+            said.contains(&format!("mount the host's {dir} (hostPath)")),
+            "{said}"
+        );
+        let event = posted.try_recv().expect("an Event");
+        assert!(
+            matches!(&event, NodeEvent::PodResourcesUnreadable { what }
+                if what.contains("its directory is not mounted in this container")
+                    && what.contains(&format!("mount the host's {dir} (hostPath)"))),
+            "{event:?}"
+        );
+        assert!(posted.try_recv().is_err(), "one Event for the outage");
+        // It answers: the round works again, and says so.
+        server.fail(None);
+        server.set_allocated("macvtap.network.kubevirt.io/dp", &["dpMvp3"]);
+        let outcome = r.run_once(&resources, &metrics).await.unwrap();
+        drop(guard);
+        assert_eq!(outcome, RoundOutcome::Done);
+        assert!(log.text().contains("answers again"), "{}", log.text());
+        assert_eq!(
+            kernel.count(Op::DelLink),
+            4,
+            "dpMvp0, dpMvp1, dpMvp7, dpMvp8"
+        );
+        assert!(kernel.link(HOST, &link_name_for_device("dpMvp3")).is_some());
+    }
+
+    #[tokio::test]
+    async fn without_the_hosts_dev_a_round_heals_nothing() {
+        let (kernel, resources) = node();
+        let assignments = Assignments::default();
+        assignments.assigned("dpMvp3", "dp", 40);
+        let dev = tempfile::tempdir().unwrap();
+        let paths = HostPaths {
+            tap_nodes: crate::core::host::TapNodes::Unseen {
+                fstype: "tmpfs".into(),
+            },
+            ..HostPaths::with_dev(dev.path())
+        };
+        let mut r = reclaimer_of(kernel.clone(), AllocationClock::default())
+            .with_healing(assignments, paths);
+        // dpMvp3's link and node are not seen: it may be in its pod.
+        let done = round_done(&mut r, &kernel, &["dpMvp3"], &resources, Instant::now());
+        assert_eq!(done.healed, 0);
+        assert!(kernel.link(HOST, &link_name_for_device("dpMvp3")).is_none());
+        assert_eq!(kernel.count(Op::AddMacvtap), 5, "only the node's");
     }
 }

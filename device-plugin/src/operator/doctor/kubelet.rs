@@ -2,8 +2,9 @@
 //! PodResources socket) and the daemon's own registration: its `/healthz`,
 //! and a live socket in `device-plugins/` for each resource.
 
-use super::{Finding, TIMEOUT};
+use super::{Finding, Level, TIMEOUT};
 use crate::config::ResourceConfig;
+use crate::core::degraded::Degraded;
 use crate::core::reclaim;
 use crate::options::Options;
 use kubelet_proto::v1beta1::KUBELET_SOCKET;
@@ -64,22 +65,34 @@ pub fn check_kubelet(opts: &Options) -> Vec<Finding> {
             ),
         ),
     });
-    let pr = opts.pod_resources_socket();
-    out.push(match probe_socket(&pr) {
+    out.push(check_pod_resources(&opts.pod_resources_socket()));
+    out
+}
+
+/// The PodResources socket at `socket`, in the daemon's own sentence when
+/// it cannot be read: a warning when its directory is not mounted (the Go
+/// project's DaemonSets mount none: the daemon serves, without reclaim and
+/// heal), a problem when it is and the kubelet does not serve there.
+pub fn check_pod_resources(socket: &Path) -> Finding {
+    const CHECK: &str = "pod-resources-socket";
+    match probe_socket(socket) {
         Ok(()) => Finding::ok(
-            "pod-resources-socket",
-            format!("the kubelet's PodResources API listens on {}", pr.display()),
-        ),
-        Err(why) => Finding::problem(
-            "pod-resources-socket",
+            CHECK,
             format!(
-                "the kubelet's PodResources socket {} is not usable ({why}): leaked links are \
-                 never reclaimed and the CNI cannot check a device is the pod's",
-                pr.display()
+                "the kubelet's PodResources API listens on {}",
+                socket.display()
             ),
         ),
-    });
-    out
+        Err(why) => {
+            let gap = Degraded::pod_resources(socket, why);
+            let level = if gap.mount().is_dir() {
+                Level::Problem
+            } else {
+                Level::Warning
+            };
+            Finding::new(level, CHECK, gap.to_string())
+        }
+    }
 }
 
 /// The device IDs pods hold, per the kubelet's PodResources `List` (the
@@ -184,6 +197,29 @@ mod tests {
         assert_eq!(
             reachable("10.0.0.1:9402".parse().unwrap()),
             "10.0.0.1:9402".parse().unwrap()
+        );
+    }
+
+    #[test]
+    fn a_pod_resources_socket_not_mounted_warns_naming_the_mount() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("pod-resources");
+        let f = check_pod_resources(&dir.join("kubelet.sock"));
+        assert_eq!(f.level, Level::Warning, "{f:?}");
+        for want in [
+            "it does not exist; its directory is not mounted in this container",
+            "leaked macvtaps are never deleted and lost ones never re-created",
+            &format!("mount the host's {} (hostPath)", dir.display()),
+        ] {
+            assert!(f.message.contains(want), "want {want:?} in {f:?}");
+        }
+        // Mounted, and nothing serves there: the kubelet's trouble.
+        std::fs::create_dir(&dir).unwrap();
+        let f = check_pod_resources(&dir.join("kubelet.sock"));
+        assert_eq!(f.level, Level::Problem, "{f:?}");
+        assert!(
+            f.message.contains("the kubelet does not serve it there"),
+            "{f:?}"
         );
     }
 
