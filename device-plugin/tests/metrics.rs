@@ -34,6 +34,8 @@ fn busy_metrics() -> Metrics {
     m.allocation(R, true, Duration::from_secs(20));
     m.registration(R, true);
     m.registration(R, false);
+    m.set_registered(R, true);
+    m.handed_out(R, &["eth0Mvp0".to_string()], Instant::now());
     m.leaked_links_removed(2);
     m.links_healed(1);
     m.unhealthy(R, "nic_enslaved");
@@ -95,6 +97,9 @@ fn the_page_passes_the_openmetrics_parser_and_follows_its_conventions() {
     }
     for want in [
         "macvtap_dp_devices",
+        "macvtap_dp_devices_in_use",
+        "macvtap_dp_devices_free",
+        "macvtap_dp_registered",
         "macvtap_dp_allocations",
         "macvtap_dp_allocation_errors",
         "macvtap_dp_allocate_seconds",
@@ -209,6 +214,12 @@ fn every_resource_has_all_its_series_from_zero() {
             "macvtap_dp_allocations_total",
             vec![r],
         ),
+        (
+            "macvtap_dp_devices_in_use",
+            "macvtap_dp_devices_in_use",
+            vec![r],
+        ),
+        ("macvtap_dp_registered", "macvtap_dp_registered", vec![r]),
         (
             "macvtap_dp_allocation_errors",
             "macvtap_dp_allocation_errors_total",

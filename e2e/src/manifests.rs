@@ -1,11 +1,13 @@
 //! Renders this project's kustomizations with the real kustomize
 //! (`kubectl kustomize`, kubectl 1.37 from `hack/setup.sh`'s virtual
-//! environment), so the tests see exactly what `kubectl apply -k` would
-//! send, and reads the objects.
+//! environment) and its Helm chart with the real `helm` (v4.3.2, built from
+//! its module by `test_support::gopeers`), so the tests see exactly what
+//! `kubectl apply -k` and `helm install` would send, and reads the objects.
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Parses every YAML document in `text`, skipping empty ones.
@@ -99,6 +101,95 @@ fn fixture(name: &str, vars: &[(&str, &str)], conf: &str) -> Result<(Value, Valu
     Ok((cm, ds))
 }
 
+/// The real `helm` (v4.3.2), built on first use from `hack/peers/helm/`.
+pub fn helm() -> Result<PathBuf> {
+    let bins = test_support::gopeers::build(&test_support::gopeers::HELM)?;
+    bins.into_iter()
+        .next()
+        .context("the helm module built no binary")
+}
+
+/// Runs `helm` with `args`, failing with its stderr.
+pub fn run_helm(args: &[&str]) -> Result<String> {
+    let helm = helm()?;
+    let out = Command::new(&helm)
+        .args(args)
+        .output()
+        .with_context(|| format!("running {}", helm.display()))?;
+    if !out.status.success() {
+        bail!(
+            "helm {} failed: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout).trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    String::from_utf8(out.stdout).context("helm printed non-UTF-8")
+}
+
+/// Renders the chart in `chart` as `helm install` would (`helm template`,
+/// release `macvtap-rs`), each of `sets` a `--set key=value`, into its
+/// objects.
+pub fn render_chart(chart: &Path, sets: &[&str]) -> Result<Vec<Value>> {
+    let chart = chart.to_string_lossy();
+    let mut args = vec!["template", "macvtap-rs", chart.as_ref()];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let text = run_helm(&args)?;
+    parse_docs(&text).with_context(|| format!("parsing helm's rendering of {chart}"))
+}
+
+/// Objects by what identifies them to the API server: `apiVersion`, kind,
+/// namespace and name; two objects with one identity are an error.
+pub fn by_identity(docs: &[Value]) -> Result<BTreeMap<String, Value>> {
+    let mut out = BTreeMap::new();
+    for d in docs {
+        let id = format!(
+            "{} {} {}/{}",
+            d["apiVersion"].as_str().unwrap_or("?"),
+            d["kind"].as_str().unwrap_or("?"),
+            d["metadata"]["namespace"].as_str().unwrap_or(""),
+            d["metadata"]["name"].as_str().unwrap_or("?")
+        );
+        if out.insert(id.clone(), d.clone()).is_some() {
+            bail!("two objects are {id}");
+        }
+    }
+    Ok(out)
+}
+
+/// The first place where `b` differs from `a`, as a sentence naming the
+/// field's path (`.spec.template.spec.volumes[3].hostPath.path`), or `None`
+/// when they are equal.
+pub fn first_difference(a: &Value, b: &Value, path: &str) -> Option<String> {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            for (k, v) in x {
+                let here = format!("{path}.{k}");
+                match y.get(k) {
+                    None => return Some(format!("{here} is missing")),
+                    Some(w) => {
+                        if let Some(d) = first_difference(v, w, &here) {
+                            return Some(d);
+                        }
+                    }
+                }
+            }
+            y.keys()
+                .find(|k| !x.contains_key(*k))
+                .map(|k| format!("{path}.{k} is extra ({})", y[k]))
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x
+            .iter()
+            .zip(y)
+            .enumerate()
+            .find_map(|(i, (v, w))| first_difference(v, w, &format!("{path}[{i}]"))),
+        _ if a == b => None,
+        _ => Some(format!("{path} is {a} there but {b} here")),
+    }
+}
+
 /// Splits `registry/name:tag` into name and tag (a port is not a tag).
 pub fn split_image(image: &str) -> (&str, Option<String>) {
     match image.rfind(':') {
@@ -143,6 +234,27 @@ mod tests {
         assert_eq!(
             split_image("localhost:5000/a/b"),
             ("localhost:5000/a/b", None)
+        );
+    }
+
+    #[test]
+    fn differences_name_the_field() {
+        let a = serde_json::json!({"s": {"v": [{"p": "/a"}, 1]}, "k": 1});
+        assert_eq!(first_difference(&a, &a, ""), None);
+        let b = serde_json::json!({"s": {"v": [{"p": "/b"}, 1]}, "k": 1});
+        assert_eq!(
+            first_difference(&a, &b, "").as_deref(),
+            Some(".s.v[0].p is \"/a\" there but \"/b\" here")
+        );
+        let c = serde_json::json!({"s": {"v": [{"p": "/a"}, 1]}, "k": 1, "l": 2});
+        assert_eq!(
+            first_difference(&a, &c, "").as_deref(),
+            Some(".l is extra (2)")
+        );
+        assert!(
+            first_difference(&c, &a, "")
+                .unwrap()
+                .contains(".l is missing")
         );
     }
 

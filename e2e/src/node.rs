@@ -278,12 +278,11 @@ impl Node {
         args: &[&str],
     ) -> Result<u32> {
         let kubelet_dir = self.kubelet_dir.path().to_string_lossy().into_owned();
-        let mut all = vec![
-            "--kubelet-dir",
-            kubelet_dir.as_str(),
-            "--metrics-addr",
-            "off",
-        ];
+        let mut all = vec!["--kubelet-dir", kubelet_dir.as_str()];
+        // Metrics off unless the test serves them.
+        if !args.iter().any(|a| a.starts_with("--metrics-addr")) {
+            all.extend(["--metrics-addr", "off"]);
+        }
         all.extend_from_slice(args);
         // The daemon's own default level unless the run asks for another.
         let level = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());

@@ -111,6 +111,18 @@ pub const GO_MACVTAP_V0_13_2: GoPeer = GoPeer {
     ..GO_MACVTAP_V0_13_1
 };
 
+/// Helm v4.3.2 (`helm`), which the chart tests run to lint the chart and
+/// render it as `helm install` would.
+pub const HELM: GoPeer = GoPeer {
+    what: "Helm v4.3.2",
+    module: "helm",
+    wraps: "helm.sh/helm/v4@v4.3.2",
+    packages: &["helm.sh/helm/v4/cmd/helm"],
+    // As Helm's Makefile stamps a release (`helm version` prints it).
+    ldflags: "-X helm.sh/helm/v4/internal/version.version=v4.3.2",
+    needed_by: "the chart tests lint and render the Helm chart with the real helm",
+};
+
 /// Bumped when the builder's own way of building changes, so that old
 /// cache entries are not reused.
 const BUILDER_VERSION: &str = "1";
@@ -480,6 +492,7 @@ mod tests {
             CNI_PLUGINS,
             GO_MACVTAP_V0_13_1,
             GO_MACVTAP_V0_13_2,
+            HELM,
         ] {
             let go_mod = std::fs::read_to_string(module_dir(&peer).join("go.mod")).unwrap();
             assert!(go_line(&go_mod).is_some(), "{}", peer.module);
@@ -492,8 +505,10 @@ mod tests {
                 peer.wraps
             );
             for p in peer.packages {
+                // `go mod tidy` writes a single tool as `tool <path>`.
                 assert!(
-                    go_mod.contains(&format!("\t{p}\n")),
+                    go_mod.contains(&format!("\t{p}\n"))
+                        || go_mod.contains(&format!("\ntool {p}\n")),
                     "{} has no tool line for {p}",
                     peer.module
                 );

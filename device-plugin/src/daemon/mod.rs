@@ -393,6 +393,13 @@ impl Daemon {
         }
         self.check_stream_deadlines(now);
         self.start_due_registrations();
+        // Every registration change happens in a handler or a timer, so
+        // the gauge is right after each turn of the loop.
+        for p in self.plugins.values() {
+            self.ctx
+                .metrics
+                .set_registered(&p.config().resource_name(), p.registration.is_registered());
+        }
     }
 
     /// Abandons registrations and stops every server at once, removing

@@ -144,6 +144,12 @@ impl Registration {
         }
     }
 
+    /// Whether the kubelet accepted the last Register and has not lost it
+    /// since (what `macvtap_dp_registered` shows).
+    pub(super) fn is_registered(&self) -> bool {
+        matches!(self.state, State::Registered { .. })
+    }
+
     /// Registers again at `now`, abandoning a Register in flight (which
     /// the kubelet may then still complete). Failures since the last
     /// success stay counted; the backoff starts over.

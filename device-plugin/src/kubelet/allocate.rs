@@ -68,6 +68,7 @@ pub async fn answer(
 ) -> std::result::Result<AllocateResponse, tonic::Status> {
     let resource = cfg.resource_name();
     let started = Instant::now();
+    let device_ids: Vec<String> = ids(&req).into_iter().map(str::to_string).collect();
     let (clock, assignments) = (ctx.clock.clone(), ctx.assignments.clone());
     let paths = ctx.paths.clone();
     let res =
@@ -79,6 +80,8 @@ pub async fn answer(
         .allocation(&resource, res.is_ok(), started.elapsed());
     match res {
         Ok(resp) => {
+            ctx.metrics
+                .handed_out(&resource, &device_ids, Instant::now());
             info!(%resource, elapsed_ms = started.elapsed().as_millis() as u64, "Allocate done");
             Ok(resp)
         }

@@ -7,6 +7,7 @@
 //! macvtap_dp_allocations counter`); their one sample, and the series
 //! Prometheus stores, is `macvtap_dp_allocations_total`.
 
+use crate::config::ResourceConfig;
 use crate::operator::procstat::ProcessCollector;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -14,9 +15,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Upper bounds of the Allocate latency buckets, in seconds. Allocate
 /// creates one macvtap and waits for its tap node: a few milliseconds when
@@ -92,6 +93,32 @@ struct VersionLabels {
     version: &'static str,
 }
 
+/// Which devices of one resource are in use, for the free and in-use
+/// gauges: those the kubelet's PodResources listed as allocated at the last
+/// reclaim round, and those Allocate handed out within the reclaim grace
+/// (a pod is not listed until its container starts).
+#[derive(Debug, Default)]
+struct Usage {
+    /// Devices advertised, healthy or not.
+    advertised: u64,
+    /// Device IDs the kubelet listed as allocated.
+    listed: HashSet<String>,
+    /// Device IDs Allocate handed out, and when.
+    handed_out: HashMap<String, Instant>,
+}
+
+impl Usage {
+    /// Devices in use: listed by the kubelet or handed out lately.
+    fn in_use(&self) -> u64 {
+        let extra = self
+            .handed_out
+            .keys()
+            .filter(|id| !self.listed.contains(*id))
+            .count();
+        (self.listed.len() + extra) as u64
+    }
+}
+
 /// A histogram with the [`ALLOCATE_BUCKETS`] bounds.
 fn allocate_histogram() -> Histogram {
     Histogram::new(ALLOCATE_BUCKETS)
@@ -102,6 +129,9 @@ fn allocate_histogram() -> Histogram {
 pub struct Metrics {
     registry: Registry,
     devices: Family<DeviceLabels, Gauge>,
+    devices_in_use: Family<ResourceLabels, Gauge>,
+    devices_free: Family<ResourceLabels, Gauge>,
+    registered: Family<ResourceLabels, Gauge>,
     unhealthy: Family<UnhealthyLabels, Counter>,
     allocations: Family<ResourceLabels, Counter>,
     allocation_errors: Family<ResourceLabels, Counter>,
@@ -117,6 +147,8 @@ pub struct Metrics {
     /// first time it is named, since a series that appears only on its
     /// first increment breaks `rate()`.
     resources: Mutex<HashSet<String>>,
+    /// Per resource, which devices are in use.
+    usage: Mutex<HashMap<String, Usage>>,
 }
 
 impl Default for Metrics {
@@ -124,6 +156,9 @@ impl Default for Metrics {
         let mut registry = Registry::default();
         let m = Metrics {
             devices: Family::default(),
+            devices_in_use: Family::default(),
+            devices_free: Family::default(),
+            registered: Family::default(),
             unhealthy: Family::default(),
             allocations: Family::default(),
             allocation_errors: Family::default(),
@@ -136,6 +171,7 @@ impl Default for Metrics {
             config_reloads: Counter::default(),
             config_reload_errors: Counter::default(),
             resources: Mutex::default(),
+            usage: Mutex::default(),
             registry: Registry::default(),
         };
         // The registry appends the full stop to each help text.
@@ -143,6 +179,21 @@ impl Default for Metrics {
             "macvtap_dp_devices",
             "Devices advertised, by health",
             m.devices.clone(),
+        );
+        registry.register(
+            "macvtap_dp_devices_in_use",
+            "Devices in use: allocated to a pod per the kubelet, or handed out by Allocate within the reclaim grace",
+            m.devices_in_use.clone(),
+        );
+        registry.register(
+            "macvtap_dp_devices_free",
+            "Devices advertised and not in use, healthy or not",
+            m.devices_free.clone(),
+        );
+        registry.register(
+            "macvtap_dp_registered",
+            "Whether the resource is registered with the kubelet (1) or not (0)",
+            m.registered.clone(),
         );
         registry.register(
             "macvtap_dp_unhealthy",
@@ -245,6 +296,9 @@ impl Metrics {
                 reason,
             });
         }
+        let _ = self.devices_in_use.get_or_create(&r);
+        let _ = self.devices_free.get_or_create(&r);
+        let _ = self.registered.get_or_create(&r);
         let _ = self.allocations.get_or_create(&r);
         let _ = self.allocation_errors.get_or_create(&r);
         let _ = self.allocate_seconds.get_or_create(&r);
@@ -267,13 +321,82 @@ impl Metrics {
                     resource: resource.to_string(),
                     state,
                 })
-                .set(i64::try_from(n).unwrap_or(i64::MAX));
+                .set(gauge_value(n));
+        }
+        self.with_usage(resource, |u| {
+            u.advertised = healthy.saturating_add(unhealthy)
+        });
+    }
+
+    /// Zeroes the gauges of a resource that is no longer served.
+    pub fn resource_removed(&self, resource: &str) {
+        self.set_devices(resource, 0, 0);
+        self.with_usage(resource, |u| *u = Usage::default());
+        self.set_registered(resource, false);
+    }
+
+    /// Sets whether `resource` is registered with the kubelet.
+    pub fn set_registered(&self, resource: &str, registered: bool) {
+        self.touch(resource);
+        self.registered
+            .get_or_create(&Self::resource(resource))
+            .set(i64::from(registered));
+    }
+
+    /// Records that Allocate handed out `device_ids` of `resource` at `now`:
+    /// they are in use until a reclaim round after the grace finds the
+    /// kubelet no longer lists them.
+    pub fn handed_out(&self, resource: &str, device_ids: &[String], now: Instant) {
+        self.with_usage(resource, |u| {
+            for id in device_ids {
+                u.handed_out.insert(id.clone(), now);
+            }
+        });
+    }
+
+    /// Takes in a reclaim round's answer from the kubelet: `allocated` (the
+    /// device IDs PodResources lists) for each resource of `resources`;
+    /// devices handed out longer than `grace` before `now` and not listed
+    /// are no longer in use.
+    pub fn pod_resources_listed(
+        &self,
+        resources: &[ResourceConfig],
+        allocated: &HashSet<String>,
+        grace: Duration,
+        now: Instant,
+    ) {
+        for cfg in resources {
+            let listed: HashSet<String> = allocated
+                .iter()
+                .filter(|id| {
+                    macvtap_link::parse_device_id(id).is_some_and(|(name, _)| name == cfg.name)
+                })
+                .cloned()
+                .collect();
+            self.with_usage(&cfg.resource_name(), |u| {
+                u.handed_out
+                    .retain(|_, at| now.saturating_duration_since(*at) < grace);
+                u.listed = listed;
+            });
         }
     }
 
-    /// Zeroes the device gauges of a resource that is no longer served.
-    pub fn resource_removed(&self, resource: &str) {
-        self.set_devices(resource, 0, 0);
+    /// Changes the usage of `resource` with `f`, then sets its free and
+    /// in-use gauges from it.
+    fn with_usage(&self, resource: &str, f: impl FnOnce(&mut Usage)) {
+        self.touch(resource);
+        // As in `touch`, a poisoned lock is used as is.
+        let mut all = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        let u = all.entry(resource.to_string()).or_default();
+        f(u);
+        let in_use = u.in_use();
+        let r = Self::resource(resource);
+        self.devices_in_use
+            .get_or_create(&r)
+            .set(gauge_value(in_use));
+        self.devices_free
+            .get_or_create(&r)
+            .set(gauge_value(u.advertised.saturating_sub(in_use)));
     }
 
     /// Counts the devices of `resource` becoming Unhealthy for `reason`
@@ -351,6 +474,11 @@ impl Metrics {
     }
 }
 
+/// A count as a gauge's value.
+fn gauge_value(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -417,6 +545,92 @@ mod tests {
         assert!(
             t.contains("macvtap_dp_devices{resource=\"a\\\"b\\\\c\\nd\",state=\"healthy\"} 1\n"),
             "{t}"
+        );
+    }
+
+    /// The value of the sample `name{resource="R"}` on the page.
+    fn sample(m: &Metrics, name: &str, resource: &str) -> Option<String> {
+        let head = format!("{name}{{resource=\"{resource}\"}} ");
+        m.render()
+            .lines()
+            .find_map(|l| l.strip_prefix(&head).map(str::to_string))
+    }
+
+    fn dp(capacity: u32) -> ResourceConfig {
+        ResourceConfig {
+            capacity,
+            ..ResourceConfig::for_nic("dp")
+        }
+    }
+
+    const DP: &str = "macvtap.network.kubevirt.io/dp";
+
+    #[test]
+    fn devices_in_use_follow_allocate_and_the_kubelets_answer() {
+        let m = Metrics::default();
+        let t0 = Instant::now();
+        let grace = Duration::from_secs(120);
+        let gauges = |m: &Metrics| {
+            (
+                sample(m, "macvtap_dp_devices_in_use", DP),
+                sample(m, "macvtap_dp_devices_free", DP),
+            )
+        };
+        let want = |used: &str, free: &str| (Some(used.to_string()), Some(free.to_string()));
+        m.set_devices(DP, 3, 0);
+        assert_eq!(gauges(&m), want("0", "3"));
+        m.handed_out(DP, &["dpMvp0".into(), "dpMvp1".into()], t0);
+        assert_eq!(gauges(&m), want("2", "1"));
+        // Allocated again (an init container, then the app): no double count.
+        m.handed_out(DP, &["dpMvp1".into()], t0);
+        assert_eq!(gauges(&m), want("2", "1"));
+        // The kubelet lists only dpMvp0 yet (dpMvp1's pod has not started),
+        // and another resource's device, which is not dp's.
+        let listed: HashSet<String> = ["dpMvp0", "otherMvp2"].map(String::from).into();
+        m.pod_resources_listed(&[dp(3)], &listed, grace, t0 + Duration::from_secs(1));
+        assert_eq!(gauges(&m), want("2", "1"));
+        // Past the grace, what the kubelet does not list is free again.
+        m.pod_resources_listed(&[dp(3)], &listed, grace, t0 + grace);
+        assert_eq!(gauges(&m), want("1", "2"));
+        // Every device held: none free; Unhealthy devices count as advertised.
+        let all: HashSet<String> = ["dpMvp0", "dpMvp1", "dpMvp2"].map(String::from).into();
+        m.pod_resources_listed(&[dp(3)], &all, grace, t0 + grace);
+        m.set_devices(DP, 0, 3);
+        assert_eq!(gauges(&m), want("3", "0"));
+        // The pods gone, their devices are free.
+        m.pod_resources_listed(&[dp(3)], &HashSet::new(), grace, t0 + grace);
+        assert_eq!(gauges(&m), want("0", "3"));
+        // A capacity cut below what is held frees nothing below zero.
+        m.pod_resources_listed(&[dp(1)], &all, grace, t0 + grace);
+        m.set_devices(DP, 1, 0);
+        assert_eq!(gauges(&m), want("3", "0"));
+        m.resource_removed(DP);
+        assert_eq!(gauges(&m), want("0", "0"));
+    }
+
+    #[test]
+    fn the_registration_gauge_is_one_only_while_registered() {
+        let m = Metrics::default();
+        m.set_devices(DP, 1, 0);
+        assert_eq!(
+            sample(&m, "macvtap_dp_registered", DP).as_deref(),
+            Some("0")
+        );
+        m.set_registered(DP, true);
+        assert_eq!(
+            sample(&m, "macvtap_dp_registered", DP).as_deref(),
+            Some("1")
+        );
+        m.set_registered(DP, false);
+        assert_eq!(
+            sample(&m, "macvtap_dp_registered", DP).as_deref(),
+            Some("0")
+        );
+        m.set_registered(DP, true);
+        m.resource_removed(DP);
+        assert_eq!(
+            sample(&m, "macvtap_dp_registered", DP).as_deref(),
+            Some("0")
         );
     }
 }

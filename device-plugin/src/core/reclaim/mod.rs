@@ -193,6 +193,7 @@ impl Reclaimer {
             info!(socket = %self.socket.display(), "the kubelet's PodResources API answers again; leaked macvtaps are reclaimed and lost ones healed again");
         }
         let plan = self.plan(&links, &allocated, resources, Instant::now());
+        metrics.pod_resources_listed(resources, &allocated, self.grace, Instant::now());
         let work = self.work();
         let assignments = self.assignments.clone();
         let current = resources.to_vec();
