@@ -781,7 +781,7 @@ fn scenario(run: &mut Run) -> Result<()> {
     ));
 
     run.steps.step(
-        "the image swap: our install removed (kubectl delete -k), the Go project's DaemonSets next",
+        "uninstall (kubectl delete -k): nothing of ours left; then the image swap onto the Go project's DaemonSets",
     );
     c.kubectl(&[
         "delete",
