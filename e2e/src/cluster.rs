@@ -123,6 +123,15 @@ impl Cluster {
         cluster_sh(&["import-rootfs", image, &entry, user, dir]).map(|_| ())
     }
 
+    /// The real `helm ARGS` (built from `hack/peers/helm/`) with the admin
+    /// kubeconfig; fails with its output.
+    pub fn helm(&self, args: &[&str]) -> Result<String> {
+        let kubeconfig = self.env.kubeconfig.to_string_lossy().into_owned();
+        let mut a = args.to_vec();
+        a.extend_from_slice(&["--kubeconfig", &kubeconfig]);
+        crate::manifests::run_helm(&a)
+    }
+
     /// `kubectl ARGS` with the admin kubeconfig; fails with its stderr.
     pub fn kubectl(&self, args: &[&str]) -> Result<String> {
         self.kubectl_stdin(args, None)

@@ -41,6 +41,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 const NS: &str = "macvtap-system";
+/// The Helm release the chart step installs.
+const HELM_RELEASE: &str = "macvtap-e2e";
 /// cluster-network-addons-operator's namespace.
 const CNAO_NS: &str = "cluster-network-addons";
 const DS: &str = "macvtap-cni";
@@ -291,6 +293,13 @@ fn the_daemonset_and_vm_pods_on_a_real_node() -> Result<()> {
 
 fn clean_up(run: &Run) -> Result<()> {
     let c = run.c;
+    let _ = c.helm(&[
+        "uninstall",
+        HELM_RELEASE,
+        "--namespace",
+        "default",
+        "--ignore-not-found",
+    ]);
     let _ = c.kubectl(&[
         "delete",
         "pods",
@@ -780,9 +789,8 @@ fn scenario(run: &mut Run) -> Result<()> {
         "without patch on events (a repeat of an Event is a patch): {refused}"
     ));
 
-    run.steps.step(
-        "uninstall (kubectl delete -k): nothing of ours left; then the image swap onto the Go project's DaemonSets",
-    );
+    run.steps
+        .step("uninstall (kubectl delete -k): nothing of ours left");
     c.kubectl(&[
         "delete",
         "-k",
@@ -791,33 +799,58 @@ fn scenario(run: &mut Run) -> Result<()> {
         "--timeout=180s",
     ])?;
     run.wait_allocatable(0)?;
-    // Our daemon saw its DaemonSet deleted (an uninstall, not a rollout)
-    // and removed what is ours from the node as it exited.
-    let left: Vec<String> = [
-        "/opt/cni/bin/macvtap",
-        "/opt/cni/bin/macvtap.settings.json",
-        "/var/lib/kubelet/device-plugins/macvtap-deviceplugin",
-    ]
-    .into_iter()
-    .filter(|p| Path::new(p).exists())
-    .map(str::to_string)
-    .collect();
-    ensure!(left.is_empty(), "the uninstall left {left:?} on the node");
-    ensure!(
-        macvtaps_on_nic()?.is_empty(),
-        "the uninstall left macvtaps: {:?}",
-        macvtaps_on_nic()?
-    );
-    for kind in ["clusterrole", "clusterrolebinding"] {
-        let out = c.kubectl(&["get", kind, "macvtap-cni-events", "--ignore-not-found"])?;
-        ensure!(
-            out.trim().is_empty(),
-            "the uninstall left {kind} macvtap-cni-events"
-        );
-    }
+    assert_uninstalled(c)?;
     run.steps.say(
         "uninstalled: no CNI binary, settings, record or macvtap of ours on the node; no RBAC, namespace or DaemonSet of ours in the cluster",
     );
+
+    run.steps
+        .step("install with the chart (helm install), then helm uninstall: nothing of ours left");
+    let chart = repo().join("charts/macvtap-rs");
+    let resources = format!(
+        r#"config.resources=[{{"name":"dataplane","lowerDevice":"{NIC}","mode":"bridge","capacity":{CAPACITY}}}]"#
+    );
+    c.helm(&[
+        "install",
+        HELM_RELEASE,
+        &chart.to_string_lossy(),
+        "--namespace",
+        "default",
+        "--set",
+        &format!("image.repository={IMAGE_REPO}"),
+        "--set",
+        "image.tag=e2e-a",
+        "--set-json",
+        &resources,
+    ])?;
+    run.wait_ds_ready()?;
+    run.wait_allocatable(CAPACITY)?;
+    run.steps.say(format!(
+        "{}: Ready; allocatable {RESOURCE}: {CAPACITY} from the chart's config.resources",
+        run.daemon_pod()?["metadata"]["name"]
+            .as_str()
+            .unwrap_or("?")
+    ));
+    c.helm(&[
+        "uninstall",
+        HELM_RELEASE,
+        "--namespace",
+        "default",
+        "--wait",
+        "--timeout",
+        "180s",
+    ])?;
+    c.wait("the chart's namespace gone", WAIT, || {
+        let out = c.kubectl(&["get", "namespace", NS, "--ignore-not-found"])?;
+        Ok(out.trim().is_empty().then_some(()))
+    })?;
+    run.wait_allocatable(0)?;
+    assert_uninstalled(c)?;
+    run.steps
+        .say("helm uninstall: nothing of ours on the node or in the cluster");
+
+    run.steps
+        .step("the image swap onto the Go project's DaemonSets");
     let conf = format!(
         r#"[{{"name":"dataplane","lowerDevice":"{NIC}","mode":"bridge","capacity":{CAPACITY}}}]"#
     );
@@ -853,6 +886,37 @@ fn scenario(run: &mut Run) -> Result<()> {
         "--wait=true",
         "--timeout=180s",
     ])?;
+    Ok(())
+}
+
+/// What an uninstall must leave: no CNI binary, settings, record or
+/// macvtap of ours on the node (our daemon saw its DaemonSet deleted, not
+/// rolled out, and removed them as it exited), and no RBAC, namespace or
+/// DaemonSet of ours in the cluster.
+fn assert_uninstalled(c: &Cluster) -> Result<()> {
+    let left: Vec<String> = [
+        "/opt/cni/bin/macvtap",
+        "/opt/cni/bin/macvtap.settings.json",
+        "/var/lib/kubelet/device-plugins/macvtap-deviceplugin",
+    ]
+    .into_iter()
+    .filter(|p| Path::new(p).exists())
+    .map(str::to_string)
+    .collect();
+    ensure!(left.is_empty(), "the uninstall left {left:?} on the node");
+    ensure!(
+        macvtaps_on_nic()?.is_empty(),
+        "the uninstall left macvtaps: {:?}",
+        macvtaps_on_nic()?
+    );
+    for (kind, name) in [
+        ("clusterrole", "macvtap-cni-events"),
+        ("clusterrolebinding", "macvtap-cni-events"),
+        ("namespace", NS),
+    ] {
+        let out = c.kubectl(&["get", kind, name, "--ignore-not-found"])?;
+        ensure!(out.trim().is_empty(), "the uninstall left {kind} {name}");
+    }
     Ok(())
 }
 
