@@ -28,6 +28,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
+use kubelet_proto::v1beta1::DeviceSpec;
 use macvtap_e2e::manifests::render;
 use macvtap_e2e::runtime::{
     Image, PodSandbox, RuncContainer, cap_mask, cap_names, capabilities, process_caps, repo_root,
@@ -176,6 +177,38 @@ fn probe_port(c: &Value, probe: &str, field: &str) -> Result<(u16, String)> {
         other => bail!("{field}.{probe}.httpGet.port: {other} is not a port"),
     };
     Ok((u16::try_from(port)?, path))
+}
+
+/// The kubelet's first calls on the registration at `endpoint`, as for an
+/// admitted pod: ListAndWatch until [`CAPACITY`] healthy devices, then
+/// Allocate of `dataplaneMvp0`; returns its DeviceSpec. A failure names
+/// `field` and carries the daemon container `dp`'s output.
+async fn allocate_first_device(
+    kubelet: &TestKubelet,
+    endpoint: &str,
+    field: &str,
+    dp: &RuncContainer,
+) -> Result<DeviceSpec> {
+    let mut client = kubelet
+        .connect(endpoint)
+        .await
+        .map_err(|e| anyhow!("{e}"))?;
+    let mut watch = client.list_and_watch().await?;
+    watch
+        .wait_until(WAIT, |d| {
+            d.len() == CAPACITY && d.iter().all(|d| d.health == "Healthy")
+        })
+        .await
+        .map_err(|e| anyhow!("{field}: no {CAPACITY} healthy devices: {e}\n{}", dp.log()))?;
+    let resp = client
+        .allocate(&["dataplaneMvp0"])
+        .await
+        .map_err(|e| anyhow!("{field}: Allocate failed: {e}\n{}", dp.log()))?;
+    resp.container_responses
+        .first()
+        .and_then(|r| r.devices.first())
+        .cloned()
+        .context("Allocate returned no DeviceSpec")
 }
 
 /// `manifests/examples/configmap-explicit.yaml` with `DP_MACVTAP_CONF` set
@@ -352,26 +385,7 @@ async fn daemonset_runs_under_runc(variant: &str, layout: Layout) -> Result<()> 
     ));
 
     steps.step("kubelet: ListAndWatch, Allocate one device");
-    let mut client = kubelet
-        .connect(&reg.endpoint)
-        .await
-        .map_err(|e| anyhow!("{e}"))?;
-    let mut watch = client.list_and_watch().await?;
-    watch
-        .wait_until(WAIT, |d| {
-            d.len() == CAPACITY && d.iter().all(|d| d.health == "Healthy")
-        })
-        .await
-        .map_err(|e| anyhow!("{field}: no {CAPACITY} healthy devices: {e}\n{}", dp.log()))?;
-    let resp = client
-        .allocate(&["dataplaneMvp0"])
-        .await
-        .map_err(|e| anyhow!("{field}: Allocate failed: {e}\n{}", dp.log()))?;
-    let spec = resp
-        .container_responses
-        .first()
-        .and_then(|r| r.devices.first())
-        .context("Allocate returned no DeviceSpec")?;
+    let spec = &allocate_first_device(kubelet, &reg.endpoint, &field, &dp).await?;
     node.pod_resources
         .as_ref()
         .context("pod resources")?
@@ -585,26 +599,7 @@ async fn the_go_projects_daemonset_runs_our_image_under_runc() -> Result<()> {
         .map_err(|e| anyhow!("{field} did not register {RESOURCE}: {e}\n{}", dp.log()))?;
 
     steps.step("kubelet: ListAndWatch, Allocate one device");
-    let mut client = kubelet
-        .connect(&reg.endpoint)
-        .await
-        .map_err(|e| anyhow!("{e}"))?;
-    let mut watch = client.list_and_watch().await?;
-    watch
-        .wait_until(WAIT, |d| {
-            d.len() == CAPACITY && d.iter().all(|d| d.health == "Healthy")
-        })
-        .await
-        .map_err(|e| anyhow!("{field}: no {CAPACITY} healthy devices: {e}\n{}", dp.log()))?;
-    let resp = client
-        .allocate(&["dataplaneMvp0"])
-        .await
-        .map_err(|e| anyhow!("{field}: Allocate failed: {e}\n{}", dp.log()))?;
-    let spec = resp
-        .container_responses
-        .first()
-        .and_then(|r| r.devices.first())
-        .context("Allocate returned no DeviceSpec")?;
+    let spec = &allocate_first_device(kubelet, &reg.endpoint, field, &dp).await?;
     let name = macvtap_link::link_name_for_device("dataplaneMvp0");
     let link = node
         .ns
