@@ -31,11 +31,14 @@ pub struct Owner {
     pub name: String,
 }
 
-/// What the watch knows: set once when the DaemonSet is going away.
+/// What the watch knows: set once when the DaemonSet is going away. The
+/// default has no watch behind it and never marks.
 #[derive(Debug, Clone, Default)]
 pub struct Uninstall {
     going: Arc<AtomicBool>,
     changed: Arc<Notify>,
+    /// Whether a watch runs (or ran) to mark it.
+    watched: bool,
 }
 
 impl Uninstall {
@@ -49,8 +52,8 @@ impl Uninstall {
     /// the watch's event.
     pub async fn going_within(&self, wait: Duration) -> bool {
         let notified = self.changed.notified();
-        if self.is_going() {
-            return true;
+        if self.is_going() || !self.watched {
+            return self.is_going();
         }
         let _ = tokio::time::timeout(wait, notified).await;
         self.is_going()
@@ -69,7 +72,10 @@ impl Uninstall {
     /// Watches `owner` with `client` in a task, marking the uninstall when
     /// it is deleted; the task ends when the watch cannot go on.
     pub fn watch(client: kube::Client, owner: Owner) -> (Self, tokio::task::JoinHandle<()>) {
-        let me = Self::default();
+        let me = Self {
+            watched: true,
+            ..Self::default()
+        };
         let task = tokio::spawn(run(client, owner, me.clone()));
         (me, task)
     }
@@ -138,7 +144,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_mark_wakes_a_waiter_and_stays() {
-        let u = Uninstall::default();
+        let u = Uninstall {
+            watched: true,
+            ..Uninstall::default()
+        };
         assert!(!u.going_within(Duration::from_millis(1)).await);
         let waiter = {
             let u = u.clone();
@@ -151,5 +160,17 @@ mod tests {
         }
         assert!(waiter.await.unwrap());
         assert!(u.is_going());
+    }
+
+    /// Without a watch nothing can mark it: an exit does not wait.
+    #[tokio::test]
+    async fn without_a_watch_an_exit_does_not_wait() {
+        let u = Uninstall::default();
+        let answer = tokio::time::timeout(
+            Duration::from_secs(60),
+            u.going_within(Duration::from_secs(3600)),
+        )
+        .await;
+        assert_eq!(answer, Ok(false), "it waited for a watch that is not there");
     }
 }
