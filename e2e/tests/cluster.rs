@@ -2,8 +2,10 @@
 //! controller-manager, scheduler, kube-proxy, containerd with Debian's runc,
 //! the kubelet, Multus thick) runs our DaemonSet installed as the README
 //! says (`kubectl apply -k` of a kustomization that only overrides the
-//! image, then the ConfigMap of explicit resources naming the node's NIC),
-//! and VM pods as KubeVirt renders them run QEMU on the `/dev/tapN` that
+//! image; a first VM with the README's defaults, no ConfigMap, on the
+//! resource auto-discovery names after the NIC, with `--discover-kinds=veth`
+//! as README says for veth NICs; then the ConfigMap of explicit resources
+//! naming the node's NIC, applied live), and VM pods as KubeVirt renders them run QEMU on the `/dev/tapN` that
 //! containerd made from our DeviceSpec. The node's NIC is a veth whose peer
 //! sits in a namespace of this test, with TEST-NET-2 addresses; the test
 //! pings the guests from there and counts every lost reply.
@@ -48,6 +50,9 @@ const CNAO_NS: &str = "cluster-network-addons";
 const DS: &str = "macvtap-cni";
 const DAEMON: &str = "macvtap-deviceplugin";
 const RESOURCE: &str = "macvtap.network.kubevirt.io/dataplane";
+const RESOURCE_PREFIX: &str = "macvtap.network.kubevirt.io/";
+/// The devices auto-discovery gives each NIC (README, "A first VM").
+const DISCOVERED_CAPACITY: i64 = 100;
 const CAPACITY: i64 = 2;
 /// The node's NIC (a veth in the host's namespace) and its peer's name.
 const NIC: &str = "mvtclnic0";
@@ -105,6 +110,25 @@ fn macvtaps_on_nic() -> Result<Vec<String>> {
         .collect())
 }
 
+/// This machine's physical NICs that auto-discovery advertises as shipped:
+/// links with a device behind them (`/sys/class/net/<name>/device`), up
+/// or down, that no master holds.
+fn physical_nics() -> Result<Vec<String>> {
+    let mut nics = Vec::new();
+    for e in std::fs::read_dir("/sys/class/net")? {
+        let e = e?;
+        let Ok(name) = e.file_name().into_string() else {
+            continue;
+        };
+        let dir = e.path();
+        if dir.join("device").exists() && !dir.join("master").exists() {
+            nics.push(name);
+        }
+    }
+    nics.sort();
+    Ok(nics)
+}
+
 fn tap_nodes() -> BTreeSet<String> {
     std::fs::read_dir("/dev")
         .map(|d| {
@@ -123,16 +147,25 @@ struct Run<'a> {
 
 impl Run<'_> {
     fn allocatable(&self) -> Result<Option<i64>> {
+        self.allocatable_of(RESOURCE)
+    }
+
+    /// The node's allocatable count of `resource`, if it lists it.
+    fn allocatable_of(&self, resource: &str) -> Result<Option<i64>> {
         let node = self.c.get_json(&["node", NODE])?;
-        Ok(node["status"]["allocatable"][RESOURCE]
+        Ok(node["status"]["allocatable"][resource]
             .as_str()
             .and_then(|v| v.parse().ok()))
     }
 
     fn wait_allocatable(&self, want: i64) -> Result<()> {
+        self.wait_allocatable_of(RESOURCE, want)
+    }
+
+    fn wait_allocatable_of(&self, resource: &str, want: i64) -> Result<()> {
         self.c
-            .wait(&format!("allocatable {RESOURCE} = {want}"), WAIT, || {
-                Ok((self.allocatable()? == Some(want)).then_some(()))
+            .wait(&format!("allocatable {resource} = {want}"), WAIT, || {
+                Ok((self.allocatable_of(resource)? == Some(want)).then_some(()))
             })
     }
 
@@ -195,9 +228,15 @@ impl Run<'_> {
         Ok(p["status"]["phase"].as_str().unwrap_or("").to_string())
     }
 
-    /// Starts a VM pod as KubeVirt's virt-launcher pod looks to us, and
-    /// waits for its guest to serve.
+    /// Starts a VM pod as KubeVirt's virt-launcher pod looks to us, on the
+    /// network `dataplane` and its [`RESOURCE`], and waits for its guest to
+    /// serve.
     fn start_vm(&self, name: &str, mac: &str, guest_ip: Ipv4Addr) -> Result<()> {
+        self.start_vm_on(RESOURCE, name, mac, guest_ip)
+    }
+
+    /// [`Self::start_vm`] with the NAD `dataplane` on `resource`.
+    fn start_vm_on(&self, resource: &str, name: &str, mac: &str, guest_ip: Ipv4Addr) -> Result<()> {
         let ifname = kubevirt_pod_ifname("dataplane");
         let networks = json!([{"name": "dataplane", "namespace": "default",
                                "mac": mac, "interface": ifname}]);
@@ -218,8 +257,8 @@ impl Run<'_> {
                             {"name": "VM_PEER", "value": PEER_IP}],
                     // KubeVirt counts the network's resource in both (its
                     // renderresources.go requestResource).
-                    "resources": {"requests": {RESOURCE: "1", "memory": "300Mi"},
-                                  "limits": {RESOURCE: "1"}},
+                    "resources": {"requests": {resource: "1", "memory": "300Mi"},
+                                  "limits": {resource: "1"}},
                     "securityContext": {"allowPrivilegeEscalation": false,
                                         "capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}}
                 }]
@@ -378,18 +417,28 @@ fn scenario(run: &mut Run) -> Result<()> {
     run.steps
         .step("install: kubectl apply -k with the image overridden; no ConfigMap yet");
     let kdir = tempfile::tempdir()?;
-    let kustomization = |tag: &str| -> Result<()> {
+    // A kustomization of the base that overrides the image and, given
+    // `args`, the daemon container's args (a strategic merge patch keyed by
+    // the container's name).
+    let kustomization = |tag: &str, args: Option<&[String]>| -> Result<()> {
         let base = repo().join("manifests/base").canonicalize()?;
         let rel = pathdiff(&base, kdir.path());
-        std::fs::write(
-            kdir.path().join("kustomization.yaml"),
-            format!(
-                "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {rel}\nimages:\n  - name: ghcr.io/kubevirt/macvtap-rs\n    newName: {IMAGE_REPO}\n    newTag: {tag}\n"
-            ),
-        )?;
+        let mut text = format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {rel}\nimages:\n  - name: ghcr.io/kubevirt/macvtap-rs\n    newName: {IMAGE_REPO}\n    newTag: {tag}\n"
+        );
+        if let Some(args) = args {
+            let patch = json!({
+                "apiVersion": "apps/v1", "kind": "DaemonSet",
+                "metadata": {"name": DS, "namespace": NS},
+                "spec": {"template": {"spec": {"containers": [{"name": DAEMON, "args": args}]}}}
+            });
+            std::fs::write(kdir.path().join("args.yaml"), patch.to_string())?;
+            text.push_str("patches:\n  - path: args.yaml\n");
+        }
+        std::fs::write(kdir.path().join("kustomization.yaml"), text)?;
         Ok(())
     };
-    kustomization("e2e-a")?;
+    kustomization("e2e-a", None)?;
     c.kubectl(&["apply", "-k", &kdir.path().to_string_lossy()])?;
     run.wait_ds_ready()?;
     // Without a ConfigMap nothing names the test's veth (auto-discovery
@@ -398,16 +447,99 @@ fn scenario(run: &mut Run) -> Result<()> {
     c.wait(&format!("{RESOURCE} not advertised"), WAIT, || {
         Ok(run.allocatable()?.is_none_or(|n| n == 0).then_some(()))
     })?;
+    // README, "A first VM": as shipped, each NIC is a resource named after
+    // it with 100 devices. This machine's physical NICs are advertised so
+    // (no link is made on them: nothing here allocates one).
+    let physical = physical_nics()?;
+    for nic in &physical {
+        run.wait_allocatable_of(&format!("{RESOURCE_PREFIX}{nic}"), DISCOVERED_CAPACITY)?;
+    }
+    ensure!(
+        run.allocatable_of(&format!("{RESOURCE_PREFIX}{NIC}"))?
+            .is_none_or(|n| n == 0),
+        "the test's veth {NIC} is advertised without --discover-kinds"
+    );
+    run.steps.say(format!(
+        "as shipped: the physical NICs {physical:?} are resources named after them ({DISCOVERED_CAPACITY} devices), the veth {NIC} is not"
+    ));
+
+    run.steps.step(
+        "a first VM with the README's defaults: no ConfigMap, the example NAD on the NIC's resource",
+    );
+    // The one change to the install as shipped, the one README gives for
+    // nodes whose NICs are veths: this machine's only physical NIC is its
+    // eth0, on which tests must not send.
+    let base_ds = macvtap_e2e::manifests::render(&repo().join("manifests/base"))?
+        .into_iter()
+        .find(|d| d["kind"] == "DaemonSet")
+        .context("manifests/base renders no DaemonSet")?;
+    let mut veth_args: Vec<String> = base_ds["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == DAEMON))
+        .and_then(|c| c["args"].as_array())
+        .context("the base's daemon container has no args")?
+        .iter()
+        .filter_map(|a| a.as_str().map(str::to_string))
+        .collect();
+    veth_args.push("--discover-kinds=veth".into());
+    kustomization("e2e-a", Some(&veth_args))?;
+    c.kubectl(&["apply", "-k", &kdir.path().to_string_lossy()])?;
+    run.wait_ds_ready()?;
+    let nic_resource = format!("{RESOURCE_PREFIX}{NIC}");
+    run.wait_allocatable_of(&nic_resource, DISCOVERED_CAPACITY)?;
+    // README: `sed 's|kubevirt.io/eth1$|kubevirt.io/<NIC>|' nad.yaml`.
+    let example_nad = std::fs::read_to_string(repo().join("manifests/examples/nad.yaml"))?;
+    let nad = example_nad.replace(
+        &format!("{RESOURCE_PREFIX}eth1\n"),
+        &format!("{nic_resource}\n"),
+    );
+    ensure!(nad != example_nad, "nad.yaml changed shape:\n{example_nad}");
+    c.kubectl_stdin(&["apply", "-f", "-"], Some(&nad))?;
+    let vm0_ip = Ipv4Addr::new(198, 51, 100, 166);
+    run.start_vm_on(
+        &nic_resource,
+        "virt-launcher-vm0",
+        "02:00:c6:33:64:a6",
+        vm0_ip,
+    )?;
+    {
+        let pinger = Pinger::start(&peer, vm0_ip, PING_EVERY)?;
+        ensure!(
+            pinger.wait_for(Duration::from_secs(60), |l| l.first_reply().is_some()),
+            "the guest of virt-launcher-vm0 never answered a ping from the peer"
+        );
+    }
+    run.steps.say(format!(
+        "virt-launcher-vm0 on {nic_resource}: Running, its guest answers the peer's pings"
+    ));
+    c.kubectl(&[
+        "-n",
+        "default",
+        "delete",
+        "pod",
+        "virt-launcher-vm0",
+        "--wait=true",
+        "--timeout=120s",
+    ])?;
+    // DEL gives the link back; reclaim removes it after its grace, which
+    // the step that deletes the other VM pods waits for.
+    let vm0_links = c.wait("the CNI giving vm0's link back", WAIT, || {
+        let links = macvtaps_on_nic()?;
+        Ok((!links.is_empty()).then_some(links))
+    })?;
+    run.wait_allocatable_of(&nic_resource, DISCOVERED_CAPACITY)?;
+    run.steps
+        .say(format!("vm0 deleted; its link given back: {vm0_links:?}"));
     let first = run.daemon_pod()?;
 
     run.steps
         .step("configure live: the explicit ConfigMap applied, no restart");
-    // README, "Configure": the explicit ConfigMap, naming this node's NIC.
+    // README, "Configuration": the explicit ConfigMap, naming this node's NIC.
     let explicit =
         std::fs::read_to_string(repo().join("manifests/examples/configmap-explicit.yaml"))?;
     let conf = explicit
         .replace(
-            "\"lowerDevice\": \"eth0\"",
+            "\"lowerDevice\": \"eth1\"",
             &format!("\"lowerDevice\": \"{NIC}\""),
         )
         .replace("\"capacity\": 50", &format!("\"capacity\": {CAPACITY}"));
@@ -429,18 +561,30 @@ fn scenario(run: &mut Run) -> Result<()> {
         "applied by the running daemon {:.0} s after kubectl apply (the kubelet's ConfigMap volume sync)",
         t.elapsed().as_secs_f64()
     ));
+    c.wait(
+        &format!("{nic_resource} gone with the explicit ConfigMap"),
+        WAIT,
+        || {
+            Ok(run
+                .allocatable_of(&nic_resource)?
+                .is_none_or(|n| n == 0)
+                .then_some(()))
+        },
+    )?;
     let daemon = run.daemon_pod()?;
     run.steps.say(format!(
-        "DaemonSet Ready; {} advertises {RESOURCE}: {CAPACITY}",
+        "DaemonSet Ready; {} advertises {RESOURCE}: {CAPACITY}, and {nic_resource} no more",
         daemon["metadata"]["name"].as_str().unwrap_or("?")
     ));
 
     run.steps.step("a VM pod as KubeVirt makes it");
-    c.kubectl(&[
-        "apply",
-        "-f",
-        &repo().join("manifests/examples/nad.yaml").to_string_lossy(),
-    ])?;
+    // README, "Configuration": with the explicit ConfigMap the NAD names
+    // its resource.
+    let nad = example_nad.replace(
+        &format!("{RESOURCE_PREFIX}eth1\n"),
+        &format!("{RESOURCE}\n"),
+    );
+    c.kubectl_stdin(&["apply", "-f", "-"], Some(&nad))?;
     run.start_vm(
         "virt-launcher-vm1",
         "02:00:c6:33:64:a2",
@@ -462,10 +606,13 @@ fn scenario(run: &mut Run) -> Result<()> {
         pinger.wait_for(Duration::from_secs(60), |l| l.first_reply().is_some()),
         "the guest of virt-launcher-vm1 never answered a ping from the peer"
     );
+    let stayed: Vec<String> = macvtaps_on_nic()?
+        .into_iter()
+        .filter(|l| !vm0_links.contains(l))
+        .collect();
     ensure!(
-        macvtaps_on_nic()?.is_empty(),
-        "a macvtap of the pod stayed in the host namespace: {:?}",
-        macvtaps_on_nic()?
+        stayed.is_empty(),
+        "a macvtap of the pod stayed in the host namespace: {stayed:?}"
     );
     run.steps
         .say("the guest answers the peer's pings through the macvtap");
@@ -602,7 +749,7 @@ fn scenario(run: &mut Run) -> Result<()> {
         .step("an upgrade: kubectl apply -k with the next tag keeps the operator's ConfigMap");
     let cm_before = c.get_json(&["-n", NS, "configmap", "macvtap-deviceplugin-config"])?;
     let t = Instant::now();
-    kustomization("e2e-b")?;
+    kustomization("e2e-b", Some(&veth_args))?;
     c.kubectl(&["apply", "-k", &kdir.path().to_string_lossy()])?;
     c.kubectl(&[
         "-n",
@@ -713,8 +860,12 @@ fn scenario(run: &mut Run) -> Result<()> {
     // Multus' DEL ran our CNI, which gave each link back to the host's
     // namespace under its device's name (the reclaimer waits
     // --reclaim-grace before it deletes a link no pod holds).
+    // vm0's link may still wait for its reclaim.
     let given_back = c.wait("the CNI giving both links back", WAIT, || {
-        let links = macvtaps_on_nic()?;
+        let links: Vec<String> = macvtaps_on_nic()?
+            .into_iter()
+            .filter(|l| !vm0_links.contains(l))
+            .collect();
         Ok((links.len() == 2).then_some(links))
     })?;
     run.steps.say(format!(

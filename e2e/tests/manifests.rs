@@ -147,7 +147,14 @@ fn every_object_parses_into_its_kubernetes_type() {
         .unwrap()
         .limits
         .unwrap();
-    assert!(limits.contains_key("macvtap.network.kubevirt.io/dataplane"));
+    let nad = &example("nad.yaml")[0];
+    let resource = nad["metadata"]["annotations"]["k8s.v1.cni.cncf.io/resourceName"]
+        .as_str()
+        .unwrap();
+    assert!(
+        limits.contains_key(resource),
+        "examples/pod.yaml asks for the NAD's resource {resource}: {limits:?}"
+    );
     let cm: ConfigMap = typed(
         "examples/configmap-explicit.yaml",
         &example("configmap-explicit.yaml")[0],
@@ -155,8 +162,12 @@ fn every_object_parses_into_its_kubernetes_type() {
     assert!(cm.data.unwrap().contains_key("DP_MACVTAP_CONF"));
 }
 
+/// The example NAD works with the defaults as shipped (no ConfigMap: each
+/// NIC is the resource named after it) on the NIC that the explicit
+/// ConfigMap names, and the explicit ConfigMap's resource is the one its
+/// comment and README tell the NAD to name instead.
 #[test]
-fn the_nad_config_is_accepted_by_the_cni_and_names_a_configured_resource() {
+fn the_nad_config_is_accepted_by_the_cni_and_names_a_nic_resource() {
     let nad: DynamicObject = serde_json::from_value(example("nad.yaml")[0].clone()).unwrap();
     assert_eq!(
         nad.types.as_ref().unwrap().kind,
@@ -168,7 +179,7 @@ fn the_nad_config_is_accepted_by_the_cni_and_names_a_configured_resource() {
     assert_eq!(conf.plugin_type, "macvtap");
     let resource =
         nad.metadata.annotations.as_ref().unwrap()["k8s.v1.cni.cncf.io/resourceName"].clone();
-    let name = resource
+    let nic = resource
         .strip_prefix(RESOURCE_PREFIX)
         .expect("a macvtap resource");
 
@@ -177,11 +188,32 @@ fn the_nad_config_is_accepted_by_the_cni_and_names_a_configured_resource() {
     let Resources::Static(list) = parsed else {
         panic!("the example is an explicit list")
     };
-    assert!(
-        list.iter().any(|r| r.resource_name() == resource),
-        "the NAD's resource {resource} is one the example ConfigMap creates ({list:?})"
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert_eq!(
+        list[0].lower_device, nic,
+        "the explicit ConfigMap puts its resource on the NIC the NAD names"
     );
-    assert_eq!(name, "dataplane");
+    assert_eq!(
+        list[0].resource_name(),
+        format!("{RESOURCE_PREFIX}dataplane")
+    );
+    let comment = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/examples/configmap-explicit.yaml"),
+    )
+    .unwrap();
+    assert!(comment.contains(&list[0].resource_name()));
+    for file in ["nad.yaml", "configmap-explicit.yaml"] {
+        let text = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../manifests/examples")
+                .join(file),
+        )
+        .unwrap();
+        assert!(
+            !text.contains("eth0"),
+            "examples/{file} names eth0, usually the node's primary NIC"
+        );
+    }
 
     let vm: DynamicObject = serde_json::from_value(example("vm.yaml")[0].clone()).unwrap();
     let spec = &vm.data["spec"]["template"]["spec"];
