@@ -9,9 +9,10 @@ mod common;
 
 use common::describe_events as describe;
 
-use macvtap_deviceplugin::operator::events::{CONTROLLER, EventSink, NodeEvent};
+use macvtap_deviceplugin::operator::events::{CONTROLLER, EventSink, NodeEvent, REFUSED_PAUSE};
 use serde_json::{Value, json};
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -35,10 +36,26 @@ struct Request {
 /// object, or an RBAC refusal for 403). Like the real one it patches only
 /// an Event it created: a PATCH of another name is 404.
 fn api_server(status: u16) -> (kube::Client, mpsc::UnboundedReceiver<Request>) {
+    let (client, rx, _) = switchable_api_server(status);
+    (client, rx)
+}
+
+/// [`api_server`] whose answer the test switches (403 to refuse, else
+/// store) through the returned cell.
+fn switchable_api_server(
+    status: u16,
+) -> (
+    kube::Client,
+    mpsc::UnboundedReceiver<Request>,
+    Arc<AtomicU16>,
+) {
+    let status = Arc::new(AtomicU16::new(status));
+    let answer_with = status.clone();
     let (tx, rx) = mpsc::unbounded_channel();
     let created = Arc::new(Mutex::new(HashSet::new()));
     let svc = tower::service_fn(move |req: http::Request<kube::client::Body>| {
         let (tx, created) = (tx.clone(), created.clone());
+        let status = answer_with.load(Ordering::SeqCst);
         async move {
             let (parts, body) = req.into_parts();
             let bytes = body.collect_bytes().await.unwrap();
@@ -99,7 +116,7 @@ fn api_server(status: u16) -> (kube::Client, mpsc::UnboundedReceiver<Request>) {
             )
         }
     });
-    (kube::Client::new(svc, "default"), rx)
+    (kube::Client::new(svc, "default"), rx, status)
 }
 
 async fn next(rx: &mut mpsc::UnboundedReceiver<Request>) -> Request {
@@ -191,7 +208,7 @@ fn assert_repeat(req: &Request, first: &Request, count: i64) {
 #[tokio::test]
 async fn a_flapping_nic_makes_two_events_whose_series_count_the_flaps() {
     let (client, mut rx) = api_server(201);
-    let (sink, _task) = EventSink::start(client, NODE);
+    let (sink, _task) = EventSink::start(client, NODE, REFUSED_PAUSE);
     for ev in [down(), up(), down(), up(), down()] {
         sink.post(ev);
     }
@@ -225,7 +242,7 @@ async fn a_flapping_nic_makes_two_events_whose_series_count_the_flaps() {
 #[tokio::test]
 async fn every_event_reads_as_kubectl_describe_node_shows_it() {
     let (client, mut rx) = api_server(201);
-    let (sink, _task) = EventSink::start(client, NODE);
+    let (sink, _task) = EventSink::start(client, NODE, REFUSED_PAUSE);
     let cases = [
         (
             NodeEvent::ResourceAdded {
@@ -289,29 +306,46 @@ async fn every_event_reads_as_kubectl_describe_node_shows_it() {
     println!("{}", describe(&objects));
 }
 
+/// A refusal (RBAC without the verb, or a binding not yet propagated)
+/// pauses Events for the given time, without a request for those posted
+/// meanwhile, and the first one after it is tried: RBAC granted later
+/// needs no restart.
 #[tokio::test]
-async fn an_rbac_refusal_turns_events_off_after_one_request() {
-    let (client, mut rx) = api_server(403);
-    let (sink, task) = EventSink::start(client, NODE);
+async fn an_rbac_refusal_pauses_events_then_they_are_tried_again() {
+    let pause = Duration::from_secs(2);
+    let (client, mut rx, status) = switchable_api_server(403);
+    let (sink, task) = EventSink::start(client, NODE, pause);
     sink.post(down());
     let first = next(&mut rx).await;
     assert_eq!(first.method, "POST");
-    // The publisher gives up on the refusal.
-    tokio::time::timeout(DEADLINE, task)
-        .await
-        .expect("the publisher stops after a 403")
-        .unwrap();
-    // Later Events are dropped without a request and without blocking.
+    // Taken once the refused request is in: the publisher's pause starts
+    // after this, when it reads the answer.
+    let refused = std::time::Instant::now();
+    status.store(201, Ordering::SeqCst);
     sink.post(up());
     sink.post(down());
-    drop(sink);
+    let req = loop {
+        sink.post(up());
+        match tokio::time::timeout(Duration::from_millis(100), rx.recv()).await {
+            Ok(req) => break req.expect("the client is gone"),
+            Err(_) => assert!(
+                refused.elapsed() < pause + DEADLINE,
+                "no Event was tried again after the pause"
+            ),
+        }
+    };
     assert!(
-        tokio::time::timeout(DEADLINE, rx.recv())
-            .await
-            .expect("the client is dropped with the publisher")
-            .is_none(),
-        "no request after the refusal (the client is dropped with the publisher)"
+        refused.elapsed() >= pause,
+        "an Event was sent {:?} after the refusal, within the pause of {pause:?}",
+        refused.elapsed()
     );
+    assert_eq!(req.method, "POST");
+    assert!(!task.is_finished(), "the publisher stopped on the refusal");
+    drop(sink);
+    tokio::time::timeout(DEADLINE, task)
+        .await
+        .expect("the publisher ends with its last sink")
+        .unwrap();
 }
 
 #[test]

@@ -16,7 +16,9 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use std::collections::HashMap;
 use std::fmt;
+use std::time::Duration;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 /// The `reportingController` of our Events.
@@ -58,6 +60,11 @@ pub const REASONS: &[&str] = &[
 const QUEUE: usize = 256;
 /// The API server refuses a longer `note`.
 const NOTE_MAX: usize = 1024;
+
+/// How long Events are dropped after the API server refused one (401 or
+/// 403); the next Event after that is tried again, so RBAC granted later
+/// (or a refusal while a new binding propagates) needs no restart.
+pub const REFUSED_PAUSE: Duration = Duration::from_secs(300);
 
 /// Something an operator should see on the Node.
 #[derive(Debug, Clone, PartialEq)]
@@ -329,15 +336,20 @@ impl EventSink {
 
     /// Starts publishing Events about Node `node` with `client`; returns
     /// the sink and the publisher task, which ends when every sink is
-    /// dropped or the API server refuses Events (401 or 403).
-    pub fn start(client: kube::Client, node: &str) -> (Self, tokio::task::JoinHandle<()>) {
+    /// dropped. After a refusal (401 or 403) it drops Events for `pause`
+    /// (the daemon's is [`REFUSED_PAUSE`]), then tries again.
+    pub fn start(
+        client: kube::Client,
+        node: &str,
+        pause: Duration,
+    ) -> (Self, tokio::task::JoinHandle<()>) {
         let reporter = Reporter {
             controller: CONTROLLER.into(),
             instance: Some(truncate(format!("macvtap-deviceplugin-{node}"), 128)),
         };
         let reference = node_reference(node);
         let (tx, rx) = mpsc::channel(QUEUE);
-        let task = tokio::spawn(publish(client, reporter, reference, rx));
+        let task = tokio::spawn(publish(client, reporter, reference, rx, pause));
         (Self { tx: Some(tx) }, task)
     }
 
@@ -361,7 +373,7 @@ impl EventSink {
         match kube::Client::try_from(config) {
             Ok(client) => {
                 info!(node, "posting Kubernetes Events on the Node");
-                Self::start(client, node).0
+                Self::start(client, node, REFUSED_PAUSE).0
             }
             Err(e) => {
                 info!(error = %e, "Kubernetes Events are off: the API client cannot be built");
@@ -376,13 +388,24 @@ async fn publish(
     reporter: Reporter,
     reference: ObjectReference,
     mut rx: mpsc::Receiver<NodeEvent>,
+    pause: Duration,
 ) {
     // One recorder per kind of Event, so that one can be started afresh
     // without forgetting the others' series. The reason names the kind: each
     // reason has one type and one action (see `NodeEvent::to_event`).
     let mut recorders: HashMap<&'static str, Recorder> = HashMap::new();
     let mut failing = false;
+    // Until when Events are dropped after a refusal; still set (and
+    // passed) when the next try is refused again.
+    let mut refused_until: Option<Instant> = None;
     while let Some(ev) = rx.recv().await {
+        if refused_until.is_some_and(|t| Instant::now() < t) {
+            debug!(
+                reason = ev.reason(),
+                "dropping an Event: the API server refused the last one"
+            );
+            continue;
+        }
         let event = ev.to_event();
         let recorder = recorders
             .entry(ev.reason())
@@ -402,14 +425,19 @@ async fn publish(
         }
         match result {
             Ok(()) => {
-                if failing {
+                if failing || refused_until.is_some() {
                     info!("posting Kubernetes Events works again");
                 }
                 failing = false;
+                refused_until = None;
             }
             Err(kube::Error::Api(status)) if status.code == 401 || status.code == 403 => {
-                warn!(error = %status.message, "Kubernetes Events are off: the API server refused to create an Event (the service account needs create and patch on events.k8s.io events)");
-                return;
+                if refused_until.is_none() {
+                    warn!(error = %status.message, pause = ?pause, "Kubernetes Events are off: the API server refused to create an Event (the service account needs create and patch on events.k8s.io events); Events are dropped for the pause, then tried again");
+                } else {
+                    debug!(error = %status.message, "the API server refused an Event again");
+                }
+                refused_until = Some(Instant::now() + pause);
             }
             Err(e) => {
                 if !failing {
