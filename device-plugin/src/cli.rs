@@ -147,9 +147,11 @@ pub enum Output {
 #[derive(Debug, Clone, clap::Args)]
 pub struct DoctorArgs {
     /// The host's CNI bin dir, where the container runtime finds CNI plugins
-    /// (as mounted where `doctor` runs).
-    #[arg(long, value_name = "DIR", default_value = "/opt/cni/bin")]
-    pub cni_bin_dir: PathBuf,
+    /// (as mounted where `doctor` runs); by default the first directory of
+    /// `/host/cni-bin` (our DaemonSet's mount), `/host/opt/cni/bin` (the Go
+    /// project's) and `/opt/cni/bin` (on the host) that exists.
+    #[arg(long, value_name = "DIR")]
+    pub cni_bin_dir: Option<PathBuf>,
     /// The CNI's file name in that dir (install-cni's `--name`).
     #[arg(long, value_name = "NAME", default_value = "macvtap")]
     pub cni_name: String,
@@ -453,7 +455,7 @@ mod tests {
             panic!("{a:?}")
         };
         assert_eq!(d.output, Output::Json);
-        assert_eq!(d.cni_bin_dir, PathBuf::from("/opt/cni/bin"));
+        assert_eq!(d.cni_bin_dir, None);
         assert_eq!(d.cni_name, "macvtap");
     }
 

@@ -811,8 +811,6 @@ fn scenario(run: &mut Run) -> Result<()> {
             "--",
             "/macvtap-deviceplugin",
             "doctor",
-            "--cni-bin-dir",
-            "/host/cni-bin",
         ];
         a.extend_from_slice(args);
         let out = c.kubectl_output(&a, None)?;
@@ -823,6 +821,10 @@ fn scenario(run: &mut Run) -> Result<()> {
     };
     let (ok, text) = doctor(&[])?;
     ensure!(ok, "doctor found a problem on a healthy node:\n{text}");
+    ensure!(
+        text.contains("the CNI is installed at /host/cni-bin/macvtap"),
+        "doctor did not find the CNI at the DaemonSet's mount by itself:\n{text}"
+    );
     ensure!(
         text.contains(&format!("NIC {NIC} is up")),
         "doctor did not check {NIC}:\n{text}"
@@ -1134,6 +1136,27 @@ fn go_daemonset_runs_our_image(
     ensure!(
         logs.contains("pod-resources"),
         "{what}: our daemon did not say what it cannot do without pod-resources:\n{logs}"
+    );
+    // The CNI bin dir is mounted in the init container only: doctor says
+    // it cannot check the CNI instead of calling it missing.
+    let out = c.kubectl_output(
+        &[
+            "-n",
+            &ns,
+            "exec",
+            &format!("ds/{DS}"),
+            "-c",
+            "macvtap-cni",
+            "--",
+            "/macvtap-deviceplugin",
+            "doctor",
+        ],
+        None,
+    )?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        text.contains("the installed CNI is not checked") && !text.contains("no CNI binary at"),
+        "{what}: doctor in the Go DaemonSet's container:\n{text}"
     );
     c.kubectl(&[
         "-n",

@@ -17,6 +17,33 @@ use std::sync::mpsc;
 /// This daemon's version, which the installed CNI should have too.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
+/// Where `doctor` looks for the host's CNI bin dir when not told, in
+/// order: our DaemonSet's mount, the Go project's DaemonSets' mount (in
+/// their init container only), and the host's own path.
+pub const CNI_BIN_DIRS: [&str; 3] = ["/host/cni-bin", "/host/opt/cni/bin", "/opt/cni/bin"];
+
+/// The CNI bin dir to check: `given`, else the first of `candidates` that
+/// is a directory; with none, a warning that the CNI is not checked.
+pub fn find_bin_dir(given: Option<&Path>, candidates: &[&str]) -> Result<PathBuf, Finding> {
+    if let Some(dir) = given {
+        return Ok(dir.to_path_buf());
+    }
+    candidates
+        .iter()
+        .map(PathBuf::from)
+        .find(|d| d.is_dir())
+        .ok_or_else(|| {
+            Finding::warning(
+                "cni-binary",
+                format!(
+                    "the installed CNI is not checked: no CNI bin dir is mounted here (none of {}); \
+                     give --cni-bin-dir",
+                    candidates.join(", ")
+                ),
+            )
+        })
+}
+
 /// The binary `bin_dir/name`, its version, and the settings file beside it.
 pub fn check_cni(opts: &Options, bin_dir: &Path, name: &str) -> Vec<Finding> {
     let bin = bin_dir.join(name);
@@ -202,6 +229,22 @@ pub fn check_settings(path: &Path, kubelet_dir: &Path) -> Finding {
 mod tests {
     use super::*;
     use crate::operator::doctor::Level;
+
+    #[test]
+    fn the_bin_dir_is_the_one_given_else_the_first_that_exists() {
+        let d = tempfile::tempdir().unwrap();
+        let (a, b) = (d.path().join("a"), d.path().join("b"));
+        std::fs::create_dir(&b).unwrap();
+        let (a_s, b_s) = (a.to_str().unwrap(), b.to_str().unwrap());
+        assert_eq!(find_bin_dir(None, &[a_s, b_s]), Ok(b.clone()));
+        std::fs::create_dir(&a).unwrap();
+        assert_eq!(find_bin_dir(None, &[a_s, b_s]), Ok(a.clone()));
+        let given = d.path().join("given");
+        assert_eq!(find_bin_dir(Some(&given), &[a_s, b_s]), Ok(given));
+        let none = find_bin_dir(None, &[d.path().join("x").to_str().unwrap()]).unwrap_err();
+        assert_eq!(none.level, Level::Warning);
+        assert!(none.message.contains("--cni-bin-dir"), "{}", none.message);
+    }
 
     #[test]
     fn the_settings_file_must_be_valid_and_root_only() {

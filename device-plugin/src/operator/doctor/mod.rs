@@ -115,8 +115,8 @@ fn failure_json(message: &str) -> String {
 /// What `doctor` checks besides the daemon's options.
 #[derive(Debug, Clone)]
 pub struct Target {
-    /// The host's CNI bin dir.
-    pub cni_bin_dir: PathBuf,
+    /// The host's CNI bin dir; `None` looks in [`cni::CNI_BIN_DIRS`].
+    pub cni_bin_dir: Option<PathBuf>,
     /// The CNI's file name there.
     pub cni_name: String,
     /// Where `/dev` is (tap nodes appear there).
@@ -145,7 +145,10 @@ pub async fn run(opts: &Options, target: &Target) -> Vec<Finding> {
         ));
     }
     out.extend(kubelet::check_registration(opts, &resources.configs));
-    out.extend(cni::check_cni(opts, &target.cni_bin_dir, &target.cni_name));
+    match cni::find_bin_dir(target.cni_bin_dir.as_deref(), &cni::CNI_BIN_DIRS) {
+        Ok(dir) => out.extend(cni::check_cni(opts, &dir, &target.cni_name)),
+        Err(finding) => out.push(finding),
+    }
     out
 }
 
