@@ -20,7 +20,12 @@
 //! another image tag with not one ping lost; `/metrics` from the node;
 //! `doctor` in our pod, then with the NIC down (Events on the Node, the
 //! problem named); RBAC enough (no Forbidden in our logs) and no more (a
-//! verb removed shows); the VM pods deleted and nothing of them left.
+//! verb removed shows); the VM pods deleted and nothing of them left;
+//! uninstall with `kubectl delete -k`, then an install with the chart (a
+//! VM pinging on it) and `helm uninstall`, each leaving nothing of ours
+//! (the CNI, its settings, the record, device plugin sockets, macvtaps,
+//! RBAC, the namespace); the Go project's and the operator's DaemonSets
+//! with our image.
 //!
 //! The cluster uses the node's fixed paths (`/var/lib/kubelet`,
 //! `/opt/cni/bin`, `/dev`), so this test holds the locks every test that
@@ -984,6 +989,32 @@ fn scenario(run: &mut Run) -> Result<()> {
             .as_str()
             .unwrap_or("?")
     ));
+    let vm5_ip = Ipv4Addr::new(198, 51, 100, 167);
+    run.start_vm("virt-launcher-vm5", "02:00:c6:33:64:a7", vm5_ip)?;
+    {
+        let pinger = Pinger::start(&peer, vm5_ip, PING_EVERY)?;
+        ensure!(
+            pinger.wait_for(Duration::from_secs(60), |l| l.first_reply().is_some()),
+            "the guest of virt-launcher-vm5 never answered a ping on the chart's install"
+        );
+    }
+    c.kubectl(&[
+        "-n",
+        "default",
+        "delete",
+        "pod",
+        "virt-launcher-vm5",
+        "--wait=true",
+        "--timeout=120s",
+    ])?;
+    // Its link, given back by DEL, is one the uninstall must remove.
+    let vm5_links = c.wait("the CNI giving vm5's link back", WAIT, || {
+        let links = macvtaps_on_nic()?;
+        Ok((!links.is_empty()).then_some(links))
+    })?;
+    run.steps.say(format!(
+        "virt-launcher-vm5's guest answers pings; deleted, its link given back: {vm5_links:?}"
+    ));
     c.helm(&[
         "uninstall",
         HELM_RELEASE,
@@ -1057,6 +1088,15 @@ fn assert_uninstalled(c: &Cluster) -> Result<()> {
     .map(str::to_string)
     .collect();
     ensure!(left.is_empty(), "the uninstall left {left:?} on the node");
+    let sockets: Vec<String> = std::fs::read_dir("/var/lib/kubelet/device-plugins")?
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with("macvtap.network.kubevirt.io_"))
+        .collect();
+    ensure!(
+        sockets.is_empty(),
+        "the uninstall left device plugin sockets: {sockets:?}"
+    );
     ensure!(
         macvtaps_on_nic()?.is_empty(),
         "the uninstall left macvtaps: {:?}",
