@@ -527,7 +527,7 @@ fn scenario(run: &mut Run) -> Result<()> {
         "--timeout=120s",
     ])?;
     // DEL gives the link back; reclaim removes it after its grace, which
-    // the step that deletes the other VM pods waits for.
+    // the next step waits for (its ConfigMap sync overlaps that grace).
     let vm0_links = c.wait("the CNI giving vm0's link back", WAIT, || {
         let links = macvtaps_on_nic()?;
         Ok((!links.is_empty()).then_some(links))
@@ -581,6 +581,19 @@ fn scenario(run: &mut Run) -> Result<()> {
         "DaemonSet Ready; {} advertises {RESOURCE}: {CAPACITY}, and {nic_resource} no more",
         daemon["metadata"]["name"].as_str().unwrap_or("?")
     ));
+    // vm0's link is on the NIC of the new resource: reclaim removes it.
+    c.wait(
+        "reclaim removing vm0's link given back",
+        Duration::from_secs(300),
+        || {
+            Ok((macvtaps_on_nic()?.is_empty()
+                && tap_nodes().difference(&taps_before).next().is_none())
+            .then_some(()))
+        },
+    )?;
+    run.steps.say(format!(
+        "reclaim removed vm0's link {vm0_links:?} after its grace"
+    ));
 
     run.steps.step("a VM pod as KubeVirt makes it");
     // README, "Configuration": with the explicit ConfigMap the NAD names
@@ -611,13 +624,10 @@ fn scenario(run: &mut Run) -> Result<()> {
         pinger.wait_for(Duration::from_secs(60), |l| l.first_reply().is_some()),
         "the guest of virt-launcher-vm1 never answered a ping from the peer"
     );
-    let stayed: Vec<String> = macvtaps_on_nic()?
-        .into_iter()
-        .filter(|l| !vm0_links.contains(l))
-        .collect();
     ensure!(
-        stayed.is_empty(),
-        "a macvtap of the pod stayed in the host namespace: {stayed:?}"
+        macvtaps_on_nic()?.is_empty(),
+        "a macvtap of the pod stayed in the host namespace: {:?}",
+        macvtaps_on_nic()?
     );
     run.steps
         .say("the guest answers the peer's pings through the macvtap");
@@ -867,12 +877,8 @@ fn scenario(run: &mut Run) -> Result<()> {
     // Multus' DEL ran our CNI, which gave each link back to the host's
     // namespace under its device's name (the reclaimer waits
     // --reclaim-grace before it deletes a link no pod holds).
-    // vm0's link may still wait for its reclaim.
     let given_back = c.wait("the CNI giving both links back", WAIT, || {
-        let links: Vec<String> = macvtaps_on_nic()?
-            .into_iter()
-            .filter(|l| !vm0_links.contains(l))
-            .collect();
+        let links = macvtaps_on_nic()?;
         Ok((links.len() == 2).then_some(links))
     })?;
     run.steps.say(format!(
