@@ -87,13 +87,14 @@ impl HostPaths {
     }
 }
 
-/// One network namespace on `kernel`: its links, and the namespace itself
-/// for what is read from inside it (a macvtap's char device in sysfs) and
-/// the tap nodes of its macvtaps.
+/// The host's network namespace on `kernel` (in tests, the namespace that
+/// stands for the node): its link operations, and the namespace itself for
+/// what is read from inside it (a macvtap's char device in sysfs) and the
+/// tap nodes of its macvtaps.
 pub struct Host<'k> {
     kernel: &'k dyn Kernel,
     netns: Netns,
-    links: Box<dyn Links + Send + 'k>,
+    link_ops: Box<dyn Links + Send + 'k>,
     paths: HostPaths,
 }
 
@@ -105,19 +106,20 @@ impl<'k> Host<'k> {
             kernel,
             netns: kernel.current_netns()?,
             // A socket of the calling thread's own: no helper thread.
-            links: kernel.links(None)?,
+            link_ops: kernel.links(None)?,
             paths: HostPaths::default(),
         })
     }
 
-    /// Namespace `netns` on `kernel`, with a netlink socket opened inside it
-    /// (from a helper thread).
+    /// The host's namespace held as `netns` (a test node's, when the caller
+    /// is elsewhere), with a netlink socket opened inside it from a helper
+    /// thread.
     pub fn in_netns(kernel: &'k dyn Kernel, netns: Netns) -> Result<Self> {
-        let links = kernel.links(Some(&netns))?;
+        let link_ops = kernel.links(Some(&netns))?;
         Ok(Self {
             kernel,
             netns,
-            links,
+            link_ops,
             paths: HostPaths::default(),
         })
     }
@@ -143,9 +145,10 @@ impl<'k> Host<'k> {
         &self.netns
     }
 
-    /// The namespace's links.
-    pub fn links(&self) -> &dyn Links {
-        self.links.as_ref()
+    /// The link, address and route operations, on a netlink socket inside
+    /// the namespace (the fake kernel's in unit tests).
+    pub fn link_ops(&self) -> &dyn Links {
+        self.link_ops.as_ref()
     }
 }
 

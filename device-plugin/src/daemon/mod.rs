@@ -10,9 +10,9 @@
 //!   the resources they touch: `reconcile.rs`);
 //! - inotify events on one [`DirWatcher`]: in the device-plugins directory
 //!   (a new `kubelet.sock` means a restarted kubelet: re-serve where our
-//!   socket was deleted, and register again: `kubelet.rs`), in the config
-//!   file's directory (live reload: `reload.rs`) and in `/dev` (a deleted
-//!   tap node starts a reclaim round at once);
+//!   socket was deleted, and register again: `registration_effects.rs`),
+//!   in the config file's directory (live reload: `reload.rs`) and in
+//!   `/dev` (a deleted tap node starts a reclaim round at once);
 //! - ListAndWatch streams opening and ending ([`StreamEvent`]s from the
 //!   servers): a registered resource whose stream ended, or that got none
 //!   within [`STREAM_WAIT`] of registering, registers again (the kubelet
@@ -29,17 +29,18 @@
 //! a thread of its own, reports a loop that stopped beating.
 //!
 //! Each resource's registration is a state machine of plain transitions
-//! (`registration.rs`); `kubelet.rs` carries out what it decides.
+//! (`registration.rs`); `registration_effects.rs` carries out what it
+//! decides.
 //!
 //! A replaced server is stopped in the background, and the next Register
 //! of its resource waits for that stop: kubelets up to 1.36 disconnect the
 //! newest client of a resource when an older stream ends, so the old stream
 //! must be over before the new registration exists.
 
-mod kubelet;
 mod plugin;
 mod reconcile;
 mod registration;
+mod registration_effects;
 mod reload;
 mod uninstall;
 
@@ -63,9 +64,9 @@ use crate::operator::liveness::Liveness;
 use crate::operator::metrics::Metrics;
 use crate::operator::owner::Uninstall;
 use crate::options::{Options, load_config};
-use kubelet::{RegistrationDone, rewatch};
 use nix::sys::inotify::WatchDescriptor;
 use plugin::Plugin;
+use registration_effects::{RegistrationDone, rewatch};
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 use std::sync::Arc;

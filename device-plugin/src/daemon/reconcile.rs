@@ -199,8 +199,8 @@ impl Daemon {
                 nic,
                 devices,
             },
-            // The NicEnslaved Event carries the reason, naming the port in the way.
-            NicHealth::Enslaved(_) | NicHealth::PortInTheWay(_) => NodeEvent::NicEnslaved {
+            // The NicUnusable Event carries the reason, naming the port in the way.
+            NicHealth::Enslaved(_) | NicHealth::PortInTheWay(_) => NodeEvent::NicUnusable {
                 resource,
                 devices,
                 why: health.to_string(),

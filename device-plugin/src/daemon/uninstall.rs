@@ -33,7 +33,7 @@ pub(super) async fn clean_if_uninstalled(opts: &Options, uninstall: &Uninstall) 
     let cleaned = tokio::task::spawn_blocking(move || {
         Host::current(&macvtap_link::Linux).map(|host| {
             clean_node(
-                host.links(),
+                host.link_ops(),
                 &plugin_dir,
                 cni_dir.as_deref(),
                 CNI_NAME,

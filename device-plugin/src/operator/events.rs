@@ -23,7 +23,9 @@ use tracing::{debug, info, warn};
 pub const CONTROLLER: &str = "macvtap.network.kubevirt.io/device-plugin";
 /// Event reason: a resource's NIC went down or vanished.
 pub const NIC_DOWN: &str = "MacvtapNICDown";
-/// Event reason: a master took a resource's NIC.
+/// Event reason: a master took a resource's NIC, or another port is in
+/// the way of its mode; the name predates the second case and is kept for
+/// compatibility.
 pub const NIC_ENSLAVED: &str = "MacvtapNICEnslaved";
 /// Event reason: a resource's NIC is up again.
 pub const NIC_UP: &str = "MacvtapNICUp";
@@ -71,14 +73,17 @@ pub enum NodeEvent {
         /// How many devices changed health.
         devices: u32,
     },
-    /// A master (bridge, bond, OVS) took a resource's NIC: its devices are
-    /// Unhealthy until it is released.
-    NicEnslaved {
+    /// A master (bridge, bond, OVS) took a resource's NIC, or another port
+    /// on it is in the way of the resource's mode: its devices are Unhealthy
+    /// until that is undone. Posted with reason [`NIC_ENSLAVED`]
+    /// (`MacvtapNICEnslaved`), kept for compatibility with what clusters
+    /// already match on.
+    NicUnusable {
         /// The resource name.
         resource: String,
         /// How many devices changed health.
         devices: u32,
-        /// Why, with the master and the fix.
+        /// Why, with the master or the port in the way, and the fix.
         why: String,
     },
     /// A resource's NIC is up again: its devices are Healthy.
@@ -158,7 +163,7 @@ impl NodeEvent {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::NicDown { .. } => NIC_DOWN,
-            Self::NicEnslaved { .. } => NIC_ENSLAVED,
+            Self::NicUnusable { .. } => NIC_ENSLAVED,
             Self::NicUp { .. } => NIC_UP,
             Self::ResourceAdded { .. } => RESOURCE_ADDED,
             Self::ResourceRemoved { .. } => RESOURCE_REMOVED,
@@ -182,7 +187,7 @@ impl NodeEvent {
                 "MarkUnhealthy",
                 format!("NIC {nic} is down or gone: {devices} devices of {resource} are Unhealthy"),
             ),
-            Self::NicEnslaved {
+            Self::NicUnusable {
                 resource,
                 devices,
                 why,
@@ -453,7 +458,7 @@ mod tests {
                 nic: nic.clone(),
                 devices: 1,
             },
-            NodeEvent::NicEnslaved {
+            NodeEvent::NicUnusable {
                 resource: resource.clone(),
                 devices: 1,
                 why: "w".into(),
@@ -490,7 +495,7 @@ mod tests {
         for ev in &all {
             match ev {
                 NodeEvent::NicDown { .. }
-                | NodeEvent::NicEnslaved { .. }
+                | NodeEvent::NicUnusable { .. }
                 | NodeEvent::NicUp { .. }
                 | NodeEvent::ResourceAdded { .. }
                 | NodeEvent::ResourceRemoved { .. }

@@ -52,7 +52,7 @@ pub fn recreate_device(
     let name = link_name_for_device(id);
     let wrap = device_error(id, &name);
     let link = host
-        .links()
+        .link_ops()
         .add_macvtap_at(
             &name,
             lower.index,
@@ -69,7 +69,7 @@ pub fn recreate_device(
             .tap_device(host.netns(), &name)
             .map_err(wrap)?;
         if found != ours {
-            delete_quietly(host.links(), &link);
+            delete_quietly(host.link_ops(), &link);
             return Ok(Recreated::NodeElsewhere);
         }
     }
@@ -84,7 +84,7 @@ fn checked_or_deleted(host: &Host, id: &str, link: &Link) -> Result<PathBuf> {
     match check_node(host, &link.name, link.index, &node) {
         Ok(()) => Ok(node),
         Err(e) => {
-            delete_quietly(host.links(), link);
+            delete_quietly(host.link_ops(), link);
             Err(e.for_device(id, &link.name))
         }
     }
@@ -144,7 +144,7 @@ pub fn create_device(
     lower: &Link,
     id: &str,
 ) -> Result<PreparedDevice> {
-    let handle = host.links();
+    let handle = host.link_ops();
     let name = link_name_for_device(id);
     let wrap = device_error(id, &name);
     // The kernel's EINVAL to a second port beside a passthru one names it.
@@ -231,7 +231,7 @@ fn reuse_or_remove(
     id: &str,
     name: &str,
 ) -> Result<Option<PreparedDevice>> {
-    let handle = host.links();
+    let handle = host.link_ops();
     let wrap = device_error(id, name);
     let Some(old) = handle.get_link(name).map_err(wrap)? else {
         return Ok(None);

@@ -33,7 +33,7 @@ pub fn check_ids<'a>(cfg: &ResourceConfig, ids: impl IntoIterator<Item = &'a str
 /// Makes or reuses the macvtap of each of `ids` (checked by [`check_ids`])
 /// on `host`, in order; on any failure deletes every link made here.
 pub fn prepare(host: &Host, cfg: &ResourceConfig, ids: &[&str]) -> Result<Vec<PreparedDevice>> {
-    let handle = host.links();
+    let handle = host.link_ops();
     let lower = handle
         .get_link(&cfg.lower_device)?
         .ok_or_else(|| Error::LowerDeviceMissing {
