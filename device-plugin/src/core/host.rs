@@ -1,6 +1,7 @@
 //! The daemon's network namespace on one kernel, and where the host's file
 //! systems are: the one handle that link creation, reclaim and heal do
-//! their kernel work through. The daemon passes the real kernel
+//! their kernel work through, and [`SharedHost`], the one such handle that
+//! every Allocate shares. The daemon passes the real kernel
 //! ([`macvtap_link::Linux`]) and the real paths; unit tests pass the fake
 //! kernel (and temporary directories), so every decision runs without root.
 
@@ -8,6 +9,7 @@ use crate::core::link::not_devtmpfs;
 use macvtap_link::{Kernel, Links, Netns, Result};
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 /// Whether the kernel's tap nodes show in the tap node directory.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -153,42 +155,67 @@ impl<'k> Host<'k> {
 }
 
 /// The host handle (the namespace's descriptor and a netlink socket) that
-/// every [`with_spare`] shares, saving a socket set-up per request (the
+/// every request of a front shares, saving a socket set-up per request (the
 /// daemon never leaves the host namespace). One, whatever thread of the
 /// blocking pool serves the next request: a handle per thread would hold a
 /// pair of descriptors for every thread the pool ever ran one on.
-static SPARE: std::sync::Mutex<Option<Host<'static>>> = std::sync::Mutex::new(None);
-
-/// Runs `f` on the calling thread's namespace on the real kernel, with the
-/// host's file systems at `paths`, through the one spare handle when it is
-/// that namespace's and has those paths (a thread elsewhere, only in tests,
-/// opens its own). A handle whose run failed is not kept; of two runs at
-/// once, the second to finish closes its own.
-pub fn with_spare<T, E: From<macvtap_link::Error>>(
-    paths: &HostPaths,
-    f: impl FnOnce(&Host<'static>) -> std::result::Result<T, E>,
-) -> std::result::Result<T, E> {
-    let spare = SPARE
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .take_if(|h| h.netns().is_current() && h.paths() == paths);
-    let host = match spare {
-        Some(host) => host,
-        None => Host::current(&macvtap_link::Linux)?.with_paths(paths.clone()),
-    };
-    let result = f(&host);
-    if result.is_ok() {
-        SPARE
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert(host);
-    }
-    result
+pub struct SharedHost<'k> {
+    kernel: &'k dyn Kernel,
+    paths: HostPaths,
+    spare: Mutex<Option<Host<'k>>>,
 }
 
-/// Closes the spare handle (tests count the descriptors it holds).
-pub fn drop_spare() {
-    drop(SPARE.lock().unwrap_or_else(|e| e.into_inner()).take());
+impl<'k> SharedHost<'k> {
+    /// The calling thread's namespace on `kernel` (the real one in the
+    /// daemon, the fake in unit tests), with the host's file systems at
+    /// `paths`; no handle is opened before the first [`SharedHost::run`].
+    pub fn new(kernel: &'k dyn Kernel, paths: HostPaths) -> Self {
+        Self {
+            kernel,
+            paths,
+            spare: Mutex::new(None),
+        }
+    }
+
+    /// Where the host's sysfs, tap nodes and procfs are.
+    pub fn paths(&self) -> &HostPaths {
+        &self.paths
+    }
+
+    /// Runs `f` on the calling thread's namespace, through the spare handle
+    /// when it is that namespace's (a thread elsewhere, only in tests, opens
+    /// its own). A handle whose run failed is not kept; of two runs at
+    /// once, the second to finish closes its own.
+    pub fn run<T, E: From<macvtap_link::Error>>(
+        &self,
+        f: impl FnOnce(&Host<'k>) -> std::result::Result<T, E>,
+    ) -> std::result::Result<T, E> {
+        let spare = self
+            .spare
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take_if(|h| h.netns().is_current());
+        let host = match spare {
+            Some(host) => host,
+            None => Host::current(self.kernel)?.with_paths(self.paths.clone()),
+        };
+        let result = f(&host);
+        if result.is_ok() {
+            self.spare
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_or_insert(host);
+        }
+        result
+    }
+}
+
+impl fmt::Debug for SharedHost<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedHost")
+            .field("paths", &self.paths)
+            .finish_non_exhaustive()
+    }
 }
 
 impl fmt::Debug for Host<'_> {

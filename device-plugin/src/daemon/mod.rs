@@ -48,7 +48,7 @@ pub use registration::STREAM_WAIT;
 
 use crate::config::{Resolved, ResourceConfig};
 use crate::core::degraded::Degraded;
-use crate::core::host::HostPaths;
+use crate::core::host::{HostPaths, SharedHost};
 use crate::core::ledger::AllocationClock;
 use crate::core::ledger::Assignments;
 use crate::core::ledger::record_file;
@@ -76,6 +76,9 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
+
+/// The kernel the daemon works on: Allocate, reclaim and heal.
+const KERNEL: &macvtap_link::Linux = &macvtap_link::Linux;
 
 /// How often the plugin checks that its sockets still exist, in case an
 /// inotify event was missed.
@@ -241,7 +244,7 @@ impl Daemon {
         }
         .judged();
         let ctx = ServerContext {
-            paths: paths.clone(),
+            host: Arc::new(SharedHost::new(KERNEL, paths.clone())),
             metrics,
             events,
             streams: streams_tx,
@@ -465,7 +468,7 @@ fn spawn_reclaim(
     tap_gone: mpsc::UnboundedReceiver<()>,
 ) -> JoinHandle<()> {
     let reclaimer = Reclaimer::new(
-        Arc::new(macvtap_link::Linux),
+        Arc::new(*KERNEL),
         opts.pod_resources_socket(),
         opts.reclaim_grace,
         ctx.clock.clone(),

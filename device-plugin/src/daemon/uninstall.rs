@@ -31,7 +31,7 @@ pub(super) async fn clean_if_uninstalled(opts: &Options, uninstall: &Uninstall) 
     let plugin_dir = opts.plugin_dir();
     let cni_dir = opts.uninstall_cni_dir.clone();
     let cleaned = tokio::task::spawn_blocking(move || {
-        Host::current(&macvtap_link::Linux).map(|host| {
+        Host::current(super::KERNEL).map(|host| {
             clean_node(
                 host.link_ops(),
                 &plugin_dir,

@@ -7,7 +7,7 @@
 //! [`StreamEvent`], and each Allocate restarts its devices' leak clocks.
 
 use crate::config::ResourceConfig;
-use crate::core::host::HostPaths;
+use crate::core::host::SharedHost;
 use crate::core::ledger::AllocationClock;
 use crate::core::ledger::Assignments;
 use crate::error::{Error, Result};
@@ -54,8 +54,9 @@ pub struct ServerContext {
     pub clock: AllocationClock,
     /// Which `/dev/tapN` each device was handed out as (for healing).
     pub assignments: Assignments,
-    /// Where the host's sysfs, tap nodes and procfs are.
-    pub paths: HostPaths,
+    /// The host Allocate works on: its kernel (the real one in the daemon)
+    /// and where its sysfs, tap nodes and procfs are.
+    pub host: Arc<SharedHost<'static>>,
 }
 
 static NEXT_SERVER_ID: AtomicU64 = AtomicU64::new(1);

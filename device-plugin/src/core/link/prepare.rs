@@ -7,7 +7,7 @@
 use super::create::{PreparedDevice, create_device, delete_quietly};
 use super::refusal::owner_of;
 use crate::config::ResourceConfig;
-use crate::core::host::{Host, HostPaths, with_spare};
+use crate::core::host::{Host, SharedHost};
 use crate::core::ledger::Assignments;
 use crate::core::ledger::clock::AllocationClock;
 use crate::core::nic::health::port_in_the_way;
@@ -85,13 +85,11 @@ pub fn prepare(host: &Host, cfg: &ResourceConfig, ids: &[&str]) -> Result<Vec<Pr
 
 /// Hands out `ids` of `cfg` as a front serves a request: the devices' leak
 /// clocks restarted before their links are touched and once they are
-/// ready, the links made or reused ([`prepare`], on `host`, or on the real
-/// kernel's spare handle of the calling thread's namespace with the host's
-/// file systems at `paths` when `None`), and each device's ifindex recorded
-/// for healing before the answer leaves.
+/// ready, the links made or reused ([`prepare`], on `host`'s handle of the
+/// calling thread's namespace on its kernel), and each device's ifindex
+/// recorded for healing before the answer leaves.
 pub fn hand_out(
-    host: Option<&Host>,
-    paths: &HostPaths,
+    host: &SharedHost,
     cfg: &ResourceConfig,
     ids: &[&str],
     clock: &AllocationClock,
@@ -102,10 +100,7 @@ pub fn hand_out(
     for l in &links {
         clock.allocated(l, Instant::now());
     }
-    let prepared = match host {
-        Some(host) => prepare(host, cfg, ids),
-        None => with_spare(paths, |host| prepare(host, cfg, ids)),
-    }?;
+    let prepared = host.run(|host| prepare(host, cfg, ids))?;
     let got: Vec<(&str, u32)> = ids
         .iter()
         .zip(&prepared)
