@@ -56,12 +56,14 @@ use crate::core::link_table::{LinkTable, LinkUpdate, spawn_link_watcher};
 use crate::core::nic::discovery::Discovery;
 use crate::core::nic::health::HealthLog;
 use crate::core::reclaim::{Reclaimer, reclaim_loop, tap_node_deleted, watch_tap_nodes};
+use crate::core::report::Observer;
 use crate::error::{Error, Result};
 use crate::fswatch::{DirWatcher, FsEvent};
 use crate::kubelet::server::{ServerContext, StreamEvent};
 use crate::operator::events::{EventSink, NodeEvent};
 use crate::operator::liveness::Liveness;
 use crate::operator::metrics::Metrics;
+use crate::operator::observer::MetricsAndEvents;
 use crate::operator::owner::Uninstall;
 use crate::options::{Options, load_config};
 use nix::sys::inotify::WatchDescriptor;
@@ -154,6 +156,8 @@ struct Daemon {
     discovery: Discovery,
     /// Each resource's last NIC health, to log and count its changes.
     health: HealthLog,
+    /// Where health changes are reported (metrics).
+    observer: MetricsAndEvents,
     /// The inotify instance of the device-plugins, config and `/dev`
     /// directories.
     fs: DirWatcher,
@@ -253,7 +257,15 @@ impl Daemon {
         };
         let (tap_gone_tx, tap_gone) = mpsc::unbounded_channel();
         let tap_nodes = watch_or_say(&fs, &paths, &ctx.events, tap_gone_tx);
-        tasks.push(spawn_reclaim(&opts, &ctx, configs_rx, paths, tap_gone));
+        let observer = MetricsAndEvents::new(ctx.metrics.clone(), ctx.events.clone());
+        tasks.push(spawn_reclaim(
+            &opts,
+            &ctx,
+            Arc::new(observer.clone()),
+            configs_rx,
+            paths,
+            tap_gone,
+        ));
         let (reg_tx, reg_rx) = mpsc::unbounded_channel();
         let discovery = Discovery::new(opts.discover_kinds.clone());
         let mut d = Daemon {
@@ -269,6 +281,7 @@ impl Daemon {
             background: Vec::new(),
             discovery,
             health: HealthLog::default(),
+            observer,
             fs,
             plugin_wd,
             config_wd: loaded.config_wd,
@@ -459,10 +472,11 @@ fn watch_or_say(
 /// Starts the reclaim loop (leaked links, lost links healed, on a tap
 /// node's deletion in `paths`' tap node directory at once, as `tap_gone`
 /// reports) over the
-/// resources published on `configs`.
+/// resources published on `configs`, reporting to `observer`.
 fn spawn_reclaim(
     opts: &Options,
     ctx: &ServerContext,
+    observer: Arc<dyn Observer>,
     configs: watch::Receiver<Vec<ResourceConfig>>,
     paths: HostPaths,
     tap_gone: mpsc::UnboundedReceiver<()>,
@@ -474,12 +488,11 @@ fn spawn_reclaim(
         ctx.clock.clone(),
     )
     .with_healing(ctx.assignments.clone(), paths)
-    .with_events(ctx.events.clone());
+    .with_observer(observer);
     tokio::spawn(reclaim_loop(
         reclaimer,
         opts.reclaim_interval,
         configs,
-        ctx.metrics.clone(),
         tap_gone,
     ))
 }

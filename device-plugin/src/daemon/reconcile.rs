@@ -189,7 +189,7 @@ impl Daemon {
     /// Logs, counts and posts an Event for a change of a resource's NIC health.
     fn health_changed(&mut self, cfg: &ResourceConfig, health: &NicHealth) {
         let resource = cfg.resource_name();
-        if !self.health.update(&resource, health, &self.ctx.metrics) {
+        if !self.health.update(&resource, health, &self.observer) {
             return;
         }
         let (nic, devices) = (cfg.lower_device.clone(), cfg.capacity);

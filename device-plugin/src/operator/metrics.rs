@@ -8,6 +8,7 @@
 //! Prometheus stores, is `macvtap_dp_allocations_total`.
 
 use crate::config::ResourceConfig;
+use crate::core::report::RoundOutcome;
 use crate::operator::procstat::ProcessCollector;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -37,17 +38,8 @@ pub const UNHEALTHY_REASONS: [&str; 4] = [
 /// The `state` label values of `macvtap_dp_devices`.
 const DEVICE_STATES: [&str; 2] = ["healthy", "unhealthy"];
 
-/// How a reclaim round ended, counted in `macvtap_dp_reclaim_rounds_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RoundOutcome {
-    /// The round asked the kubelet and acted on its answer.
-    Done,
-    /// There was no PodResources socket, so the round did nothing.
-    Skipped,
-    /// The round failed (a netlink or PodResources error, logged).
-    Failed,
-}
-
+// How a reclaim round ended (the core's), counted in
+// `macvtap_dp_reclaim_rounds_total`.
 impl RoundOutcome {
     /// Every outcome, in the order the page lists them.
     const ALL: [RoundOutcome; 3] = [

@@ -4,7 +4,7 @@
 use crate::config::ResourceConfig;
 use crate::core::nic::master::{Owner, receive_path_owner};
 use crate::core::nic::port::{PortInTheWay, can_be_in_the_way};
-use crate::operator::metrics::Metrics;
+use crate::core::report::Observer;
 use macvtap_link::{Link, MacvtapMode, is_link_of_resource};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -130,7 +130,8 @@ pub fn resource_health(cfg: &ResourceConfig, links: &[Link]) -> NicHealth {
 }
 
 /// The last health of each resource, so that each change is logged once and
-/// counted in `macvtap_dp_unhealthy_total{reason}`.
+/// told once to the observer (counted in `macvtap_dp_unhealthy_total{reason}`
+/// in the daemon).
 #[derive(Debug, Default)]
 pub struct HealthLog {
     last: BTreeMap<String, NicHealth>,
@@ -142,7 +143,7 @@ impl HealthLog {
     /// unhealthy). Returns whether it was such a change. A detail that
     /// changes within one reason (a NIC seen administratively down first,
     /// then operationally down) is no new change.
-    pub fn update(&mut self, resource: &str, health: &NicHealth, metrics: &Metrics) -> bool {
+    pub fn update(&mut self, resource: &str, health: &NicHealth, observer: &dyn Observer) -> bool {
         let before = self.last.get(resource);
         let same_reason = before.is_some_and(|b| b.reason() == health.reason());
         if same_reason || (before.is_none() && health.is_healthy()) {
@@ -153,7 +154,7 @@ impl HealthLog {
             info!(%resource, "lower NIC usable again: devices Healthy");
         } else {
             warn!(%resource, reason = health.reason(), "devices Unhealthy: {health}");
-            metrics.unhealthy(resource, health.reason());
+            observer.unhealthy(resource, health.reason());
         }
         self.last.insert(resource.to_string(), health.clone());
         true
@@ -168,6 +169,7 @@ impl HealthLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::report::Recorder;
     use macvtap_link::link_name_for_device;
 
     fn link(oper: &str, up: bool) -> Link {
@@ -348,23 +350,17 @@ mod tests {
         enslaved[0].master = Some(2);
         enslaved[1].kind = Some("bridge".into());
         assert_eq!(resource_health(&dp, &enslaved).reason(), "nic_enslaved");
-        // The change is counted, in a series the metrics page shows.
-        let m = Metrics::default();
+        // The change is told to the observer, with its reason.
+        let m = Recorder::default();
         let mut log = HealthLog::default();
         let r = "macvtap.network.kubevirt.io/dp";
         assert!(log.update(r, &resource_health(&dp, &links), &m));
-        let t = m.render();
-        assert!(
-            t.contains(&format!(
-                "macvtap_dp_unhealthy_total{{resource=\"{r}\",reason=\"nic_port_in_the_way\"}} 1\n"
-            )),
-            "{t}"
-        );
+        assert_eq!(m.lines(), [format!("unhealthy {r} nic_port_in_the_way")]);
     }
 
     #[test]
     fn each_change_is_logged_and_counted_once() {
-        let m = Metrics::default();
+        let m = Recorder::default();
         let mut log = HealthLog::default();
         let r = "macvtap.network.kubevirt.io/eth0";
         let enslaved = NicHealth::Enslaved(Owner {
@@ -388,18 +384,13 @@ mod tests {
             oper_state: "lowerlayerdown".into(),
         };
         assert!(!log.update(r, &down_later, &m));
-        let t = m.render();
-        assert!(
-            t.contains(&format!(
-                "macvtap_dp_unhealthy_total{{resource=\"{r}\",reason=\"nic_enslaved\"}} 2\n"
-            )),
-            "{t}"
-        );
-        assert!(
-            t.contains(&format!(
-                "macvtap_dp_unhealthy_total{{resource=\"{r}\",reason=\"nic_down\"}} 1\n"
-            )),
-            "{t}"
+        assert_eq!(
+            m.lines(),
+            [
+                format!("unhealthy {r} nic_enslaved"),
+                format!("unhealthy {r} nic_enslaved"),
+                format!("unhealthy {r} nic_down"),
+            ]
         );
         // A resource that starts unhealthy counts at once.
         log.forget(r);
