@@ -145,7 +145,8 @@ struct Daemon {
     plugins: BTreeMap<String, Plugin>,
     resolved: Resolved,
     file_text: Option<String>,
-    /// The node's links, as the link events left them.
+    /// The node's links, as the link events left them: the one table,
+    /// which the link event thread only feeds.
     links: LinkTable,
     configs_tx: watch::Sender<Vec<ResourceConfig>>,
     registrations: mpsc::UnboundedSender<RegistrationDone>,
