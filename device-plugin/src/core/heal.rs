@@ -34,7 +34,7 @@ pub struct Lost {
 /// The devices that a pod holds (`allocated`) and that were handed out by
 /// this daemon (`assignments`), whose link is not in the host namespace
 /// (`links`) and whose tap node no longer exists (`node_exists`).
-pub fn lost_devices(
+pub(crate) fn lost_devices(
     allocated: &HashSet<String>,
     assignments: &Assignments,
     links: &[Link],
@@ -69,7 +69,7 @@ pub fn lost_devices(
 ///
 /// Where tap nodes do not show (no host `/dev`), nothing is made: a link in
 /// a pod cannot be told from a lost one there.
-pub fn heal(host: &Host, lost: &[Lost], resources: &[ResourceConfig]) -> Result<u64> {
+pub(crate) fn heal(host: &Host, lost: &[Lost], resources: &[ResourceConfig]) -> Result<u64> {
     if !host.paths().tap_nodes_shown() {
         debug!(
             lost = lost.len(),

@@ -62,19 +62,19 @@ impl HostPaths {
     }
 
     /// The mount table of this process (`<proc>/self/mountinfo`).
-    pub fn mountinfo(&self) -> PathBuf {
+    pub(crate) fn mountinfo(&self) -> PathBuf {
         self.proc.join("self/mountinfo")
     }
 
     /// The tap node directory.
-    pub fn dev(&self) -> &Path {
+    pub(crate) fn dev(&self) -> &Path {
         &self.dev
     }
 
     /// The same paths with [`HostPaths::tap_nodes`] read from the mount
     /// table: unseen when `dev` is a mount other than devtmpfs, shown when
     /// it is devtmpfs or its mount cannot be told (as before this was asked).
-    pub fn judged(mut self) -> Self {
+    pub(crate) fn judged(mut self) -> Self {
         let mountinfo = std::fs::read_to_string(self.mountinfo()).unwrap_or_default();
         self.tap_nodes = match not_devtmpfs(&self.dev, &mountinfo) {
             Some(fstype) => TapNodes::Unseen { fstype },
@@ -84,7 +84,7 @@ impl HostPaths {
     }
 
     /// Whether the kernel's tap nodes show in the tap node directory.
-    pub fn tap_nodes_shown(&self) -> bool {
+    pub(crate) fn tap_nodes_shown(&self) -> bool {
         self.tap_nodes == TapNodes::Shown
     }
 }
@@ -133,17 +133,17 @@ impl<'k> Host<'k> {
     }
 
     /// Where the host's sysfs, tap nodes and procfs are.
-    pub fn paths(&self) -> &HostPaths {
+    pub(crate) fn paths(&self) -> &HostPaths {
         &self.paths
     }
 
     /// The kernel, for sysfs reads and tap nodes.
-    pub fn kernel(&self) -> &'k dyn Kernel {
+    pub(crate) fn kernel(&self) -> &'k dyn Kernel {
         self.kernel
     }
 
     /// The namespace.
-    pub fn netns(&self) -> &Netns {
+    pub(crate) fn netns(&self) -> &Netns {
         &self.netns
     }
 
@@ -177,16 +177,11 @@ impl<'k> SharedHost<'k> {
         }
     }
 
-    /// Where the host's sysfs, tap nodes and procfs are.
-    pub fn paths(&self) -> &HostPaths {
-        &self.paths
-    }
-
     /// Runs `f` on the calling thread's namespace, through the spare handle
     /// when it is that namespace's (a thread elsewhere, only in tests, opens
     /// its own). A handle whose run failed is not kept; of two runs at
     /// once, the second to finish closes its own.
-    pub fn run<T, E: From<macvtap_link::Error>>(
+    pub(crate) fn run<T, E: From<macvtap_link::Error>>(
         &self,
         f: impl FnOnce(&Host<'k>) -> std::result::Result<T, E>,
     ) -> std::result::Result<T, E> {

@@ -24,7 +24,7 @@ const ERROR_PAUSE: Duration = Duration::from_millis(200);
 
 /// What the link watcher sends the daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LinkUpdate {
+pub(crate) enum LinkUpdate {
     /// Every link, read again because events were lost.
     Resync(Vec<Link>),
     /// Links that appeared, changed or vanished, in the kernel's order
@@ -35,7 +35,7 @@ pub enum LinkUpdate {
 /// One link's change: its state before (`None` if it is new) and after
 /// (`None` if it vanished).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LinkDelta {
+pub(crate) struct LinkDelta {
     /// The link as it was.
     pub before: Option<Link>,
     /// The link as it is now.
@@ -44,7 +44,7 @@ pub struct LinkDelta {
 
 impl LinkDelta {
     /// Both states of the link, the old one first (one or two links).
-    pub fn states(&self) -> impl Iterator<Item = &Link> {
+    pub(crate) fn states(&self) -> impl Iterator<Item = &Link> {
         self.before.iter().chain(self.after.iter())
     }
 }
@@ -53,30 +53,30 @@ impl LinkDelta {
 /// (not to be confused with [`macvtap_link::Links`], a namespace's link
 /// operations).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LinkTable {
+pub(crate) struct LinkTable {
     links: Vec<Link>,
 }
 
 impl LinkTable {
     /// A table of `links` (as a dump gives them, in any order).
-    pub fn new(mut links: Vec<Link>) -> Self {
+    pub(crate) fn new(mut links: Vec<Link>) -> Self {
         links.sort_by_key(|l| l.index);
         Self { links }
     }
 
     /// The links, in ifindex order.
-    pub fn links(&self) -> &[Link] {
+    pub(crate) fn links(&self) -> &[Link] {
         &self.links
     }
 
     /// The link named `name`, if there is one.
-    pub fn by_name(&self, name: &str) -> Option<&Link> {
+    pub(crate) fn by_name(&self, name: &str) -> Option<&Link> {
         self.links.iter().find(|l| l.name == name)
     }
 
     /// Applies one event; returns what it changed, or `None` when it
     /// changed nothing this table holds (or is [`LinkEvent::Overrun`]).
-    pub fn apply(&mut self, event: &LinkEvent) -> Option<LinkDelta> {
+    pub(crate) fn apply(&mut self, event: &LinkEvent) -> Option<LinkDelta> {
         let delta = match event {
             LinkEvent::Changed(l) => {
                 let before = self.get(l.index).cloned();
@@ -124,7 +124,7 @@ impl LinkTable {
 /// Subscribes to link events, reads the links once into the table it
 /// returns, and starts the thread that sends every later event on the
 /// returned channel. The thread ends when the receiver is gone.
-pub fn spawn_link_watcher() -> Result<(LinkTable, mpsc::UnboundedReceiver<LinkUpdate>)> {
+pub(crate) fn spawn_link_watcher() -> Result<(LinkTable, mpsc::UnboundedReceiver<LinkUpdate>)> {
     // Subscribe before the first read so no change can fall between them.
     let monitor = LinkMonitor::current()?;
     let handle = Handle::current()?;

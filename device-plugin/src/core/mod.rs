@@ -13,13 +13,13 @@
 //! ([`crate::kubelet`]) and the operator's metrics, Events, `doctor` and
 //! HTTP. A second front (a DRA driver) calls the same functions.
 
-pub mod cleanup;
-pub mod degraded;
+pub(crate) mod cleanup;
+pub(crate) mod degraded;
 pub mod heal;
 pub mod host;
 pub mod ledger;
 pub mod link;
-pub mod link_table;
+pub(crate) mod link_table;
 pub mod nic;
 pub mod reclaim;
-pub mod report;
+pub(crate) mod report;

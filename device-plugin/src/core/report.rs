@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 /// How a reclaim round ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RoundOutcome {
+pub(crate) enum RoundOutcome {
     /// The round asked the kubelet and acted on its answer.
     Done,
     /// There was no PodResources socket, so the round did nothing.
@@ -22,7 +22,7 @@ pub enum RoundOutcome {
 /// Where the core reports what it did and what it found: health changes,
 /// reclaim rounds, links healed and removed, and what a missing mount
 /// leaves undone.
-pub trait Observer: Send + Sync {
+pub(crate) trait Observer: Send + Sync {
     /// A resource's devices turned Unhealthy for `reason` (a
     /// [`NicHealth::reason`](crate::core::nic::health::NicHealth::reason)).
     fn unhealthy(&self, resource: &str, reason: &'static str);
@@ -55,7 +55,7 @@ pub trait Observer: Send + Sync {
 
 /// An observer that tells no one (the default of a reclaimer).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Silent;
+pub(crate) struct Silent;
 
 impl Observer for Silent {
     fn unhealthy(&self, _: &str, _: &'static str) {}

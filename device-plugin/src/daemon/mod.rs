@@ -15,7 +15,7 @@
 //!   `/dev` (a deleted tap node starts a reclaim round at once);
 //! - ListAndWatch streams opening and ending ([`StreamEvent`]s from the
 //!   servers): a registered resource whose stream ended, or that got none
-//!   within [`STREAM_WAIT`] of registering, registers again (the kubelet
+//!   within `registration::STREAM_WAIT` of registering, registers again (the kubelet
 //!   never reopens a stream itself);
 //! - results of Register calls, each running in its own task (at most one
 //!   per resource), so a hung kubelet delays nothing else;
@@ -43,8 +43,6 @@ mod registration;
 mod registration_effects;
 mod reload;
 mod uninstall;
-
-pub use registration::STREAM_WAIT;
 
 use crate::config::{Resolved, ResourceConfig};
 use crate::core::degraded::Degraded;

@@ -5,10 +5,14 @@
 //! as an Event. Nothing here decides: it translates.
 
 use crate::config::ResourceConfig;
-use crate::core::host::{Host, SharedHost};
+#[cfg(test)]
+use crate::core::host::Host;
+use crate::core::host::SharedHost;
 use crate::core::ledger::Assignments;
 use crate::core::ledger::clock::AllocationClock;
-use crate::core::link::{PreparedDevice, check_ids, hand_out, prepare};
+use crate::core::link::{PreparedDevice, hand_out};
+#[cfg(test)]
+use crate::core::link::{check_ids, prepare};
 use crate::error::{Error, Result};
 use crate::kubelet::server::ServerContext;
 use crate::operator::events::NodeEvent;
@@ -29,7 +33,8 @@ fn ids(req: &AllocateRequest) -> Vec<&str> {
 
 /// Checks that every ID of the request belongs to `cfg`, before anything is
 /// created, so that a bad request changes nothing.
-pub fn check_request(req: &AllocateRequest, cfg: &ResourceConfig) -> Result<()> {
+#[cfg(test)]
+pub(crate) fn check_request(req: &AllocateRequest, cfg: &ResourceConfig) -> Result<()> {
     check_ids(cfg, ids(req))
 }
 
@@ -37,7 +42,8 @@ pub fn check_request(req: &AllocateRequest, cfg: &ResourceConfig) -> Result<()> 
 /// on `host`'s kernel: (re)creates each device's macvtap on the lower NIC
 /// and answers with its tap node. On any failure every link made for this
 /// request is deleted.
-pub fn allocate(
+#[cfg(test)]
+pub(crate) fn allocate(
     host: &SharedHost,
     req: &AllocateRequest,
     cfg: &ResourceConfig,
@@ -64,7 +70,7 @@ pub fn serve(
 /// on a blocking thread with the daemon's shared state `ctx`, timed in the
 /// metrics, logged, and a refusal posted as an Event and turned into the
 /// gRPC status the kubelet reads.
-pub async fn answer(
+pub(crate) async fn answer(
     ctx: &ServerContext,
     cfg: ResourceConfig,
     req: AllocateRequest,
@@ -100,6 +106,7 @@ pub async fn answer(
 
 /// [`allocate`] on `host` (the real kernel's in the daemon, the fake's in
 /// unit tests), after [`check_request`].
+#[cfg(test)]
 fn allocate_on(
     host: &Host,
     req: &AllocateRequest,

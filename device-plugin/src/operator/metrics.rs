@@ -28,7 +28,7 @@ pub const ALLOCATE_BUCKETS: [f64; 13] = [
 ];
 
 /// The `reason` label values of `macvtap_dp_unhealthy_total`.
-pub const UNHEALTHY_REASONS: [&str; 4] = [
+pub(crate) const UNHEALTHY_REASONS: [&str; 4] = [
     "nic_missing",
     "nic_down",
     "nic_enslaved",
@@ -49,7 +49,7 @@ impl RoundOutcome {
     ];
 
     /// The `outcome` label value.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             RoundOutcome::Done => "done",
             RoundOutcome::Skipped => "skipped",
@@ -321,7 +321,7 @@ impl Metrics {
     }
 
     /// Zeroes the gauges of a resource that is no longer served.
-    pub fn resource_removed(&self, resource: &str) {
+    pub(crate) fn resource_removed(&self, resource: &str) {
         self.set_devices(resource, 0, 0);
         self.with_usage(resource, |u| *u = Usage::default());
         self.set_registered(resource, false);
@@ -350,7 +350,7 @@ impl Metrics {
     /// device IDs PodResources lists) for each resource of `resources`;
     /// devices handed out longer than `grace` before `now` and not listed
     /// are no longer in use.
-    pub fn pod_resources_listed(
+    pub(crate) fn pod_resources_listed(
         &self,
         resources: &[ResourceConfig],
         allocated: &HashSet<String>,
@@ -439,7 +439,7 @@ impl Metrics {
     }
 
     /// Counts one reclaim round by how it ended.
-    pub fn reclaim_round(&self, outcome: RoundOutcome) {
+    pub(crate) fn reclaim_round(&self, outcome: RoundOutcome) {
         self.reclaim_rounds
             .get_or_create(&OutcomeLabels {
                 outcome: outcome.label(),

@@ -11,6 +11,6 @@ pub mod events;
 pub mod http;
 pub mod liveness;
 pub mod metrics;
-pub mod observer;
+pub(crate) mod observer;
 pub mod owner;
-pub mod procstat;
+pub(crate) mod procstat;

@@ -12,14 +12,14 @@ use std::time::{Duration, Instant};
 
 /// The core's reports as the daemon's metrics and Events.
 #[derive(Debug, Clone)]
-pub struct MetricsAndEvents {
+pub(crate) struct MetricsAndEvents {
     metrics: Arc<Metrics>,
     events: EventSink,
 }
 
 impl MetricsAndEvents {
     /// Reports counted in `metrics` and posted on `events`.
-    pub fn new(metrics: Arc<Metrics>, events: EventSink) -> Self {
+    pub(crate) fn new(metrics: Arc<Metrics>, events: EventSink) -> Self {
         Self { metrics, events }
     }
 }

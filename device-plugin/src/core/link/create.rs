@@ -28,7 +28,7 @@ pub(super) fn device_error<'a>(
 
 /// What [`recreate_device`] came to.
 #[derive(Debug)]
-pub enum Recreated {
+pub(crate) enum Recreated {
     /// The link is back, its tap node checked.
     Made(Link),
     /// `/dev/tap<index>` is another macvtap's (the device's own, in a pod's
@@ -42,7 +42,7 @@ pub enum Recreated {
 /// at once when the node is another macvtap's: devtmpfs makes a node only
 /// for the first of two macvtaps that share an ifindex in different
 /// namespaces, so the new link would never get one.
-pub fn recreate_device(
+pub(crate) fn recreate_device(
     host: &Host,
     cfg: &ResourceConfig,
     lower: &Link,
@@ -105,7 +105,7 @@ pub struct PreparedDevice {
 
 /// Why an existing link of a device cannot be reused, or `None` if it is a
 /// macvtap on `lower` in `mode` and can be.
-pub fn unusable_reason(link: &Link, lower: &Link, mode: MacvtapMode) -> Option<String> {
+pub(crate) fn unusable_reason(link: &Link, lower: &Link, mode: MacvtapMode) -> Option<String> {
     if !link.is_macvtap() {
         return Some(format!(
             "it is a {} link, not a macvtap",

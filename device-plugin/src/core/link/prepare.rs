@@ -17,7 +17,10 @@ use std::time::Instant;
 
 /// Checks that every one of `ids` is a device of `cfg`, before anything is
 /// created, so that a bad request changes nothing.
-pub fn check_ids<'a>(cfg: &ResourceConfig, ids: impl IntoIterator<Item = &'a str>) -> Result<()> {
+pub(crate) fn check_ids<'a>(
+    cfg: &ResourceConfig,
+    ids: impl IntoIterator<Item = &'a str>,
+) -> Result<()> {
     for id in ids {
         if device_index(&cfg.name, cfg.capacity, id).is_none() {
             return Err(Error::UnknownDevice {
@@ -32,7 +35,11 @@ pub fn check_ids<'a>(cfg: &ResourceConfig, ids: impl IntoIterator<Item = &'a str
 
 /// Makes or reuses the macvtap of each of `ids` (checked by [`check_ids`])
 /// on `host`, in order; on any failure deletes every link made here.
-pub fn prepare(host: &Host, cfg: &ResourceConfig, ids: &[&str]) -> Result<Vec<PreparedDevice>> {
+pub(crate) fn prepare(
+    host: &Host,
+    cfg: &ResourceConfig,
+    ids: &[&str],
+) -> Result<Vec<PreparedDevice>> {
     let handle = host.link_ops();
     let lower = handle
         .get_link(&cfg.lower_device)?
@@ -88,7 +95,7 @@ pub fn prepare(host: &Host, cfg: &ResourceConfig, ids: &[&str]) -> Result<Vec<Pr
 /// ready, the links made or reused ([`prepare`], on `host`'s handle of the
 /// calling thread's namespace on its kernel), and each device's ifindex
 /// recorded for healing before the answer leaves.
-pub fn hand_out(
+pub(crate) fn hand_out(
     host: &SharedHost,
     cfg: &ResourceConfig,
     ids: &[&str],

@@ -37,9 +37,9 @@ mod pod_resources;
 mod rules;
 mod tap_watch;
 
-pub use pod_resources::list_allocated;
-pub use rules::{allocated_ids, forget_unconfigured, go_era_leaked_links, leaked_links};
-pub use tap_watch::{tap_node_deleted, watch_tap_nodes};
+pub(crate) use pod_resources::list_allocated;
+pub(crate) use rules::{forget_unconfigured, go_era_leaked_links, leaked_links};
+pub(crate) use tap_watch::{tap_node_deleted, watch_tap_nodes};
 
 use crate::config::ResourceConfig;
 use crate::core::degraded::Degraded;
@@ -130,7 +130,7 @@ impl Reclaimer {
     /// Reports rounds, links healed and removed, and an unreadable
     /// PodResources to `observer` (the operator's metrics and Events in the
     /// daemon).
-    pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Self {
+    pub(crate) fn with_observer(mut self, observer: Arc<dyn Observer>) -> Self {
         self.observer = observer;
         self
     }
@@ -138,7 +138,7 @@ impl Reclaimer {
     /// Records the links that look leaked now and returns those that have
     /// looked leaked for longer than the grace period and were not
     /// allocated within it.
-    pub fn due(&mut self, leaked: &[Link], now: Instant) -> Vec<Link> {
+    pub(crate) fn due(&mut self, leaked: &[Link], now: Instant) -> Vec<Link> {
         let ids: HashSet<LinkIdentity> = leaked.iter().map(identity).collect();
         self.first_seen.retain(|k, _| ids.contains(k));
         let mut due = Vec::new();
@@ -168,7 +168,7 @@ impl Reclaimer {
     /// a PodResources socket (skipped), or when the kubelet does not answer
     /// there (failed), it deletes and heals nothing and says so once
     /// ([`Reclaimer::cannot_read`]).
-    pub async fn run_once(&mut self, resources: &[ResourceConfig]) -> Result<RoundOutcome> {
+    pub(crate) async fn run_once(&mut self, resources: &[ResourceConfig]) -> Result<RoundOutcome> {
         if !self.socket.exists() {
             self.cannot_read("it does not exist".into());
             self.first_seen.clear();
@@ -381,7 +381,7 @@ fn delete_unallocated(
 /// Runs [`Reclaimer::run_once`] every `interval` with the current resources.
 /// Also runs a round as soon as `tap_gone` reports a tap node deleted. Each
 /// round's outcome goes to the reclaimer's observer.
-pub async fn reclaim_loop(
+pub(crate) async fn reclaim_loop(
     mut reclaimer: Reclaimer,
     interval: Duration,
     resources: tokio::sync::watch::Receiver<Vec<ResourceConfig>>,
