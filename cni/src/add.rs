@@ -24,7 +24,7 @@ use tracing::{info, warn};
 
 /// Runs ADD against `kernel` ([`macvtap_link::Linux`] in the binary, the
 /// fake in unit tests) and returns the result to print.
-pub fn add(
+pub(crate) fn add(
     kernel: &dyn Kernel,
     env: &CniEnv,
     conf: &NetConf,

@@ -13,7 +13,7 @@ const STANDARD_KEYS: [&str; 5] = [
 
 /// The parsed `CNI_ARGS`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CniArgs {
+pub(crate) struct CniArgs {
     /// `MAC=`: the MAC address to give the link.
     pub mac: Option<String>,
     /// `K8S_POD_NAMESPACE=`, for logs.
@@ -24,7 +24,7 @@ pub struct CniArgs {
 
 impl CniArgs {
     /// `namespace/name` of the pod for logs, or `-` when the runtime sent neither.
-    pub fn pod_ref(&self) -> String {
+    pub(crate) fn pod_ref(&self) -> String {
         match (&self.pod_namespace, &self.pod_name) {
             (None, None) => "-".to_string(),
             (ns, name) => format!(
@@ -37,7 +37,7 @@ impl CniArgs {
 
     /// Parses `CNI_ARGS`. A key we do not know is an error unless
     /// `IgnoreUnknown` is `true` or `1`.
-    pub fn parse(s: &str) -> Result<Self> {
+    pub(crate) fn parse(s: &str) -> Result<Self> {
         let bad = |msg: String| Error::InvalidEnv {
             var: "CNI_ARGS",
             msg,

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The pauses between the tries of one call.
 #[derive(Debug, Clone)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     step: Duration,
     max: Duration,
     state: u64,
@@ -16,7 +16,7 @@ pub struct Backoff {
 
 impl Backoff {
     /// Pauses from about `first`, doubling up to `max`, jittered by `seed`.
-    pub fn new(first: Duration, max: Duration, seed: u64) -> Self {
+    pub(crate) fn new(first: Duration, max: Duration, seed: u64) -> Self {
         Self {
             step: first.min(max),
             max,
@@ -26,7 +26,7 @@ impl Backoff {
 
     /// [`Backoff::new`] seeded by the clock and this process's ID, so that
     /// plugin runs started in the same instant still draw apart.
-    pub fn seeded_by_process(first: Duration, max: Duration) -> Self {
+    pub(crate) fn seeded_by_process(first: Duration, max: Duration) -> Self {
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| (d.as_secs() << 30) ^ u64::from(d.subsec_nanos()))
@@ -37,7 +37,7 @@ impl Backoff {
 
     /// The next pause: uniform between half the current step and all of it;
     /// the step then doubles, up to the cap.
-    pub fn next_pause(&mut self) -> Duration {
+    pub(crate) fn next_pause(&mut self) -> Duration {
         let step = self.step;
         self.step = (step * 2).min(self.max);
         let half = step / 2;

@@ -9,7 +9,7 @@ use crate::version::Version;
 use macvtap_link::Kernel;
 
 /// Runs CHECK (cniVersion 0.4.0 and later).
-pub fn check(kernel: &dyn Kernel, env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
+pub(crate) fn check(kernel: &dyn Kernel, env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     conf.version.require(Version::V0_4_0, "CHECK")?;
     let prev_value = conf
         .prev_result

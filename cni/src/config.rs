@@ -19,7 +19,7 @@ pub fn log_file(stdin: &[u8]) -> Option<String> {
 }
 
 /// The uid and gid `/dev/tapN` is given by default: the qemu user of virt-launcher.
-pub const DEFAULT_OWNER: u32 = 107;
+pub(crate) const DEFAULT_OWNER: u32 = 107;
 
 /// The plugin's network configuration, as Multus hands it over.
 #[derive(Debug, Clone, Deserialize)]
@@ -108,7 +108,7 @@ impl NetConf {
     }
 
     /// The IPAM plugin type, when there is an `ipam` section.
-    pub fn ipam_type(&self) -> Result<Option<String>> {
+    pub(crate) fn ipam_type(&self) -> Result<Option<String>> {
         self.ipam.as_ref().map(|i| self.ipam_type_of(i)).transpose()
     }
 
@@ -127,7 +127,7 @@ impl NetConf {
 
     /// The MAC to set, by precedence: `runtimeConfig.mac`, then `CNI_ARGS`
     /// `MAC=`, then `mac`. `None` keeps the kernel's address.
-    pub fn resolve_mac(&self, args: &CniArgs) -> Result<Option<[u8; 6]>> {
+    pub(crate) fn resolve_mac(&self, args: &CniArgs) -> Result<Option<[u8; 6]>> {
         let candidates = [
             ("runtimeConfig.mac", self.runtime_config.mac.as_deref()),
             ("CNI_ARGS MAC", args.mac.as_deref()),
@@ -156,12 +156,12 @@ impl NetConf {
     }
 
     /// uid that `/dev/tapN` is given.
-    pub fn owner(&self) -> u32 {
+    pub(crate) fn owner(&self) -> u32 {
         self.owner.unwrap_or(DEFAULT_OWNER)
     }
 
     /// gid that `/dev/tapN` is given.
-    pub fn group(&self) -> u32 {
+    pub(crate) fn group(&self) -> u32 {
         self.group.unwrap_or(DEFAULT_OWNER)
     }
 }

@@ -25,15 +25,15 @@ use tracing::{info, warn};
 
 /// What ADD writes in the pod link's alias before the name it had on the
 /// host, so that DEL can give it back even when its config has no `deviceID`.
-pub const ALIAS_PREFIX: &str = "macvtap-cni:";
+pub(crate) const ALIAS_PREFIX: &str = "macvtap-cni:";
 
 /// The alias ADD gives a link that was `host_name` on the host.
-pub fn host_name_alias(host_name: &str) -> String {
+pub(crate) fn host_name_alias(host_name: &str) -> String {
     format!("{ALIAS_PREFIX}{host_name}")
 }
 
 /// Runs DEL.
-pub fn del(kernel: &dyn Kernel, env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
+pub(crate) fn del(kernel: &dyn Kernel, env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     let mut problems: Vec<Error> = Vec::new();
     if let Some(plugin) = conf.ipam_type()? {
         if let Err(e) = ipam::exec(env, &plugin, Command::Del, stdin) {

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 /// A CNI command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Command {
+pub(crate) enum Command {
     /// Attach the link to the container.
     Add,
     /// Detach and remove it.
@@ -43,7 +43,7 @@ impl Command {
     }
 
     /// The command as the runtime spells it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Command::Add => "ADD",
             Command::Del => "DEL",
@@ -57,7 +57,7 @@ impl Command {
 
 /// The parsed environment of one plugin invocation.
 #[derive(Debug, Clone)]
-pub struct CniEnv {
+pub(crate) struct CniEnv {
     /// `CNI_COMMAND`.
     pub command: Command,
     /// `CNI_CONTAINERID` (empty for VERSION, STATUS and GC).
@@ -74,7 +74,7 @@ pub struct CniEnv {
 
 impl CniEnv {
     /// Reads and checks the variables `command` needs from `vars`.
-    pub fn from_vars(vars: &HashMap<String, String>) -> Result<Self> {
+    pub(crate) fn from_vars(vars: &HashMap<String, String>) -> Result<Self> {
         let get = |k: &str| vars.get(k).map(String::as_str).unwrap_or("");
         let required = |var: &'static str| -> Result<String> {
             let v = get(var);
@@ -125,7 +125,10 @@ impl CniEnv {
 impl CniEnv {
     /// Opens `CNI_NETNS`; a namespace that cannot be opened means the
     /// container is unknown (code 3).
-    pub fn open_netns(&self, kernel: &dyn macvtap_link::Kernel) -> Result<macvtap_link::Netns> {
+    pub(crate) fn open_netns(
+        &self,
+        kernel: &dyn macvtap_link::Kernel,
+    ) -> Result<macvtap_link::Netns> {
         kernel
             .open_netns(std::path::Path::new(&self.netns))
             .map_err(|source| Error::ContainerUnknown {

@@ -6,41 +6,41 @@ use macvtap_link::error::io_cause;
 use nix::errno::Errno;
 
 /// Spec code 1: the config's version is not supported.
-pub const CODE_INCOMPATIBLE_VERSION: u32 = 1;
+pub(crate) const CODE_INCOMPATIBLE_VERSION: u32 = 1;
 /// Spec code 3: the container (its network namespace) does not exist.
-pub const CODE_CONTAINER_UNKNOWN: u32 = 3;
+pub(crate) const CODE_CONTAINER_UNKNOWN: u32 = 3;
 /// Spec code 4: an environment variable is missing or invalid.
-pub const CODE_INVALID_ENV: u32 = 4;
+pub(crate) const CODE_INVALID_ENV: u32 = 4;
 /// Spec code 5: an I/O failure.
-pub const CODE_IO: u32 = 5;
+pub(crate) const CODE_IO: u32 = 5;
 /// Spec code 6: the config cannot be decoded.
-pub const CODE_DECODE: u32 = 6;
+pub(crate) const CODE_DECODE: u32 = 6;
 /// Spec code 7: the config is invalid.
-pub const CODE_INVALID_CONFIG: u32 = 7;
+pub(crate) const CODE_INVALID_CONFIG: u32 = 7;
 /// Spec code 11: try again later.
-pub const CODE_TRY_AGAIN: u32 = 11;
+pub(crate) const CODE_TRY_AGAIN: u32 = 11;
 /// Spec code 50 (STATUS): the plugin cannot serve ADD requests.
-pub const CODE_NOT_AVAILABLE: u32 = 50;
+pub(crate) const CODE_NOT_AVAILABLE: u32 = 50;
 /// Ours: the config has no `deviceID`.
-pub const CODE_NO_DEVICE_ID: u32 = 100;
+pub(crate) const CODE_NO_DEVICE_ID: u32 = 100;
 /// Ours: the device's link is not in the host namespace.
-pub const CODE_DEVICE_LINK_MISSING: u32 = 101;
+pub(crate) const CODE_DEVICE_LINK_MISSING: u32 = 101;
 /// Ours: the device's link is not a macvtap.
-pub const CODE_NOT_MACVTAP: u32 = 102;
+pub(crate) const CODE_NOT_MACVTAP: u32 = 102;
 /// Ours: the MTU asked for exceeds the lower NIC's.
-pub const CODE_MTU_TOO_LARGE: u32 = 103;
+pub(crate) const CODE_MTU_TOO_LARGE: u32 = 103;
 /// Ours: a netlink, namespace or tap node operation failed.
-pub const CODE_LINK: u32 = 104;
+pub(crate) const CODE_LINK: u32 = 104;
 /// Ours: the link's ifindex would change (or did), orphaning `/dev/tapN`.
-pub const CODE_IFINDEX_CHANGED: u32 = 105;
+pub(crate) const CODE_IFINDEX_CHANGED: u32 = 105;
 /// Ours: CHECK found the link changed.
-pub const CODE_CHECK_FAILED: u32 = 106;
+pub(crate) const CODE_CHECK_FAILED: u32 = 106;
 /// Ours: a failure, and undoing it failed too.
-pub const CODE_ROLLBACK_FAILED: u32 = 107;
+pub(crate) const CODE_ROLLBACK_FAILED: u32 = 107;
 /// Ours: an IPAM plugin failed without error JSON.
-pub const CODE_IPAM_NO_ERROR_JSON: u32 = 108;
+pub(crate) const CODE_IPAM_NO_ERROR_JSON: u32 = 108;
 /// Ours: the kubelet says the pod does not hold the device.
-pub const CODE_DEVICE_NOT_ALLOCATED: u32 = 109;
+pub(crate) const CODE_DEVICE_NOT_ALLOCATED: u32 = 109;
 
 /// Every code the plugin answers with itself, in order: those of
 /// [`Error::code`], with 108 for an IPAM plugin that failed without error
@@ -250,7 +250,7 @@ pub enum Error {
 
 impl Error {
     /// The CNI spec error code: 1-99 are the spec's own, 100 and up ours.
-    pub fn code(&self) -> u32 {
+    pub(crate) fn code(&self) -> u32 {
         match self {
             Error::IncompatibleVersion { .. } => CODE_INCOMPATIBLE_VERSION,
             Error::ContainerUnknown { .. } => CODE_CONTAINER_UNKNOWN,
@@ -276,7 +276,7 @@ impl Error {
     }
 
     /// Whether retrying the same command may succeed once the rollback is done.
-    pub fn is_transient(&self) -> bool {
+    pub(crate) fn is_transient(&self) -> bool {
         match self {
             Error::Link(e) => {
                 matches!(

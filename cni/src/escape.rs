@@ -17,7 +17,7 @@ use std::io::{self, Write};
 /// Whether `c` must not be written raw: C0 and C1 controls (newline,
 /// carriage return, ESC, NEL, ...), Unicode line and paragraph separators,
 /// and the bidirectional overrides that make text display other than it reads.
-pub fn is_unsafe(c: char) -> bool {
+pub(crate) fn is_unsafe(c: char) -> bool {
     c.is_control()
         || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
@@ -25,7 +25,7 @@ pub fn is_unsafe(c: char) -> bool {
 /// `s` with every unsafe character written as Rust writes it in a string
 /// literal (`\n`, `\r`, `\t`, `\u{1b}`); a backslash itself is left as it
 /// is, since it cannot start a line. Borrows when there is nothing to escape.
-pub fn escape_controls(s: &str) -> Cow<'_, str> {
+pub(crate) fn escape_controls(s: &str) -> Cow<'_, str> {
     if !s.chars().any(is_unsafe) {
         return Cow::Borrowed(s);
     }

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 
 /// Finds `plugin` in the `CNI_PATH` directories.
-pub fn find_plugin(env: &CniEnv, plugin: &str) -> Result<PathBuf> {
+pub(crate) fn find_plugin(env: &CniEnv, plugin: &str) -> Result<PathBuf> {
     env.path
         .iter()
         .map(|dir| dir.join(plugin))
@@ -32,7 +32,12 @@ pub fn find_plugin(env: &CniEnv, plugin: &str) -> Result<PathBuf> {
 
 /// Runs IPAM plugin `plugin` with `command` and `stdin`; returns its parsed
 /// stdout, if it printed anything. A failure keeps the plugin's own code.
-pub fn exec(env: &CniEnv, plugin: &str, command: Command, stdin: &[u8]) -> Result<Option<Value>> {
+pub(crate) fn exec(
+    env: &CniEnv,
+    plugin: &str,
+    command: Command,
+    stdin: &[u8],
+) -> Result<Option<Value>> {
     let path = find_plugin(env, plugin)?;
     let io_err = |what: &str, source| Error::Io {
         what: format!("{what} IPAM plugin {}", path.display()),

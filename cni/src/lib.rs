@@ -9,26 +9,26 @@
 //! [`run`] is the whole plugin as a function of its environment and stdin;
 //! `main.rs` only wires it to the process.
 
-pub mod add;
-pub mod args;
-pub mod backoff;
-pub mod check;
+pub(crate) mod add;
+pub(crate) mod args;
+pub(crate) mod backoff;
+pub(crate) mod check;
 pub mod config;
 #[cfg(test)]
 mod crash_tests;
-pub mod del;
-pub mod env;
+pub(crate) mod del;
+pub(crate) mod env;
 pub mod error;
 pub mod escape;
-pub mod ipam;
+pub(crate) mod ipam;
 pub mod logfile;
 pub mod podresources;
-pub mod result;
+pub(crate) mod result;
 #[cfg(test)]
 mod rollback_tests;
 pub mod settings;
-pub mod status;
-pub mod tap;
+pub(crate) mod status;
+pub(crate) mod tap;
 pub mod version;
 
 use config::NetConf;

@@ -20,14 +20,14 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Component, Path, PathBuf};
 
 /// Where log files may be, unless the node's administrator says otherwise.
-pub const DEFAULT_LOG_DIR: &str = "/var/log/macvtap-cni";
+pub(crate) const DEFAULT_LOG_DIR: &str = "/var/log/macvtap-cni";
 
 /// The environment variable (set by the administrator in the container
 /// runtime's environment, never in a NetConf) that moves the log directory.
-pub const LOG_DIR_ENV: &str = "MACVTAP_CNI_LOG_DIR";
+pub(crate) const LOG_DIR_ENV: &str = "MACVTAP_CNI_LOG_DIR";
 
 /// The mode a new log file is created with.
-pub const LOG_FILE_MODE: u32 = 0o600;
+pub(crate) const LOG_FILE_MODE: u32 = 0o600;
 
 /// Opens `requested` (the NetConf's `logFile`, absolute or relative to
 /// `dir`) for appending, if it lies beneath `dir`; otherwise says why not.

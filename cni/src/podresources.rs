@@ -49,10 +49,10 @@ pub const RETRY_BUDGET: Duration = Duration::from_secs(2);
 
 /// The first back-off step: the time the kubelet's bucket takes to gain a
 /// token (100 a second).
-pub const FIRST_PAUSE: Duration = Duration::from_millis(10);
+pub(crate) const FIRST_PAUSE: Duration = Duration::from_millis(10);
 
 /// The longest back-off step.
-pub const MAX_PAUSE: Duration = Duration::from_millis(250);
+pub(crate) const MAX_PAUSE: Duration = Duration::from_millis(250);
 
 /// Why [`list`] brought no pod list; its `Display` is a phrase that follows
 /// "the kubelet's PodResources API at <socket>".
@@ -155,7 +155,7 @@ pub struct PodDevices {
 /// kubelet says the pod does not hold is always refused; when the kubelet
 /// cannot be asked, or the pod is not named, the node settings decide
 /// between refusing and a warning.
-pub fn check_ownership(env: &CniEnv, conf: &NetConf, settings: &NodeSettings) -> Result<()> {
+pub(crate) fn check_ownership(env: &CniEnv, conf: &NetConf, settings: &NodeSettings) -> Result<()> {
     let device_id = &conf.device_id;
     let (Some(namespace), Some(name)) = (&env.args.pod_namespace, &env.args.pod_name) else {
         let msg = format!(
@@ -276,7 +276,7 @@ pub fn list(socket: &Path) -> std::result::Result<Vec<PodDevices>, ListFailure> 
 
 /// Whether a `List` refused with gRPC status `code` may succeed a moment
 /// later: the kubelet's rate limit (`ResourceExhausted`) or `Unavailable`.
-pub fn worth_retrying(code: u32) -> bool {
+pub(crate) fn worth_retrying(code: u32) -> bool {
     code == grpc::code::RESOURCE_EXHAUSTED || code == grpc::code::UNAVAILABLE
 }
 
@@ -299,7 +299,7 @@ pub fn devices_of<'a>(
 
 /// Decodes a `ListPodResourcesResponse`; a truncated or malformed one is an
 /// error.
-pub fn decode_list(buf: &[u8]) -> std::result::Result<Vec<PodDevices>, String> {
+pub(crate) fn decode_list(buf: &[u8]) -> std::result::Result<Vec<PodDevices>, String> {
     let list = ListPodResourcesResponse::decode(buf).map_err(|e| e.to_string())?;
     Ok(list
         .pod_resources

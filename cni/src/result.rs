@@ -13,7 +13,7 @@ use std::net::IpAddr;
 
 /// An interface in a result.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct Interface {
+pub(crate) struct Interface {
     /// Interface name.
     pub name: String,
     /// MAC address.
@@ -32,7 +32,7 @@ pub struct Interface {
 
 /// An IP address in a result.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct IpConfig {
+pub(crate) struct IpConfig {
     /// Address with prefix length, e.g. `192.0.2.10/24`.
     pub address: String,
     /// Gateway.
@@ -48,7 +48,7 @@ pub struct IpConfig {
 
 /// A route in a result.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Route {
+pub(crate) struct Route {
     /// Destination with prefix length.
     pub dst: String,
     /// Gateway.
@@ -61,7 +61,7 @@ pub struct Route {
 
 /// A CNI result in any supported version.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct CniResult {
+pub(crate) struct CniResult {
     /// Interfaces.
     #[serde(default)]
     pub interfaces: Vec<Interface>,
@@ -79,7 +79,7 @@ pub struct CniResult {
 impl CniResult {
     /// Reads a result of any supported version (a `prevResult` or an IPAM
     /// plugin's output).
-    pub fn from_value(v: &Value, what: &str) -> Result<Self> {
+    pub(crate) fn from_value(v: &Value, what: &str) -> Result<Self> {
         let mut r: CniResult = if is_02x_value(v) {
             serde_json::from_value::<Result02x>(v.clone())
                 .map_err(|e| {
@@ -106,7 +106,7 @@ impl CniResult {
 
     /// The result as JSON in `version`: before 1.0.0 `ips[].version` is added
     /// and `interfaces[].mtu` left out.
-    pub fn to_value(&self, version: Version) -> Value {
+    pub(crate) fn to_value(&self, version: Version) -> Value {
         if version.is_02x() {
             return self.to_02x(version);
         }
@@ -275,7 +275,7 @@ impl CniResult {
 }
 
 /// Parses `addr/prefix` into its parts, checking the prefix fits the family.
-pub fn parse_cidr(s: &str) -> Option<(IpAddr, u8)> {
+pub(crate) fn parse_cidr(s: &str) -> Option<(IpAddr, u8)> {
     let (a, p) = s.split_once('/')?;
     let addr: IpAddr = a.parse().ok()?;
     let prefix: u8 = p.parse().ok()?;

@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// The environment variable that names another settings file.
-pub const SETTINGS_ENV: &str = "MACVTAP_CNI_SETTINGS";
+pub(crate) const SETTINGS_ENV: &str = "MACVTAP_CNI_SETTINGS";
 
 /// The node's settings, with defaults filled in.
 #[derive(Debug, Clone)]
@@ -44,7 +44,7 @@ pub struct NodeSettings {
 
 impl NodeSettings {
     /// `<kubelet dir>/pod-resources/kubelet.sock`.
-    pub fn pod_resources_socket(&self) -> PathBuf {
+    pub(crate) fn pod_resources_socket(&self) -> PathBuf {
         self.kubelet_dir.join("pod-resources").join("kubelet.sock")
     }
 
@@ -74,7 +74,7 @@ impl NodeSettings {
 
 /// Where the settings file is: `MACVTAP_CNI_SETTINGS`, else beside the
 /// running binary.
-pub fn settings_path(vars: &HashMap<String, String>) -> Option<PathBuf> {
+pub(crate) fn settings_path(vars: &HashMap<String, String>) -> Option<PathBuf> {
     if let Some(p) = vars.get(SETTINGS_ENV).filter(|p| !p.is_empty()) {
         return Some(PathBuf::from(p));
     }

@@ -12,7 +12,7 @@ use serde_json::Value;
 /// Runs STATUS: ready unless the node settings file is unusable
 /// (`settings_problem`, which every ADD would fail on: the spec's code 50)
 /// or the IPAM plugin says otherwise.
-pub fn status(
+pub(crate) fn status(
     env: &CniEnv,
     conf: &NetConf,
     settings_problem: Option<&str>,
@@ -30,7 +30,7 @@ pub fn status(
 
 /// Runs GC, handing IPAM the valid attachments under the spec's current key
 /// `cni.dev/valid-attachments` even when they came as `cni.dev/attachments`.
-pub fn gc(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
+pub(crate) fn gc(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     conf.version.require(Version::V1_1_0, "GC")?;
     let Some(plugin) = conf.ipam_type()? else {
         return Ok(());

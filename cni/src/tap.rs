@@ -11,14 +11,14 @@ use std::time::Duration;
 const TAP_NODE_WAIT: Duration = Duration::from_millis(500);
 
 /// Where devtmpfs puts the tap nodes.
-pub const DEV_DIR: &str = "/dev";
+pub(crate) const DEV_DIR: &str = "/dev";
 
 /// Checks that `/dev/tap<ifindex>` is the char device of `ifname` (as seen
 /// from sysfs inside `netns`) and gives it to `owner:group`; returns its path.
 /// The check and the chown act on one descriptor opened without following
 /// symlinks, so `owner`/`group` (from the NetConf) reach only the pod's own
 /// tap node.
-pub fn hand_over(
+pub(crate) fn hand_over(
     kernel: &dyn Kernel,
     netns: &Netns,
     ifname: &str,

@@ -4,7 +4,7 @@ use crate::error::{Error, Result};
 
 /// Every spec version we accept, oldest first. The Go plugin accepted 0.1.0
 /// and 0.2.0, and NetworkAttachmentDefinitions that say so exist.
-pub const SUPPORTED_VERSIONS: [&str; 7] = [
+pub(crate) const SUPPORTED_VERSIONS: [&str; 7] = [
     "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0",
 ];
 
@@ -32,7 +32,7 @@ pub fn is_by_hand(cni_command: Option<&str>, args: &[String]) -> bool {
 }
 
 /// The version used when none is given (for VERSION and early errors).
-pub const LATEST: &str = "1.1.0";
+pub(crate) const LATEST: &str = "1.1.0";
 
 /// A supported spec version, ordered by age.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -55,7 +55,7 @@ pub enum Version {
 
 impl Version {
     /// Parses a `cniVersion`, refusing the versions we do not speak (code 1).
-    pub fn parse(s: &str) -> Result<Self> {
+    pub(crate) fn parse(s: &str) -> Result<Self> {
         Ok(match s {
             "0.1.0" => Version::V0_1_0,
             "0.2.0" => Version::V0_2_0,
@@ -76,7 +76,7 @@ impl Version {
     }
 
     /// The version as written in JSON.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Version::V0_1_0 => "0.1.0",
             Version::V0_2_0 => "0.2.0",
@@ -89,18 +89,18 @@ impl Version {
     }
 
     /// Whether results of this version carry `ips[].version` (0.3.0 to 0.4.0).
-    pub fn has_ip_version(self) -> bool {
+    pub(crate) fn has_ip_version(self) -> bool {
         self < Version::V1_0_0
     }
 
     /// Whether results of this version have the 0.1.0/0.2.0 shape: one `ip4`
     /// and one `ip6`, each with its routes, and no interfaces.
-    pub fn is_02x(self) -> bool {
+    pub(crate) fn is_02x(self) -> bool {
         self < Version::V0_3_0
     }
 
     /// Refuses `command` when it is newer than this version.
-    pub fn require(self, min: Version, command: &str) -> Result<()> {
+    pub(crate) fn require(self, min: Version, command: &str) -> Result<()> {
         if self < min {
             return Err(Error::IncompatibleVersion {
                 msg: format!(

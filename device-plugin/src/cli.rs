@@ -17,7 +17,7 @@ use tracing_subscriber::filter::Targets;
 
 /// The default of `--metrics-addr`: every address of the node, port 9402
 /// (the DaemonSet runs with hostNetwork, so that is the node's port).
-pub const METRICS_ADDR: &str = "0.0.0.0:9402";
+pub(crate) const METRICS_ADDR: &str = "0.0.0.0:9402";
 
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -287,7 +287,7 @@ impl Args {
 /// Parses a duration as Go's `time.ParseDuration` writes it (`1m30s`,
 /// `500ms`, `1.5h`, `300us`: numbers with a unit each, `ns`, `us`, `ms`,
 /// `s`, `m` or `h`, run together), or a plain number of seconds (`60`).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let text = s.trim();
     let like = "a duration like 1m30s, 500ms, 60s or 2h";
     if text.starts_with('-') {

@@ -41,16 +41,16 @@ use std::fmt;
 use std::path::PathBuf;
 
 /// Capacity used when an entry says 0 or less (as the Go project does).
-pub const DEFAULT_CAPACITY: u32 = 100;
+pub(crate) const DEFAULT_CAPACITY: u32 = 100;
 /// The largest capacity accepted without a warning.
-pub const MAX_CAPACITY: u32 = 10_000;
+pub(crate) const MAX_CAPACITY: u32 = 10_000;
 /// The largest gRPC message the kubelet receives: its device manager dials
 /// plugins with grpc-go's defaults (kubernetes `pkg/kubelet/cm/devicemanager/
 /// plugin/v1beta1/client.go`, `dial`), whose receive limit is 4 MiB. A
 /// resource whose device list cannot fit one ListAndWatch message cannot work.
-pub const KUBELET_MAX_MESSAGE: u64 = 4 * 1024 * 1024;
+pub(crate) const KUBELET_MAX_MESSAGE: u64 = 4 * 1024 * 1024;
 /// The environment variable the Go project reads its configuration from.
-pub const ENV_VAR: &str = "DP_MACVTAP_CONF";
+pub(crate) const ENV_VAR: &str = "DP_MACVTAP_CONF";
 
 /// One validated resource: devices `<name>Mvp<i>`, macvtaps on `lower_device`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,7 +83,7 @@ impl ResourceConfig {
     }
 
     /// The file name of this resource's socket in the device-plugins directory.
-    pub fn socket_name(&self) -> String {
+    pub(crate) fn socket_name(&self) -> String {
         format!("{RESOURCE_PREFIX}_{}", self.name)
     }
 }
@@ -157,7 +157,7 @@ impl fmt::Display for Source {
 
 /// The inputs of [`resolve`]: each source as found, not yet parsed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Sources {
+pub(crate) struct Sources {
     /// Values of `--resource` flags.
     pub flags: Vec<String>,
     /// `--config` path and the file's content.
@@ -168,7 +168,7 @@ pub struct Sources {
 
 /// The effective configuration and where it came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Resolved {
+pub(crate) struct Resolved {
     /// The resources to serve.
     pub resources: Resources,
     /// The source that decided them.
@@ -178,7 +178,7 @@ pub struct Resolved {
 /// Picks the source with the highest precedence and parses and validates it.
 /// An invalid source is an error even when a lower one is valid: a typo must
 /// not silently fall back to another configuration.
-pub fn resolve(sources: &Sources) -> Result<Resolved> {
+pub(crate) fn resolve(sources: &Sources) -> Result<Resolved> {
     if !sources.flags.is_empty() {
         let source = Source::Flags;
         let entries = sources
@@ -214,7 +214,7 @@ pub fn resolve(sources: &Sources) -> Result<Resolved> {
 
 /// One entry as written, before validation.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RawEntry {
+pub(crate) struct RawEntry {
     /// Resource name suffix.
     pub name: String,
     /// Lower NIC; empty means the same as `name`.
@@ -316,7 +316,7 @@ pub fn parse_json(source: &Source, text: &str) -> Result<Resources> {
 
 /// Parses one `--resource` flag: `name=N,lowerDevice=D,mode=M,capacity=C`,
 /// or just a NIC name for the defaults.
-pub fn parse_resource_flag(s: &str) -> std::result::Result<RawEntry, String> {
+pub(crate) fn parse_resource_flag(s: &str) -> std::result::Result<RawEntry, String> {
     if !s.contains('=') {
         return Ok(RawEntry {
             name: s.trim().to_string(),
@@ -350,7 +350,7 @@ pub fn parse_resource_flag(s: &str) -> std::result::Result<RawEntry, String> {
 
 /// Validates entries: names, NIC names, modes, capacities and duplicates,
 /// logging the warnings and refusals of [`check_entries`].
-pub fn validate(source: &Source, entries: Vec<RawEntry>) -> Result<Vec<ResourceConfig>> {
+pub(crate) fn validate(source: &Source, entries: Vec<RawEntry>) -> Result<Vec<ResourceConfig>> {
     let checked = check_entries(source, entries)?;
     for w in &checked.warnings {
         tracing::warn!(source = %source, "{w}");
@@ -363,7 +363,7 @@ pub fn validate(source: &Source, entries: Vec<RawEntry>) -> Result<Vec<ResourceC
 
 /// What [`check_entries`] found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Checked {
+pub(crate) struct Checked {
     /// The resources to serve, in the order of the entries.
     pub resources: Vec<ResourceConfig>,
     /// What Go silently accepted and is accepted here with a warning, each
@@ -376,7 +376,7 @@ pub struct Checked {
 
 /// Checks every entry. From `DP_MACVTAP_CONF` an entry that cannot work is
 /// left out and listed in `refused`; from other sources it is an error.
-pub fn check_entries(source: &Source, entries: Vec<RawEntry>) -> Result<Checked> {
+pub(crate) fn check_entries(source: &Source, entries: Vec<RawEntry>) -> Result<Checked> {
     let go_compatible = !matches!(source, Source::Flags);
     let mut out = Checked::default();
     // The entry number of each resource in `out.resources`.
@@ -559,7 +559,7 @@ fn too_many(capacity: i64) -> String {
 /// `Device { ID: "<name>Mvp<i>", health: "Healthy" }` in field 1 of the
 /// response: 2 bytes of tag and length around it, 2 around the ID and 2
 /// around the 7 bytes of health, so `len(ID) + 13` with one-byte lengths.
-pub fn min_list_message_len(name: &str, capacity: u32) -> u64 {
+pub(crate) fn min_list_message_len(name: &str, capacity: u32) -> u64 {
     let base = name.len() as u64 + 3 + 13;
     let mut total = 0u64;
     let mut start = 0u64;
@@ -577,7 +577,7 @@ pub fn min_list_message_len(name: &str, capacity: u32) -> u64 {
 /// Checks that `name` may follow `macvtap.network.kubevirt.io/`: a
 /// Kubernetes qualified name (at most 63 characters of letters, digits, `-`,
 /// `_` and `.`, starting and ending with a letter or digit).
-pub fn check_resource_name(name: &str) -> std::result::Result<(), String> {
+pub(crate) fn check_resource_name(name: &str) -> std::result::Result<(), String> {
     if name.is_empty() {
         return Err(
             "the name is empty; every entry needs the name of the resource it advertises".into(),

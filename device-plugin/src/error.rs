@@ -18,39 +18,39 @@ pub struct Refusal {
 }
 
 /// Refused: the kubelet asked for a device ID the resource does not have.
-pub const UNKNOWN_DEVICE: Refusal = Refusal {
+pub(crate) const UNKNOWN_DEVICE: Refusal = Refusal {
     code: tonic::Code::InvalidArgument,
     words: "has no device",
 };
 /// Refused: the resource's NIC does not exist.
-pub const LOWER_DEVICE_MISSING: Refusal = Refusal {
+pub(crate) const LOWER_DEVICE_MISSING: Refusal = Refusal {
     code: tonic::Code::FailedPrecondition,
     words: "cannot get a macvtap: its NIC",
 };
 /// Refused: a bridge, bond, team or OVS owns the resource's NIC.
-pub const LOWER_DEVICE_ENSLAVED: Refusal = Refusal {
+pub(crate) const LOWER_DEVICE_ENSLAVED: Refusal = Refusal {
     code: tonic::Code::FailedPrecondition,
     words: crate::core::nic::master::NEEDS_FREE_NIC,
 };
 /// Refused: another device (ipvlan, macsec) holds the NIC's receive path.
-pub const LOWER_DEVICE_BUSY: Refusal = Refusal {
+pub(crate) const LOWER_DEVICE_BUSY: Refusal = Refusal {
     code: tonic::Code::FailedPrecondition,
     words: "another device holds its receive path (EBUSY)",
 };
 /// Refused: another macvlan/macvtap port on the NIC rules out the
 /// resource's mode (a passthru macvtap must be alone on its NIC).
-pub const PORT_IN_THE_WAY: Refusal = Refusal {
+pub(crate) const PORT_IN_THE_WAY: Refusal = Refusal {
     code: tonic::Code::FailedPrecondition,
     words: crate::core::nic::port::PASSTHRU_ALONE,
 };
 /// Refused: the device's `/dev/tapN` never appeared, for a reason found on
 /// the node (its `/dev` is not devtmpfs).
-pub const TAP_NODE_MISSING: Refusal = Refusal {
+pub(crate) const TAP_NODE_MISSING: Refusal = Refusal {
     code: tonic::Code::FailedPrecondition,
     words: "did not appear",
 };
 /// Failed: any other error (the kernel refused an operation on the link).
-pub const INTERNAL: Refusal = Refusal {
+pub(crate) const INTERNAL: Refusal = Refusal {
     code: tonic::Code::Internal,
     words: "",
 };
@@ -230,7 +230,7 @@ fn device_range(resource: &str, capacity: u32) -> String {
 /// A gRPC status from the kubelet as a sentence: what the code means, the
 /// kubelet's message and underlying causes, and the usual reason for codes
 /// that have one. (tonic's own `Display` includes a `Debug` dump of the cause.)
-pub fn kubelet_status_text(status: &tonic::Status) -> String {
+pub(crate) fn kubelet_status_text(status: &tonic::Status) -> String {
     // A Go kubelet's refusal (`fmt.Errorf`) arrives as Unknown: its own
     // words are the message.
     let mut text = if status.code() == tonic::Code::Unknown && !status.message().is_empty() {
@@ -299,7 +299,7 @@ impl Error {
 
     /// The kind of Allocate refusal this error is, one of
     /// [`ALLOCATE_REFUSALS`].
-    pub fn refusal(&self) -> Refusal {
+    pub(crate) fn refusal(&self) -> Refusal {
         match self {
             Error::UnknownDevice { .. } => UNKNOWN_DEVICE,
             Error::LowerDeviceMissing { .. } => LOWER_DEVICE_MISSING,
@@ -312,7 +312,7 @@ impl Error {
     }
 
     /// This error as a gRPC status with its full message.
-    pub fn to_status(&self) -> tonic::Status {
+    pub(crate) fn to_status(&self) -> tonic::Status {
         tonic::Status::new(self.grpc_code(), self.to_string())
     }
 

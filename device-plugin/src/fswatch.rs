@@ -19,7 +19,7 @@ use tracing::error;
 
 /// One inotify event.
 #[derive(Debug, Clone)]
-pub struct FsEvent {
+pub(crate) struct FsEvent {
     /// The watch it belongs to.
     pub wd: WatchDescriptor,
     /// The entry's name inside the watched directory, if any.
@@ -30,40 +30,40 @@ pub struct FsEvent {
 
 impl FsEvent {
     /// Whether the entry was created or moved in.
-    pub fn is_create(&self) -> bool {
+    pub(crate) fn is_create(&self) -> bool {
         self.mask
             .intersects(AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO)
     }
 
     /// Whether the entry was deleted or moved out.
-    pub fn is_delete(&self) -> bool {
+    pub(crate) fn is_delete(&self) -> bool {
         self.mask
             .intersects(AddWatchFlags::IN_DELETE | AddWatchFlags::IN_MOVED_FROM)
     }
 
     /// Whether the watch itself ended (directory deleted or moved).
-    pub fn watch_ended(&self) -> bool {
+    pub(crate) fn watch_ended(&self) -> bool {
         self.mask.intersects(
             AddWatchFlags::IN_IGNORED | AddWatchFlags::IN_DELETE_SELF | AddWatchFlags::IN_MOVE_SELF,
         )
     }
 
     /// Whether the kernel's event queue overflowed (events were lost).
-    pub fn overflowed(&self) -> bool {
+    pub(crate) fn overflowed(&self) -> bool {
         self.mask.contains(AddWatchFlags::IN_Q_OVERFLOW)
     }
 }
 
 /// An inotify instance; its events arrive on the receiver [`DirWatcher::new`] returns.
 #[derive(Debug, Clone)]
-pub struct DirWatcher {
+pub(crate) struct DirWatcher {
     inotify: Arc<Inotify>,
 }
 
 impl DirWatcher {
     /// Creates an inotify instance and the thread that reads it. The thread
     /// ends when the receiver is dropped and the next event arrives.
-    pub fn new() -> Result<(Self, mpsc::UnboundedReceiver<Vec<FsEvent>>)> {
+    pub(crate) fn new() -> Result<(Self, mpsc::UnboundedReceiver<Vec<FsEvent>>)> {
         let inotify = Arc::new(Inotify::init(InitFlags::IN_CLOEXEC).map_err(|e| {
             Error::Task(format!(
                 "cannot create an inotify instance: {}",
@@ -110,7 +110,7 @@ impl DirWatcher {
 
     /// Watches the entries of directory `dir` being created, deleted, moved
     /// or written.
-    pub fn watch_dir(&self, dir: &Path) -> Result<WatchDescriptor> {
+    pub(crate) fn watch_dir(&self, dir: &Path) -> Result<WatchDescriptor> {
         self.add_watch(
             dir,
             AddWatchFlags::IN_CREATE
@@ -126,7 +126,7 @@ impl DirWatcher {
     /// Watches only the entries of directory `dir` being deleted: for a
     /// busy directory such as `/dev`, where every close of `/dev/null`
     /// after a write would otherwise be an event.
-    pub fn watch_deletions(&self, dir: &Path) -> Result<WatchDescriptor> {
+    pub(crate) fn watch_deletions(&self, dir: &Path) -> Result<WatchDescriptor> {
         self.add_watch(dir, AddWatchFlags::IN_DELETE)
     }
 
@@ -140,7 +140,7 @@ impl DirWatcher {
     }
 
     /// Stops watching `wd` (ignores a watch the kernel already dropped).
-    pub fn unwatch(&self, wd: WatchDescriptor) {
+    pub(crate) fn unwatch(&self, wd: WatchDescriptor) {
         let _ = self.inotify.rm_watch(wd);
     }
 }

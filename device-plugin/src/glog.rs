@@ -49,7 +49,7 @@ pub struct GlogFlags {
 /// The log level glog's `-v N` stands for, by the Kubernetes logging
 /// conventions: up to 3 (the Go manifests' `-v 3`) is `info`, 4 `debug`,
 /// 5 and more `trace`.
-pub fn level(verbosity: i32) -> LevelFilter {
+pub(crate) fn level(verbosity: i32) -> LevelFilter {
     match verbosity {
         ..=3 => LevelFilter::INFO,
         4 => LevelFilter::DEBUG,
@@ -71,7 +71,7 @@ fn parse_bool(v: &str) -> Option<bool> {
 /// take a value, so that a value such as `--config -v` is left alone.
 /// Everything after `--` is left alone. A glog flag that Go's `flag` would
 /// refuse (`-v x`, `-v` last, `-logtostderr=yes`) is an error.
-pub fn take(
+pub(crate) fn take(
     args: impl IntoIterator<Item = OsString>,
     takes_value: impl Fn(&str) -> bool,
 ) -> Result<(Vec<OsString>, GlogFlags), String> {

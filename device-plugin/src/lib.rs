@@ -24,7 +24,7 @@ pub mod config;
 pub mod core;
 pub mod daemon;
 pub mod error;
-pub mod fswatch;
+pub(crate) mod fswatch;
 pub mod glog;
 pub mod install;
 pub mod kubelet;

@@ -20,7 +20,7 @@ const LEVELS: &str = "error, warn, info, debug, trace or off";
 /// default for every target) or `TARGET=LEVEL`. Unlike `Targets`' own
 /// parser, a bare word that is not a level is refused (`Targets` would take
 /// `infoo` for a target and log nothing else).
-pub fn parse_filter(text: &str) -> Result<Targets, String> {
+pub(crate) fn parse_filter(text: &str) -> Result<Targets, String> {
     let directives: Vec<&str> = text
         .split(',')
         .map(str::trim)
@@ -52,7 +52,7 @@ pub fn parse_filter(text: &str) -> Result<Targets, String> {
 /// The filter in force: `--log-level` if given, else the level the Go
 /// project's `-v` maps to, else `RUST_LOG` (an error when it is set but
 /// not a filter; blank counts as unset), else `info`.
-pub fn filter(
+pub(crate) fn filter(
     flag: Option<&Targets>,
     go_verbosity: Option<LevelFilter>,
     rust_log: Option<&str>,

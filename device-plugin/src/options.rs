@@ -45,18 +45,18 @@ pub struct Options {
 
 impl Options {
     /// `<kubelet dir>/device-plugins`.
-    pub fn plugin_dir(&self) -> PathBuf {
+    pub(crate) fn plugin_dir(&self) -> PathBuf {
         self.kubelet_dir.join("device-plugins")
     }
 
     /// `<kubelet dir>/pod-resources/kubelet.sock`.
-    pub fn pod_resources_socket(&self) -> PathBuf {
+    pub(crate) fn pod_resources_socket(&self) -> PathBuf {
         self.kubelet_dir.join("pod-resources").join(KUBELET_SOCKET)
     }
 
     /// The configuration sources: the flags, the config file's `text` (when
     /// a file is configured) and the environment.
-    pub fn sources(&self, file_text: Option<String>) -> Sources {
+    pub(crate) fn sources(&self, file_text: Option<String>) -> Sources {
         Sources {
             flags: self.resource_flags.clone(),
             file: self.config_file.clone().zip(file_text),
@@ -65,7 +65,7 @@ impl Options {
     }
 
     /// The directory holding the config file, which is watched for edits.
-    pub fn config_dir(&self) -> Option<PathBuf> {
+    pub(crate) fn config_dir(&self) -> Option<PathBuf> {
         self.config_file.as_ref().map(|f| match f.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
@@ -78,7 +78,7 @@ impl Options {
 /// A config file that does not exist (yet) is no source: a ConfigMap
 /// mounted as an optional volume has no file until it is created, and the
 /// watch of its directory applies it then.
-pub fn load_config(opts: &Options) -> Result<(Resolved, Option<String>)> {
+pub(crate) fn load_config(opts: &Options) -> Result<(Resolved, Option<String>)> {
     let file_text = match &opts.config_file {
         Some(p) => read_config_file(p)?,
         None => None,
@@ -89,7 +89,7 @@ pub fn load_config(opts: &Options) -> Result<(Resolved, Option<String>)> {
 
 /// The config file's text, or `None` when there is no such file; any other
 /// failure to read it is an error.
-pub fn read_config_file(path: &Path) -> Result<Option<String>> {
+pub(crate) fn read_config_file(path: &Path) -> Result<Option<String>> {
     match std::fs::read_to_string(path) {
         Ok(text) => Ok(Some(text)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),

@@ -20,7 +20,7 @@
 use kubelet_proto::v1beta1::{AllocateRequest, ContainerAllocateRequest};
 use macvtap_cni::settings::NodeSettings;
 use macvtap_deviceplugin::config::ResourceConfig;
-use macvtap_deviceplugin::core::host::{Host, HostPaths};
+use macvtap_deviceplugin::core::host::{HostPaths, SharedHost};
 use macvtap_deviceplugin::core::ledger::AllocationClock;
 use macvtap_deviceplugin::core::ledger::Assignments;
 use macvtap_deviceplugin::core::reclaim::{Plan, Reclaimer};
@@ -122,10 +122,9 @@ impl Node {
                 devices_ids: vec![DEVICE.into()],
             }],
         };
-        let host = Host::current(&*self.kernel).unwrap();
+        let host = SharedHost::new(&*self.kernel, HostPaths::default());
         let resp = allocate::serve(
-            Some(&host),
-            &HostPaths::default(),
+            &host,
             &req,
             &self.resources[0],
             &self.clock,

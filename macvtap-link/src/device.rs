@@ -10,7 +10,7 @@ use xxhash_rust::xxh64::xxh64;
 pub const RESOURCE_PREFIX: &str = "macvtap.network.kubevirt.io";
 
 /// Prefix of every macvtap link name made for a device ID.
-pub const LINK_PREFIX: &str = "mvt";
+pub(crate) const LINK_PREFIX: &str = "mvt";
 
 /// The device ID of the `index`-th device of resource `name`, e.g. `eth0Mvp3`.
 pub fn device_id(name: &str, index: u32) -> String {

@@ -11,7 +11,7 @@
 use crate::error::{Error, Result};
 
 /// The longest interface name the kernel accepts, in bytes (`IFNAMSIZ` - 1).
-pub const MAX_IFNAME_LEN: usize = 15;
+pub(crate) const MAX_IFNAME_LEN: usize = 15;
 
 /// Checks that `name` is an interface name the kernel accepts and that
 /// names no namespace-wide setting; the error says which rule it breaks.

@@ -86,14 +86,14 @@ impl Handle {
     }
 
     /// The namespace path this handle works in, for messages.
-    pub fn netns(&self) -> &Path {
+    pub(crate) fn netns(&self) -> &Path {
         &self.netns
     }
 
     /// Sends a request that changes something (or gets one object) and waits
     /// for the kernel's acknowledgement. Returns any messages sent before it.
     /// `op` and `what` name the operation in errors.
-    pub fn request(
+    pub(crate) fn request(
         &self,
         msg: RouteNetlinkMessage,
         flags: u16,
@@ -104,7 +104,7 @@ impl Handle {
     }
 
     /// Sends a dump request and collects every message until the end marker.
-    pub fn dump(
+    pub(crate) fn dump(
         &self,
         msg: RouteNetlinkMessage,
         op: Op,

@@ -78,14 +78,14 @@ impl Op {
 }
 
 /// The errno's C name, e.g. `EADDRINUSE`, as people search for it.
-pub fn errno_name(errno: Errno) -> String {
+pub(crate) fn errno_name(errno: Errno) -> String {
     // nix's Debug of an Errno is exactly its C name.
     format!("{errno:?}")
 }
 
 /// What `errno` usually means for `op`, as a phrase ending in the errno's C
 /// name: `another macvtap on the same NIC already uses this MAC (EADDRINUSE)`.
-pub fn explain(op: Op, errno: Errno) -> String {
+pub(crate) fn explain(op: Op, errno: Errno) -> String {
     let cause = match (op, errno) {
         (Op::SetLink, Errno::EADDRINUSE) => {
             "another macvtap on the same lower NIC already uses this MAC"

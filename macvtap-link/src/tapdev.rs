@@ -56,7 +56,7 @@ pub fn parse_major_minor(s: &str) -> Option<(u64, u64)> {
 /// The char device (major, minor) at `path` now, without following a
 /// symlink; `None` when nothing is there, an error when it is not a char
 /// device.
-pub fn tap_node_dev(path: &Path) -> Result<Option<(u64, u64)>> {
+pub(crate) fn tap_node_dev(path: &Path) -> Result<Option<(u64, u64)>> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -156,14 +156,14 @@ impl TapNode {
     }
 
     /// Gives the node to `owner:group` through its descriptor.
-    pub fn chown(&self, owner: u32, group: u32) -> Result<()> {
+    pub(crate) fn chown(&self, owner: u32, group: u32) -> Result<()> {
         chown_tap_node(&self.file, &self.path, owner, group)
     }
 }
 
 /// Gives the node opened by [`open_tap_node`] to `owner:group`, through its
 /// descriptor (`fchownat` with `AT_EMPTY_PATH`), never by path again.
-pub fn chown_tap_node(node: &File, path: &Path, owner: u32, group: u32) -> Result<()> {
+pub(crate) fn chown_tap_node(node: &File, path: &Path, owner: u32, group: u32) -> Result<()> {
     nix::unistd::fchownat(
         node,
         "",

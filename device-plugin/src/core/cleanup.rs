@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 /// What pods hold of our devices, as the kubelet's PodResources said.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Held {
+pub(crate) enum Held {
     /// This many devices are held by pods.
     Devices(usize),
     /// The kubelet could not be asked (why).
@@ -20,7 +20,7 @@ pub enum Held {
 
 /// What [`clean_node`] did and left.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Cleaned {
+pub(crate) struct Cleaned {
     /// Our macvtaps deleted from the host's namespace.
     pub links: Vec<String>,
     /// Links that could not be deleted, with the error.
@@ -36,7 +36,7 @@ pub struct Cleaned {
 /// `plugin_dir`, and, in `cni_dir` (when given), the CNI binary `cni_name`
 /// and its settings file, unless `held` says pods hold our devices or
 /// cannot say.
-pub fn clean_node(
+pub(crate) fn clean_node(
     links: &dyn Links,
     plugin_dir: &Path,
     cni_dir: Option<&Path>,

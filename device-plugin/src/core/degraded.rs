@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 /// A mount whose absence leaves part of the daemon's work undone.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Degraded {
+pub(crate) enum Degraded {
     /// No tap node shows in the tap node directory.
     NoHostDev {
         /// The tap node directory.
@@ -37,7 +37,7 @@ pub enum Degraded {
 impl Degraded {
     /// The gap of `paths`' tap node directory, if tap nodes do not show
     /// there.
-    pub fn of_dev(paths: &HostPaths) -> Option<Self> {
+    pub(crate) fn of_dev(paths: &HostPaths) -> Option<Self> {
         match &paths.tap_nodes {
             TapNodes::Shown => None,
             TapNodes::Unseen { fstype } => Some(Self::NoHostDev {
@@ -49,7 +49,7 @@ impl Degraded {
 
     /// The gap of a PodResources socket at `socket` that cannot be read
     /// because of `why`.
-    pub fn pod_resources(socket: &Path, why: impl Into<String>) -> Self {
+    pub(crate) fn pod_resources(socket: &Path, why: impl Into<String>) -> Self {
         Self::NoPodResources {
             socket: socket.to_path_buf(),
             why: why.into(),
@@ -59,7 +59,7 @@ impl Degraded {
     /// The mount that would close the gap, as the DaemonSet names its
     /// hostPath: the host's `/dev`, or the kubelet's `pod-resources`
     /// directory.
-    pub fn mount(&self) -> PathBuf {
+    pub(crate) fn mount(&self) -> PathBuf {
         match self {
             Self::NoHostDev { .. } => PathBuf::from("/dev"),
             Self::NoPodResources { socket, .. } => socket

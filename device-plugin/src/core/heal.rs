@@ -34,7 +34,7 @@ pub struct Lost {
 /// The devices that a pod holds (`allocated`) and that were handed out by
 /// this daemon (`assignments`), whose link is not in the host namespace
 /// (`links`) and whose tap node no longer exists (`node_exists`).
-pub fn lost_devices(
+pub(crate) fn lost_devices(
     allocated: &HashSet<String>,
     assignments: &Assignments,
     links: &[Link],
@@ -69,7 +69,7 @@ pub fn lost_devices(
 ///
 /// Where tap nodes do not show (no host `/dev`), nothing is made: a link in
 /// a pod cannot be told from a lost one there.
-pub fn heal(host: &Host, lost: &[Lost], resources: &[ResourceConfig]) -> Result<u64> {
+pub(crate) fn heal(host: &Host, lost: &[Lost], resources: &[ResourceConfig]) -> Result<u64> {
     if !host.paths().tap_nodes_shown() {
         debug!(
             lost = lost.len(),
@@ -77,7 +77,7 @@ pub fn heal(host: &Host, lost: &[Lost], resources: &[ResourceConfig]) -> Result<
         );
         return Ok(0);
     }
-    let handle = host.links();
+    let handle = host.link_ops();
     let mut healed = 0;
     for l in lost {
         let Some(cfg) = resources.iter().find(|r| r.name == l.at.resource) else {
@@ -134,7 +134,7 @@ fn settle(handle: &dyn Links, lower: &Link) -> Result<()> {
 /// index on the host (logged: the device cannot come back). `None` when
 /// it is lost.
 fn still_there(host: &Host, name: &str, index: u32, node: &Path) -> Result<Option<&'static str>> {
-    let handle = host.links();
+    let handle = host.link_ops();
     if handle.get_link(name)?.is_some() {
         return Ok(Some("its link is on the node"));
     }
@@ -250,7 +250,7 @@ mod tests {
         // The link is on the host (given back by DEL, or not yet moved).
         let host = Host::current(&kernel).unwrap();
         let lower = kernel.link(HOST, "lower0").unwrap();
-        host.links()
+        host.link_ops()
             .add_macvtap_at(
                 &link_name_for_device("dpMvp1"),
                 lower.index,
@@ -259,17 +259,17 @@ mod tests {
                 Some(40),
             )
             .unwrap();
-        let links = host.links().list_links().unwrap();
+        let links = host.link_ops().list_links().unwrap();
         let node_exists = |i: u32| dev.path().join(format!("tap{i}")).exists();
         assert_eq!(lost_devices(&allocated, &a, &links, node_exists), []);
         // The link is in some pod's namespace: its tap node still exists.
         kernel.add_netns("/run/netns/pod");
         let pod = kernel.open_netns(Path::new("/run/netns/pod")).unwrap();
-        host.links()
+        host.link_ops()
             .set_link_ns(40, &link_name_for_device("dpMvp1"), &pod, "net1")
             .unwrap();
         std::fs::write(dev.path().join("tap40"), "").unwrap();
-        let links = host.links().list_links().unwrap();
+        let links = host.link_ops().list_links().unwrap();
         assert_eq!(lost_devices(&allocated, &a, &links, node_exists), []);
         assert_eq!(kernel.count(Op::AddMacvtap), 1, "only the set-up's");
     }
@@ -284,7 +284,7 @@ mod tests {
         let (kernel, lost, resources, dev) = held_device();
         let lower = kernel.link(HOST, "lower0").unwrap();
         let host = Host::current(&kernel).unwrap().with_paths(dev_at(&dev));
-        host.links()
+        host.link_ops()
             .add_macvtap_at(
                 &link_name_for_device("dpMvp1"),
                 lower.index,
@@ -315,12 +315,14 @@ mod tests {
         let lower = kernel.link(HOST, "lower0").unwrap();
         let host = Host::current(&kernel).unwrap().with_paths(dev_at(&dev));
         let name = link_name_for_device("dpMvp1");
-        host.links()
+        host.link_ops()
             .add_macvtap_at(&name, lower.index, MacvtapMode::Bridge, None, Some(40))
             .unwrap();
         kernel.add_netns("/run/netns/pod");
         let pod = kernel.open_netns(Path::new("/run/netns/pod")).unwrap();
-        host.links().set_link_ns(40, &name, &pod, "net1").unwrap();
+        host.link_ops()
+            .set_link_ns(40, &name, &pod, "net1")
+            .unwrap();
         assert_eq!(heal(&host, &lost, &resources).unwrap(), 0);
         assert_eq!(kernel.links_of(HOST).len(), 1, "only the NIC on the host");
         assert_eq!(kernel.count(Op::AddMacvtap), 1);

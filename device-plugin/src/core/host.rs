@@ -1,6 +1,7 @@
 //! The daemon's network namespace on one kernel, and where the host's file
 //! systems are: the one handle that link creation, reclaim and heal do
-//! their kernel work through. The daemon passes the real kernel
+//! their kernel work through, and [`SharedHost`], the one such handle that
+//! every Allocate shares. The daemon passes the real kernel
 //! ([`macvtap_link::Linux`]) and the real paths; unit tests pass the fake
 //! kernel (and temporary directories), so every decision runs without root.
 
@@ -8,6 +9,7 @@ use crate::core::link::not_devtmpfs;
 use macvtap_link::{Kernel, Links, Netns, Result};
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 /// Whether the kernel's tap nodes show in the tap node directory.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -60,19 +62,19 @@ impl HostPaths {
     }
 
     /// The mount table of this process (`<proc>/self/mountinfo`).
-    pub fn mountinfo(&self) -> PathBuf {
+    pub(crate) fn mountinfo(&self) -> PathBuf {
         self.proc.join("self/mountinfo")
     }
 
     /// The tap node directory.
-    pub fn dev(&self) -> &Path {
+    pub(crate) fn dev(&self) -> &Path {
         &self.dev
     }
 
     /// The same paths with [`HostPaths::tap_nodes`] read from the mount
     /// table: unseen when `dev` is a mount other than devtmpfs, shown when
     /// it is devtmpfs or its mount cannot be told (as before this was asked).
-    pub fn judged(mut self) -> Self {
+    pub(crate) fn judged(mut self) -> Self {
         let mountinfo = std::fs::read_to_string(self.mountinfo()).unwrap_or_default();
         self.tap_nodes = match not_devtmpfs(&self.dev, &mountinfo) {
             Some(fstype) => TapNodes::Unseen { fstype },
@@ -82,18 +84,19 @@ impl HostPaths {
     }
 
     /// Whether the kernel's tap nodes show in the tap node directory.
-    pub fn tap_nodes_shown(&self) -> bool {
+    pub(crate) fn tap_nodes_shown(&self) -> bool {
         self.tap_nodes == TapNodes::Shown
     }
 }
 
-/// One network namespace on `kernel`: its links, and the namespace itself
-/// for what is read from inside it (a macvtap's char device in sysfs) and
-/// the tap nodes of its macvtaps.
+/// The host's network namespace on `kernel` (in tests, the namespace that
+/// stands for the node): its link operations, and the namespace itself for
+/// what is read from inside it (a macvtap's char device in sysfs) and the
+/// tap nodes of its macvtaps.
 pub struct Host<'k> {
     kernel: &'k dyn Kernel,
     netns: Netns,
-    links: Box<dyn Links + Send + 'k>,
+    link_ops: Box<dyn Links + Send + 'k>,
     paths: HostPaths,
 }
 
@@ -105,19 +108,20 @@ impl<'k> Host<'k> {
             kernel,
             netns: kernel.current_netns()?,
             // A socket of the calling thread's own: no helper thread.
-            links: kernel.links(None)?,
+            link_ops: kernel.links(None)?,
             paths: HostPaths::default(),
         })
     }
 
-    /// Namespace `netns` on `kernel`, with a netlink socket opened inside it
-    /// (from a helper thread).
+    /// The host's namespace held as `netns` (a test node's, when the caller
+    /// is elsewhere), with a netlink socket opened inside it from a helper
+    /// thread.
     pub fn in_netns(kernel: &'k dyn Kernel, netns: Netns) -> Result<Self> {
-        let links = kernel.links(Some(&netns))?;
+        let link_ops = kernel.links(Some(&netns))?;
         Ok(Self {
             kernel,
             netns,
-            links,
+            link_ops,
             paths: HostPaths::default(),
         })
     }
@@ -129,63 +133,84 @@ impl<'k> Host<'k> {
     }
 
     /// Where the host's sysfs, tap nodes and procfs are.
-    pub fn paths(&self) -> &HostPaths {
+    pub(crate) fn paths(&self) -> &HostPaths {
         &self.paths
     }
 
     /// The kernel, for sysfs reads and tap nodes.
-    pub fn kernel(&self) -> &'k dyn Kernel {
+    pub(crate) fn kernel(&self) -> &'k dyn Kernel {
         self.kernel
     }
 
     /// The namespace.
-    pub fn netns(&self) -> &Netns {
+    pub(crate) fn netns(&self) -> &Netns {
         &self.netns
     }
 
-    /// The namespace's links.
-    pub fn links(&self) -> &dyn Links {
-        self.links.as_ref()
+    /// The link, address and route operations, on a netlink socket inside
+    /// the namespace (the fake kernel's in unit tests).
+    pub fn link_ops(&self) -> &dyn Links {
+        self.link_ops.as_ref()
     }
 }
 
 /// The host handle (the namespace's descriptor and a netlink socket) that
-/// every [`with_spare`] shares, saving a socket set-up per request (the
+/// every request of a front shares, saving a socket set-up per request (the
 /// daemon never leaves the host namespace). One, whatever thread of the
 /// blocking pool serves the next request: a handle per thread would hold a
 /// pair of descriptors for every thread the pool ever ran one on.
-static SPARE: std::sync::Mutex<Option<Host<'static>>> = std::sync::Mutex::new(None);
-
-/// Runs `f` on the calling thread's namespace on the real kernel, with the
-/// host's file systems at `paths`, through the one spare handle when it is
-/// that namespace's and has those paths (a thread elsewhere, only in tests,
-/// opens its own). A handle whose run failed is not kept; of two runs at
-/// once, the second to finish closes its own.
-pub fn with_spare<T, E: From<macvtap_link::Error>>(
-    paths: &HostPaths,
-    f: impl FnOnce(&Host<'static>) -> std::result::Result<T, E>,
-) -> std::result::Result<T, E> {
-    let spare = SPARE
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .take_if(|h| h.netns().is_current() && h.paths() == paths);
-    let host = match spare {
-        Some(host) => host,
-        None => Host::current(&macvtap_link::Linux)?.with_paths(paths.clone()),
-    };
-    let result = f(&host);
-    if result.is_ok() {
-        SPARE
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert(host);
-    }
-    result
+pub struct SharedHost<'k> {
+    kernel: &'k dyn Kernel,
+    paths: HostPaths,
+    spare: Mutex<Option<Host<'k>>>,
 }
 
-/// Closes the spare handle (tests count the descriptors it holds).
-pub fn drop_spare() {
-    drop(SPARE.lock().unwrap_or_else(|e| e.into_inner()).take());
+impl<'k> SharedHost<'k> {
+    /// The calling thread's namespace on `kernel` (the real one in the
+    /// daemon, the fake in unit tests), with the host's file systems at
+    /// `paths`; no handle is opened before the first [`SharedHost::run`].
+    pub fn new(kernel: &'k dyn Kernel, paths: HostPaths) -> Self {
+        Self {
+            kernel,
+            paths,
+            spare: Mutex::new(None),
+        }
+    }
+
+    /// Runs `f` on the calling thread's namespace, through the spare handle
+    /// when it is that namespace's (a thread elsewhere, only in tests, opens
+    /// its own). A handle whose run failed is not kept; of two runs at
+    /// once, the second to finish closes its own.
+    pub(crate) fn run<T, E: From<macvtap_link::Error>>(
+        &self,
+        f: impl FnOnce(&Host<'k>) -> std::result::Result<T, E>,
+    ) -> std::result::Result<T, E> {
+        let spare = self
+            .spare
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take_if(|h| h.netns().is_current());
+        let host = match spare {
+            Some(host) => host,
+            None => Host::current(self.kernel)?.with_paths(self.paths.clone()),
+        };
+        let result = f(&host);
+        if result.is_ok() {
+            self.spare
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_or_insert(host);
+        }
+        result
+    }
+}
+
+impl fmt::Debug for SharedHost<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedHost")
+            .field("paths", &self.paths)
+            .finish_non_exhaustive()
+    }
 }
 
 impl fmt::Debug for Host<'_> {

@@ -1,10 +1,11 @@
 //! The node's links, kept current from netlink link events.
 //!
 //! A dedicated thread blocks on a `RTNLGRP_LINK` subscription (see
-//! [`macvtap_link::monitor`]). Each event carries its link's whole state,
-//! so the thread applies it to its [`LinkTable`] and sends the daemon only
-//! what changed ([`LinkUpdate::Changes`]); it reads every link again only
-//! at start and after lost events ([`LinkUpdate::Resync`]). Health and
+//! [`macvtap_link::monitor`]) and passes each batch of events on
+//! ([`LinkUpdate::Events`]). Each event carries its link's whole state, so
+//! the one [`LinkTable`], which the daemon owns, applies it and says what
+//! it changed ([`LinkTable::apply`]); the thread reads every link again
+//! only at start and after lost events ([`LinkUpdate::Resync`]). Health and
 //! auto-discovery thus react within milliseconds, nothing polls, and a
 //! node's churn of unrelated links costs no dump. The daemon never changes
 //! namespace, so the thread's sockets belong to the namespace the daemon
@@ -15,7 +16,7 @@ use macvtap_link::monitor::{LinkEvent, LinkMonitor};
 use macvtap_link::{Handle, Link, Links};
 use std::time::Duration;
 use tokio::sync::mpsc;
-use tracing::{debug, error, warn};
+use tracing::{error, warn};
 
 /// How long to pause after a failed read of link events, so a lasting
 /// error does not spin.
@@ -23,17 +24,18 @@ const ERROR_PAUSE: Duration = Duration::from_millis(200);
 
 /// What the link watcher sends the daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LinkUpdate {
+pub(crate) enum LinkUpdate {
     /// Every link, read again because events were lost.
     Resync(Vec<Link>),
-    /// The links that appeared, changed or vanished, in the kernel's order.
-    Changes(Vec<LinkDelta>),
+    /// Links that appeared, changed or vanished, in the kernel's order
+    /// (never [`LinkEvent::Overrun`]: lost events come as a resync).
+    Events(Vec<LinkEvent>),
 }
 
 /// One link's change: its state before (`None` if it is new) and after
 /// (`None` if it vanished).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LinkDelta {
+pub(crate) struct LinkDelta {
     /// The link as it was.
     pub before: Option<Link>,
     /// The link as it is now.
@@ -42,7 +44,7 @@ pub struct LinkDelta {
 
 impl LinkDelta {
     /// Both states of the link, the old one first (one or two links).
-    pub fn states(&self) -> impl Iterator<Item = &Link> {
+    pub(crate) fn states(&self) -> impl Iterator<Item = &Link> {
         self.before.iter().chain(self.after.iter())
     }
 }
@@ -51,30 +53,30 @@ impl LinkDelta {
 /// (not to be confused with [`macvtap_link::Links`], a namespace's link
 /// operations).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LinkTable {
+pub(crate) struct LinkTable {
     links: Vec<Link>,
 }
 
 impl LinkTable {
     /// A table of `links` (as a dump gives them, in any order).
-    pub fn new(mut links: Vec<Link>) -> Self {
+    pub(crate) fn new(mut links: Vec<Link>) -> Self {
         links.sort_by_key(|l| l.index);
         Self { links }
     }
 
     /// The links, in ifindex order.
-    pub fn links(&self) -> &[Link] {
+    pub(crate) fn links(&self) -> &[Link] {
         &self.links
     }
 
     /// The link named `name`, if there is one.
-    pub fn by_name(&self, name: &str) -> Option<&Link> {
+    pub(crate) fn by_name(&self, name: &str) -> Option<&Link> {
         self.links.iter().find(|l| l.name == name)
     }
 
     /// Applies one event; returns what it changed, or `None` when it
     /// changed nothing this table holds (or is [`LinkEvent::Overrun`]).
-    pub fn apply(&mut self, event: &LinkEvent) -> Option<LinkDelta> {
+    pub(crate) fn apply(&mut self, event: &LinkEvent) -> Option<LinkDelta> {
         let delta = match event {
             LinkEvent::Changed(l) => {
                 let before = self.get(l.index).cloned();
@@ -96,9 +98,8 @@ impl LinkTable {
         Some(delta)
     }
 
-    /// Applies a change that [`LinkTable::apply`] returned (on another
-    /// copy of the table).
-    pub fn apply_delta(&mut self, delta: &LinkDelta) {
+    /// Applies a change that [`LinkTable::apply`] found.
+    fn apply_delta(&mut self, delta: &LinkDelta) {
         let index = match (&delta.after, &delta.before) {
             (Some(l), _) | (None, Some(l)) => l.index,
             (None, None) => return,
@@ -120,19 +121,18 @@ impl LinkTable {
     }
 }
 
-/// Subscribes to link events, reads the links once, and starts the thread
-/// that sends every later change on the returned channel. The thread ends
-/// when the receiver is gone.
-pub fn spawn_link_watcher() -> Result<(LinkTable, mpsc::UnboundedReceiver<LinkUpdate>)> {
+/// Subscribes to link events, reads the links once into the table it
+/// returns, and starts the thread that sends every later event on the
+/// returned channel. The thread ends when the receiver is gone.
+pub(crate) fn spawn_link_watcher() -> Result<(LinkTable, mpsc::UnboundedReceiver<LinkUpdate>)> {
     // Subscribe before the first read so no change can fall between them.
     let monitor = LinkMonitor::current()?;
     let handle = Handle::current()?;
     let table = LinkTable::new(handle.list_links()?);
     let (tx, rx) = mpsc::unbounded_channel();
-    let own = table.clone();
     let spawned = std::thread::Builder::new()
         .name("link-events".into())
-        .spawn(move || watch_links(monitor, handle, own, tx));
+        .spawn(move || watch_links(monitor, handle, tx));
     if let Err(e) = spawned {
         return Err(crate::error::Error::Task(format!(
             "starting the link event thread: {e}"
@@ -141,37 +141,20 @@ pub fn spawn_link_watcher() -> Result<(LinkTable, mpsc::UnboundedReceiver<LinkUp
     Ok((table, rx))
 }
 
-fn watch_links(
-    monitor: LinkMonitor,
-    handle: Handle,
-    mut table: LinkTable,
-    tx: mpsc::UnboundedSender<LinkUpdate>,
-) {
+fn watch_links(monitor: LinkMonitor, handle: Handle, tx: mpsc::UnboundedSender<LinkUpdate>) {
     loop {
         let update = match monitor.recv() {
             Ok(events) if events.contains(&LinkEvent::Overrun) => {
                 warn!("link events were lost; re-reading all links");
-                resync(&handle, &mut table, &tx)
+                resync(&handle, &tx)
             }
-            Ok(events) => {
-                let deltas: Vec<LinkDelta> = events.iter().filter_map(|e| table.apply(e)).collect();
-                for d in &deltas {
-                    match (&d.before, &d.after) {
-                        (_, Some(l)) => debug!(ifname = %l.name, flags = l.flags, "link changed"),
-                        (Some(l), None) => debug!(ifname = %l.name, "link removed"),
-                        (None, None) => {}
-                    }
-                }
-                if deltas.is_empty() {
-                    continue;
-                }
-                Some(LinkUpdate::Changes(deltas))
-            }
+            Ok(events) if events.is_empty() => continue,
+            Ok(events) => Some(LinkUpdate::Events(events)),
             Err(e) => {
                 // What the socket held may be lost: read everything again.
                 error!(error = %e, "reading link events");
                 std::thread::sleep(ERROR_PAUSE);
-                resync(&handle, &mut table, &tx)
+                resync(&handle, &tx)
             }
         };
         let Some(update) = update else {
@@ -183,19 +166,12 @@ fn watch_links(
     }
 }
 
-/// Reads every link again into `table`, retrying until it works; `None`
-/// when the daemon is gone meanwhile.
-fn resync(
-    handle: &Handle,
-    table: &mut LinkTable,
-    tx: &mpsc::UnboundedSender<LinkUpdate>,
-) -> Option<LinkUpdate> {
+/// Reads every link again, retrying until it works; `None` when the
+/// daemon is gone meanwhile.
+fn resync(handle: &Handle, tx: &mpsc::UnboundedSender<LinkUpdate>) -> Option<LinkUpdate> {
     loop {
         match handle.list_links() {
-            Ok(links) => {
-                *table = LinkTable::new(links);
-                return Some(LinkUpdate::Resync(table.links.clone()));
-            }
+            Ok(links) => return Some(LinkUpdate::Resync(links)),
             Err(e) => {
                 error!(error = %e, "listing links");
                 if tx.is_closed() {
@@ -223,7 +199,6 @@ mod tests {
     #[test]
     fn events_are_applied_and_only_real_changes_reported() {
         let mut t = LinkTable::new(vec![link(3, "eth1", 1), link(1, "lo", 9)]);
-        let mut copy = t.clone();
         assert_eq!(t.links()[0].name, "lo", "ifindex order");
         // A message that says what the table knows changes nothing.
         assert_eq!(t.apply(&LinkEvent::Changed(link(3, "eth1", 1))), None);
@@ -240,11 +215,6 @@ mod tests {
         let names: Vec<_> = t.links().iter().map(|l| l.name.as_str()).collect();
         assert_eq!(names, ["veth0", "eth1"]);
         assert_eq!(t.by_name("eth1"), Some(&link(3, "eth1", 0)));
-        // Another copy that applies the deltas ends up the same.
-        for d in [&down, &new, &gone] {
-            copy.apply_delta(d);
-        }
-        assert_eq!(copy, t);
     }
 
     #[test]

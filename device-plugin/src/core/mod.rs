@@ -7,16 +7,19 @@
 //! back ([`heal`]) and removes leaked ones ([`reclaim`]), and says what
 //! is left undone without a mount of the host's ([`degraded`]), and
 //! removes what is ours from the node at an uninstall ([`cleanup`]).
+//! What it does and finds it reports through one trait a front implements
+//! ([`report`]), so it imports no front.
 //! The fronts only translate: the kubelet's device plugin API
 //! ([`crate::kubelet`]) and the operator's metrics, Events, `doctor` and
 //! HTTP. A second front (a DRA driver) calls the same functions.
 
-pub mod cleanup;
-pub mod degraded;
+pub(crate) mod cleanup;
+pub(crate) mod degraded;
 pub mod heal;
 pub mod host;
 pub mod ledger;
 pub mod link;
-pub mod link_table;
+pub(crate) mod link_table;
 pub mod nic;
 pub mod reclaim;
+pub(crate) mod report;

@@ -10,12 +10,12 @@
 //!   the resources they touch: `reconcile.rs`);
 //! - inotify events on one [`DirWatcher`]: in the device-plugins directory
 //!   (a new `kubelet.sock` means a restarted kubelet: re-serve where our
-//!   socket was deleted, and register again: `kubelet.rs`), in the config
-//!   file's directory (live reload: `reload.rs`) and in `/dev` (a deleted
-//!   tap node starts a reclaim round at once);
+//!   socket was deleted, and register again: `registration_effects.rs`),
+//!   in the config file's directory (live reload: `reload.rs`) and in
+//!   `/dev` (a deleted tap node starts a reclaim round at once);
 //! - ListAndWatch streams opening and ending ([`StreamEvent`]s from the
 //!   servers): a registered resource whose stream ended, or that got none
-//!   within [`STREAM_WAIT`] of registering, registers again (the kubelet
+//!   within `registration::STREAM_WAIT` of registering, registers again (the kubelet
 //!   never reopens a stream itself);
 //! - results of Register calls, each running in its own task (at most one
 //!   per resource), so a hung kubelet delays nothing else;
@@ -29,25 +29,24 @@
 //! a thread of its own, reports a loop that stopped beating.
 //!
 //! Each resource's registration is a state machine of plain transitions
-//! (`registration.rs`); `kubelet.rs` carries out what it decides.
+//! (`registration.rs`); `registration_effects.rs` carries out what it
+//! decides.
 //!
 //! A replaced server is stopped in the background, and the next Register
 //! of its resource waits for that stop: kubelets up to 1.36 disconnect the
 //! newest client of a resource when an older stream ends, so the old stream
 //! must be over before the new registration exists.
 
-mod kubelet;
 mod plugin;
 mod reconcile;
 mod registration;
+mod registration_effects;
 mod reload;
 mod uninstall;
 
-pub use registration::STREAM_WAIT;
-
 use crate::config::{Resolved, ResourceConfig};
 use crate::core::degraded::Degraded;
-use crate::core::host::HostPaths;
+use crate::core::host::{HostPaths, SharedHost};
 use crate::core::ledger::AllocationClock;
 use crate::core::ledger::Assignments;
 use crate::core::ledger::record_file;
@@ -55,17 +54,19 @@ use crate::core::link_table::{LinkTable, LinkUpdate, spawn_link_watcher};
 use crate::core::nic::discovery::Discovery;
 use crate::core::nic::health::HealthLog;
 use crate::core::reclaim::{Reclaimer, reclaim_loop, tap_node_deleted, watch_tap_nodes};
+use crate::core::report::Observer;
 use crate::error::{Error, Result};
 use crate::fswatch::{DirWatcher, FsEvent};
 use crate::kubelet::server::{ServerContext, StreamEvent};
 use crate::operator::events::{EventSink, NodeEvent};
 use crate::operator::liveness::Liveness;
 use crate::operator::metrics::Metrics;
+use crate::operator::observer::MetricsAndEvents;
 use crate::operator::owner::Uninstall;
 use crate::options::{Options, load_config};
-use kubelet::{RegistrationDone, rewatch};
 use nix::sys::inotify::WatchDescriptor;
 use plugin::Plugin;
+use registration_effects::{RegistrationDone, rewatch};
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -75,6 +76,9 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
+
+/// The kernel the daemon works on: Allocate, reclaim and heal.
+const KERNEL: &macvtap_link::Linux = &macvtap_link::Linux;
 
 /// How often the plugin checks that its sockets still exist, in case an
 /// inotify event was missed.
@@ -139,7 +143,8 @@ struct Daemon {
     plugins: BTreeMap<String, Plugin>,
     resolved: Resolved,
     file_text: Option<String>,
-    /// The node's links, as the link events left them.
+    /// The node's links, as the link events left them: the one table,
+    /// which the link event thread only feeds.
     links: LinkTable,
     configs_tx: watch::Sender<Vec<ResourceConfig>>,
     registrations: mpsc::UnboundedSender<RegistrationDone>,
@@ -150,6 +155,8 @@ struct Daemon {
     discovery: Discovery,
     /// Each resource's last NIC health, to log and count its changes.
     health: HealthLog,
+    /// Where health changes are reported (metrics).
+    observer: MetricsAndEvents,
     /// The inotify instance of the device-plugins, config and `/dev`
     /// directories.
     fs: DirWatcher,
@@ -240,7 +247,7 @@ impl Daemon {
         }
         .judged();
         let ctx = ServerContext {
-            paths: paths.clone(),
+            host: Arc::new(SharedHost::new(KERNEL, paths.clone())),
             metrics,
             events,
             streams: streams_tx,
@@ -249,7 +256,15 @@ impl Daemon {
         };
         let (tap_gone_tx, tap_gone) = mpsc::unbounded_channel();
         let tap_nodes = watch_or_say(&fs, &paths, &ctx.events, tap_gone_tx);
-        tasks.push(spawn_reclaim(&opts, &ctx, configs_rx, paths, tap_gone));
+        let observer = MetricsAndEvents::new(ctx.metrics.clone(), ctx.events.clone());
+        tasks.push(spawn_reclaim(
+            &opts,
+            &ctx,
+            Arc::new(observer.clone()),
+            configs_rx,
+            paths,
+            tap_gone,
+        ));
         let (reg_tx, reg_rx) = mpsc::unbounded_channel();
         let discovery = Discovery::new(opts.discover_kinds.clone());
         let mut d = Daemon {
@@ -265,6 +280,7 @@ impl Daemon {
             background: Vec::new(),
             discovery,
             health: HealthLog::default(),
+            observer,
             fs,
             plugin_wd,
             config_wd: loaded.config_wd,
@@ -455,27 +471,27 @@ fn watch_or_say(
 /// Starts the reclaim loop (leaked links, lost links healed, on a tap
 /// node's deletion in `paths`' tap node directory at once, as `tap_gone`
 /// reports) over the
-/// resources published on `configs`.
+/// resources published on `configs`, reporting to `observer`.
 fn spawn_reclaim(
     opts: &Options,
     ctx: &ServerContext,
+    observer: Arc<dyn Observer>,
     configs: watch::Receiver<Vec<ResourceConfig>>,
     paths: HostPaths,
     tap_gone: mpsc::UnboundedReceiver<()>,
 ) -> JoinHandle<()> {
     let reclaimer = Reclaimer::new(
-        Arc::new(macvtap_link::Linux),
+        Arc::new(*KERNEL),
         opts.pod_resources_socket(),
         opts.reclaim_grace,
         ctx.clock.clone(),
     )
     .with_healing(ctx.assignments.clone(), paths)
-    .with_events(ctx.events.clone());
+    .with_observer(observer);
     tokio::spawn(reclaim_loop(
         reclaimer,
         opts.reclaim_interval,
         configs,
-        ctx.metrics.clone(),
         tap_gone,
     ))
 }

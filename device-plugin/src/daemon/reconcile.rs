@@ -8,7 +8,7 @@
 use super::plugin::Plugin;
 use super::{Daemon, RESTART_WAIT};
 use crate::config::{ResourceConfig, Resources};
-use crate::core::link_table::{LinkTable, LinkUpdate};
+use crate::core::link_table::{LinkDelta, LinkTable, LinkUpdate};
 use crate::core::nic::health::{NicHealth, resource_health};
 use crate::core::nic::port::can_be_in_the_way;
 use crate::core::nic::topology::numa_node;
@@ -17,20 +17,31 @@ use crate::kubelet::server::ResourceState;
 use crate::operator::events::NodeEvent;
 use macvtap_link::{Link, MacvtapMode};
 use tokio::time::Instant;
-use tracing::info;
+use tracing::{debug, info};
 
 impl Daemon {
-    /// Links changed: health, NUMA and auto-discovered resources follow,
-    /// for the resources the change touches (all of them after a resync).
+    /// Links changed: the daemon's table (the one table of the node's
+    /// links) takes the events in, and health, NUMA and auto-discovered
+    /// resources follow, for the resources a real change touches (all of
+    /// them after a resync).
     pub(super) fn on_links(&mut self, update: LinkUpdate) {
         match update {
             LinkUpdate::Resync(links) => {
                 self.links = LinkTable::new(links);
                 self.reconcile();
             }
-            LinkUpdate::Changes(deltas) => {
+            LinkUpdate::Events(events) => {
+                let deltas: Vec<LinkDelta> =
+                    events.iter().filter_map(|e| self.links.apply(e)).collect();
                 for d in &deltas {
-                    self.links.apply_delta(d);
+                    match (&d.before, &d.after) {
+                        (_, Some(l)) => debug!(ifname = %l.name, flags = l.flags, "link changed"),
+                        (Some(l), None) => debug!(ifname = %l.name, "link removed"),
+                        (None, None) => {}
+                    }
+                }
+                if deltas.is_empty() {
+                    return;
                 }
                 let changed: Vec<&Link> = deltas.iter().flat_map(|d| d.states()).collect();
                 self.reconcile_changed(Some(&changed));
@@ -189,7 +200,7 @@ impl Daemon {
     /// Logs, counts and posts an Event for a change of a resource's NIC health.
     fn health_changed(&mut self, cfg: &ResourceConfig, health: &NicHealth) {
         let resource = cfg.resource_name();
-        if !self.health.update(&resource, health, &self.ctx.metrics) {
+        if !self.health.update(&resource, health, &self.observer) {
             return;
         }
         let (nic, devices) = (cfg.lower_device.clone(), cfg.capacity);
@@ -199,8 +210,8 @@ impl Daemon {
                 nic,
                 devices,
             },
-            // The NicEnslaved Event carries the reason, naming the port in the way.
-            NicHealth::Enslaved(_) | NicHealth::PortInTheWay(_) => NodeEvent::NicEnslaved {
+            // The NicUnusable Event carries the reason, naming the port in the way.
+            NicHealth::Enslaved(_) | NicHealth::PortInTheWay(_) => NodeEvent::NicUnusable {
                 resource,
                 devices,
                 why: health.to_string(),

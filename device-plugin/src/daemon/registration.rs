@@ -23,7 +23,7 @@ pub(super) const RETRY_MIN: Duration = Duration::from_millis(100);
 pub(super) const RETRY_MAX: Duration = Duration::from_secs(5);
 /// How long the kubelet has, after Register returned, to open ListAndWatch
 /// (real kubelets open it before Register returns).
-pub const STREAM_WAIT: Duration = Duration::from_secs(2);
+pub(crate) const STREAM_WAIT: Duration = Duration::from_secs(2);
 /// Failed registrations in a row that make a `RegistrationFailing` Event.
 const REGISTRATION_EVENT_AFTER: u32 = 3;
 /// While registration keeps failing, how often a failure is logged as a

@@ -31,9 +31,9 @@ pub(super) async fn clean_if_uninstalled(opts: &Options, uninstall: &Uninstall) 
     let plugin_dir = opts.plugin_dir();
     let cni_dir = opts.uninstall_cni_dir.clone();
     let cleaned = tokio::task::spawn_blocking(move || {
-        Host::current(&macvtap_link::Linux).map(|host| {
+        Host::current(super::KERNEL).map(|host| {
             clean_node(
-                host.links(),
+                host.link_ops(),
                 &plugin_dir,
                 cni_dir.as_deref(),
                 CNI_NAME,

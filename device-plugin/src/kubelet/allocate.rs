@@ -5,10 +5,14 @@
 //! as an Event. Nothing here decides: it translates.
 
 use crate::config::ResourceConfig;
-use crate::core::host::{Host, HostPaths, with_spare};
+#[cfg(test)]
+use crate::core::host::Host;
+use crate::core::host::SharedHost;
 use crate::core::ledger::Assignments;
 use crate::core::ledger::clock::AllocationClock;
-use crate::core::link::{PreparedDevice, check_ids, hand_out, prepare};
+use crate::core::link::{PreparedDevice, hand_out};
+#[cfg(test)]
+use crate::core::link::{check_ids, prepare};
 use crate::error::{Error, Result};
 use crate::kubelet::server::ServerContext;
 use crate::operator::events::NodeEvent;
@@ -29,31 +33,36 @@ fn ids(req: &AllocateRequest) -> Vec<&str> {
 
 /// Checks that every ID of the request belongs to `cfg`, before anything is
 /// created, so that a bad request changes nothing.
-pub fn check_request(req: &AllocateRequest, cfg: &ResourceConfig) -> Result<()> {
+#[cfg(test)]
+pub(crate) fn check_request(req: &AllocateRequest, cfg: &ResourceConfig) -> Result<()> {
     check_ids(cfg, ids(req))
 }
 
 /// Serves an `AllocateRequest` in the calling thread's network namespace
-/// on the real kernel: (re)creates each device's macvtap on the lower NIC
+/// on `host`'s kernel: (re)creates each device's macvtap on the lower NIC
 /// and answers with its tap node. On any failure every link made for this
 /// request is deleted.
-pub fn allocate(req: &AllocateRequest, cfg: &ResourceConfig) -> Result<AllocateResponse> {
+#[cfg(test)]
+pub(crate) fn allocate(
+    host: &SharedHost,
+    req: &AllocateRequest,
+    cfg: &ResourceConfig,
+) -> Result<AllocateResponse> {
     check_request(req, cfg)?;
-    with_spare(&HostPaths::default(), |host| allocate_on(host, req, cfg))
+    host.run(|host| allocate_on(host, req, cfg))
 }
 
-/// An Allocate as the plugin server serves it, on `host` (the real
-/// kernel's spare handle, with the host's file systems at `paths`, when
-/// `None`): [`hand_out`] (leak clocks, links, the record), answered.
+/// An Allocate as the plugin server serves it, on `host` (the daemon's
+/// shared handle on its kernel): [`hand_out`] (leak clocks, links, the
+/// record), answered.
 pub fn serve(
-    host: Option<&Host>,
-    paths: &HostPaths,
+    host: &SharedHost,
     req: &AllocateRequest,
     cfg: &ResourceConfig,
     clock: &AllocationClock,
     assignments: &Assignments,
 ) -> Result<AllocateResponse> {
-    let prepared = hand_out(host, paths, cfg, &ids(req), clock, assignments)?;
+    let prepared = hand_out(host, cfg, &ids(req), clock, assignments)?;
     Ok(response(req, &prepared))
 }
 
@@ -61,7 +70,7 @@ pub fn serve(
 /// on a blocking thread with the daemon's shared state `ctx`, timed in the
 /// metrics, logged, and a refusal posted as an Event and turned into the
 /// gRPC status the kubelet reads.
-pub async fn answer(
+pub(crate) async fn answer(
     ctx: &ServerContext,
     cfg: ResourceConfig,
     req: AllocateRequest,
@@ -70,12 +79,11 @@ pub async fn answer(
     let started = Instant::now();
     let device_ids: Vec<String> = ids(&req).into_iter().map(str::to_string).collect();
     let (clock, assignments) = (ctx.clock.clone(), ctx.assignments.clone());
-    let paths = ctx.paths.clone();
-    let res =
-        tokio::task::spawn_blocking(move || serve(None, &paths, &req, &cfg, &clock, &assignments))
-            .await
-            .map_err(|e| Error::Task(format!("the Allocate task failed: {e}")))
-            .and_then(|r| r);
+    let host = ctx.host.clone();
+    let res = tokio::task::spawn_blocking(move || serve(&host, &req, &cfg, &clock, &assignments))
+        .await
+        .map_err(|e| Error::Task(format!("the Allocate task failed: {e}")))
+        .and_then(|r| r);
     ctx.metrics
         .allocation(&resource, res.is_ok(), started.elapsed());
     match res {
@@ -98,6 +106,7 @@ pub async fn answer(
 
 /// [`allocate`] on `host` (the real kernel's in the daemon, the fake's in
 /// unit tests), after [`check_request`].
+#[cfg(test)]
 fn allocate_on(
     host: &Host,
     req: &AllocateRequest,
@@ -178,10 +187,15 @@ mod tests {
             Arc::new(Barrier::new(THREADS + 1)),
             Arc::new(Barrier::new(THREADS + 1)),
         );
+        let host = Arc::new(SharedHost::new(
+            &macvtap_link::Linux,
+            crate::core::host::HostPaths::default(),
+        ));
         let threads: Vec<_> = (0..THREADS)
             .map(|i| {
                 let fd = netns.as_fd().try_clone_to_owned().unwrap();
                 let (cfg, allocated, done) = (cfg.clone(), allocated.clone(), done.clone());
+                let host = host.clone();
                 std::thread::spawn(move || {
                     nix::sched::setns(fd, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
                     let req = AllocateRequest {
@@ -189,7 +203,7 @@ mod tests {
                             devices_ids: vec![format!("lower0Mvp{i}")],
                         }],
                     };
-                    let got = allocate(&req, &cfg);
+                    let got = allocate(&host, &req, &cfg);
                     // Alive until counted: a thread's own handle would
                     // live as long as the thread.
                     allocated.wait();
@@ -205,7 +219,7 @@ mod tests {
             t.join().unwrap().unwrap();
         }
         // The spare holds the namespace (and its macvtaps): let it go.
-        crate::core::host::drop_spare();
+        drop(host);
         assert_eq!(held(), before);
         assert_eq!(kept, 1, "{THREADS} threads served an Allocate each");
     }
@@ -224,8 +238,11 @@ mod tests {
         let e = check_request(&req, &cfg).unwrap_err();
         assert_eq!(e.grpc_code(), tonic::Code::InvalidArgument);
         assert!(e.to_string().contains("\"eth0Mvp2\""), "{e}");
-        let e = allocate(&req, &cfg).unwrap_err();
+        let kernel = FakeKernel::new();
+        let host = SharedHost::new(&kernel, crate::core::host::HostPaths::default());
+        let e = allocate(&host, &req, &cfg).unwrap_err();
         assert_eq!(e.grpc_code(), tonic::Code::InvalidArgument);
+        assert!(kernel.calls().is_empty(), "{:?}", kernel.calls());
     }
 
     use macvtap_link::Op;
@@ -264,6 +281,28 @@ mod tests {
             assert_eq!(spec.host_path, format!("/dev/tap{}", link.index));
             assert_eq!(spec.permissions, "rw");
         }
+    }
+
+    #[test]
+    fn serve_hands_out_on_the_shared_hosts_kernel() {
+        let kernel = fake_node();
+        let host = SharedHost::new(&kernel, crate::core::host::HostPaths::default());
+        let req = AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: vec!["lower0Mvp0".into()],
+            }],
+        };
+        let cfg = ResourceConfig::for_nic("lower0");
+        let (clock, assignments) = (AllocationClock::default(), Assignments::default());
+        let resp = serve(&host, &req, &cfg, &clock, &assignments).unwrap();
+        let link = kernel
+            .link(HOST, &link_name_for_device("lower0Mvp0"))
+            .unwrap();
+        assert_eq!(
+            resp.container_responses[0].devices[0].host_path,
+            format!("/dev/tap{}", link.index)
+        );
+        assert_eq!(kernel.count(Op::AddMacvtap), 1);
     }
 
     #[test]

@@ -5,7 +5,12 @@ use macvtap_link::device_id;
 
 /// The full device list of resource `name` with `capacity` devices, all with
 /// the same health and NUMA node (they share one lower NIC).
-pub fn device_list(name: &str, capacity: u32, healthy: bool, numa: Option<i64>) -> Vec<Device> {
+pub(crate) fn device_list(
+    name: &str,
+    capacity: u32,
+    healthy: bool,
+    numa: Option<i64>,
+) -> Vec<Device> {
     let health = if healthy { HEALTHY } else { UNHEALTHY };
     let topology = numa.map(|id| TopologyInfo {
         nodes: vec![NumaNode { id }],

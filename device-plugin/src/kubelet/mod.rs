@@ -6,6 +6,6 @@
 //! socket ([`register`]).
 
 pub mod allocate;
-pub mod devices;
+pub(crate) mod devices;
 pub mod register;
-pub mod server;
+pub(crate) mod server;

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 /// The request that registers `cfg`: API version `v1beta1`, the socket's file
 /// name as endpoint, the full resource name, and our options.
-pub fn registration_request(cfg: &ResourceConfig) -> RegisterRequest {
+pub(crate) fn registration_request(cfg: &ResourceConfig) -> RegisterRequest {
     RegisterRequest {
         version: VERSION.to_string(),
         endpoint: cfg.socket_name(),

@@ -7,7 +7,7 @@
 //! [`StreamEvent`], and each Allocate restarts its devices' leak clocks.
 
 use crate::config::ResourceConfig;
-use crate::core::host::HostPaths;
+use crate::core::host::SharedHost;
 use crate::core::ledger::AllocationClock;
 use crate::core::ledger::Assignments;
 use crate::error::{Error, Result};
@@ -34,7 +34,7 @@ use tracing::{debug, info, warn};
 
 /// A ListAndWatch stream of one server that opened or ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StreamEvent {
+pub(crate) struct StreamEvent {
     /// The [`PluginServer::id`] of the server.
     pub server: u64,
     /// True when the stream opened, false when it ended.
@@ -43,7 +43,7 @@ pub struct StreamEvent {
 
 /// What a server shares with the rest of the daemon.
 #[derive(Debug, Clone)]
-pub struct ServerContext {
+pub(crate) struct ServerContext {
     /// Counters.
     pub metrics: Arc<Metrics>,
     /// Kubernetes Events on the Node.
@@ -54,15 +54,16 @@ pub struct ServerContext {
     pub clock: AllocationClock,
     /// Which `/dev/tapN` each device was handed out as (for healing).
     pub assignments: Assignments,
-    /// Where the host's sysfs, tap nodes and procfs are.
-    pub paths: HostPaths,
+    /// The host Allocate works on: its kernel (the real one in the daemon)
+    /// and where its sysfs, tap nodes and procfs are.
+    pub host: Arc<SharedHost<'static>>,
 }
 
 static NEXT_SERVER_ID: AtomicU64 = AtomicU64::new(1);
 
 /// What the kubelet sees of one resource, kept current by the daemon.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ResourceState {
+pub(crate) struct ResourceState {
     /// The resource's configuration (Allocate reads mode, NIC and capacity here).
     pub config: ResourceConfig,
     /// The device list ListAndWatch sends.
@@ -71,7 +72,7 @@ pub struct ResourceState {
 
 /// The options this plugin registers with and answers: neither
 /// PreStartContainer nor GetPreferredAllocation is needed.
-pub fn plugin_options() -> DevicePluginOptions {
+pub(crate) fn plugin_options() -> DevicePluginOptions {
     DevicePluginOptions {
         pre_start_required: false,
         get_preferred_allocation_available: false,
@@ -79,7 +80,7 @@ pub fn plugin_options() -> DevicePluginOptions {
 }
 
 /// The ListAndWatch message for a snapshot.
-pub fn list_and_watch_response(state: &ResourceState) -> ListAndWatchResponse {
+pub(crate) fn list_and_watch_response(state: &ResourceState) -> ListAndWatchResponse {
     ListAndWatchResponse {
         devices: state.devices.clone(),
     }
@@ -87,7 +88,7 @@ pub fn list_and_watch_response(state: &ResourceState) -> ListAndWatchResponse {
 
 /// The gRPC service of one resource.
 #[derive(Debug, Clone)]
-pub struct PluginService {
+pub(crate) struct PluginService {
     id: u64,
     state: watch::Receiver<ResourceState>,
     stop: watch::Receiver<bool>,
@@ -97,7 +98,7 @@ pub struct PluginService {
 impl PluginService {
     /// A service of server `id` answering from `state`; its streams end
     /// when `stop` turns true.
-    pub fn new(
+    pub(crate) fn new(
         id: u64,
         state: watch::Receiver<ResourceState>,
         stop: watch::Receiver<bool>,
@@ -194,7 +195,7 @@ impl DevicePlugin for PluginService {
 
 /// A running server on one socket.
 #[derive(Debug)]
-pub struct PluginServer {
+pub(crate) struct PluginServer {
     id: u64,
     path: PathBuf,
     identity: FileIdentity,
@@ -208,7 +209,7 @@ pub struct PluginServer {
 
 impl PluginServer {
     /// Binds `path` (replacing a stale file) and serves `state` on it.
-    pub fn start(
+    pub(crate) fn start(
         path: &Path,
         state: watch::Receiver<ResourceState>,
         ctx: ServerContext,
@@ -245,18 +246,13 @@ impl PluginServer {
     }
 
     /// This server's number, unique in the process: [`StreamEvent`]s carry it.
-    pub fn id(&self) -> u64 {
+    pub(crate) fn id(&self) -> u64 {
         self.id
-    }
-
-    /// The socket path.
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 
     /// Whether the socket file is still the one this server bound (the
     /// kubelet deletes plugin sockets when it restarts).
-    pub fn socket_is_ours(&self) -> bool {
+    pub(crate) fn socket_is_ours(&self) -> bool {
         FileIdentity::of(&self.path).is_ok_and(|i| i == self.identity)
     }
 
@@ -271,7 +267,7 @@ impl PluginServer {
     /// holds the resource at that moment. So the stop, and the next
     /// Register that waits for it, come after the kubelet has handled the
     /// old stream, however slowly it runs.
-    pub async fn stop(self, remove_socket: bool, wait: Duration) {
+    pub(crate) async fn stop(self, remove_socket: bool, wait: Duration) {
         let PluginServer {
             path,
             identity,

@@ -24,25 +24,27 @@ use tracing::{debug, info, warn};
 /// The `reportingController` of our Events.
 pub const CONTROLLER: &str = "macvtap.network.kubevirt.io/device-plugin";
 /// Event reason: a resource's NIC went down or vanished.
-pub const NIC_DOWN: &str = "MacvtapNICDown";
-/// Event reason: a master took a resource's NIC.
-pub const NIC_ENSLAVED: &str = "MacvtapNICEnslaved";
+pub(crate) const NIC_DOWN: &str = "MacvtapNICDown";
+/// Event reason: a master took a resource's NIC, or another port is in
+/// the way of its mode; the name predates the second case and is kept for
+/// compatibility.
+pub(crate) const NIC_ENSLAVED: &str = "MacvtapNICEnslaved";
 /// Event reason: a resource's NIC is up again.
-pub const NIC_UP: &str = "MacvtapNICUp";
+pub(crate) const NIC_UP: &str = "MacvtapNICUp";
 /// Event reason: a config reload added a resource.
-pub const RESOURCE_ADDED: &str = "MacvtapResourceAdded";
+pub(crate) const RESOURCE_ADDED: &str = "MacvtapResourceAdded";
 /// Event reason: a config reload removed a resource.
-pub const RESOURCE_REMOVED: &str = "MacvtapResourceRemoved";
+pub(crate) const RESOURCE_REMOVED: &str = "MacvtapResourceRemoved";
 /// Event reason: registration keeps failing.
-pub const REGISTRATION_FAILING: &str = "MacvtapRegistrationFailing";
+pub(crate) const REGISTRATION_FAILING: &str = "MacvtapRegistrationFailing";
 /// Event reason: a leaked macvtap was deleted.
-pub const LEAKED_LINK_REMOVED: &str = "MacvtapLeakedLinkRemoved";
+pub(crate) const LEAKED_LINK_REMOVED: &str = "MacvtapLeakedLinkRemoved";
 /// Event reason: an Allocate was refused.
-pub const ALLOCATE_FAILED: &str = "MacvtapAllocateFailed";
+pub(crate) const ALLOCATE_FAILED: &str = "MacvtapAllocateFailed";
 /// Event reason: the host's `/dev` is not mounted (tap nodes never show).
-pub const HOST_DEV_MISSING: &str = "MacvtapHostDevMissing";
+pub(crate) const HOST_DEV_MISSING: &str = "MacvtapHostDevMissing";
 /// Event reason: the kubelet's PodResources API cannot be read.
-pub const POD_RESOURCES_UNREADABLE: &str = "MacvtapPodResourcesUnreadable";
+pub(crate) const POD_RESOURCES_UNREADABLE: &str = "MacvtapPodResourcesUnreadable";
 /// Every reason of our Events, in [`NodeEvent`]'s order.
 pub const REASONS: &[&str] = &[
     NIC_DOWN,
@@ -78,14 +80,17 @@ pub enum NodeEvent {
         /// How many devices changed health.
         devices: u32,
     },
-    /// A master (bridge, bond, OVS) took a resource's NIC: its devices are
-    /// Unhealthy until it is released.
-    NicEnslaved {
+    /// A master (bridge, bond, OVS) took a resource's NIC, or another port
+    /// on it is in the way of the resource's mode: its devices are Unhealthy
+    /// until that is undone. Posted with reason [`NIC_ENSLAVED`]
+    /// (`MacvtapNICEnslaved`), kept for compatibility with what clusters
+    /// already match on.
+    NicUnusable {
         /// The resource name.
         resource: String,
         /// How many devices changed health.
         devices: u32,
-        /// Why, with the master and the fix.
+        /// Why, with the master or the port in the way, and the fix.
         why: String,
     },
     /// A resource's NIC is up again: its devices are Healthy.
@@ -162,10 +167,10 @@ impl From<&crate::core::degraded::Degraded> for NodeEvent {
 
 impl NodeEvent {
     /// The Event's reason, one of [`REASONS`].
-    pub fn reason(&self) -> &'static str {
+    pub(crate) fn reason(&self) -> &'static str {
         match self {
             Self::NicDown { .. } => NIC_DOWN,
-            Self::NicEnslaved { .. } => NIC_ENSLAVED,
+            Self::NicUnusable { .. } => NIC_ENSLAVED,
             Self::NicUp { .. } => NIC_UP,
             Self::ResourceAdded { .. } => RESOURCE_ADDED,
             Self::ResourceRemoved { .. } => RESOURCE_REMOVED,
@@ -178,7 +183,7 @@ impl NodeEvent {
     }
 
     /// The Event as the recorder posts it: type, reason, action and note.
-    pub fn to_event(&self) -> Event {
+    pub(crate) fn to_event(&self) -> Event {
         let (type_, action, note) = match self {
             Self::NicDown {
                 resource,
@@ -189,7 +194,7 @@ impl NodeEvent {
                 "MarkUnhealthy",
                 format!("NIC {nic} is down or gone: {devices} devices of {resource} are Unhealthy"),
             ),
-            Self::NicEnslaved {
+            Self::NicUnusable {
                 resource,
                 devices,
                 why,
@@ -281,7 +286,7 @@ fn truncate(mut s: String, max: usize) -> String {
 /// `kubectl describe node` looks Events up by that UID as well as by the
 /// Node's (`staging/src/k8s.io/kubectl/pkg/describe/describe.go`,
 /// `NodeDescriber`), so no read access to Nodes is needed to learn it.
-pub fn node_reference(node: &str) -> ObjectReference {
+pub(crate) fn node_reference(node: &str) -> ObjectReference {
     ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Node".into()),
@@ -310,7 +315,7 @@ impl fmt::Debug for EventSink {
 
 impl EventSink {
     /// A sink that drops every Event.
-    pub fn off() -> Self {
+    pub(crate) fn off() -> Self {
         Self::default()
     }
 
@@ -356,7 +361,7 @@ impl EventSink {
     /// Events from the environment: on when `node_name` is set and API
     /// credentials are found (a kubeconfig named by `KUBECONFIG`, else the
     /// pod's service account), otherwise off, which is logged once.
-    pub async fn from_environment(node_name: Option<&str>) -> Self {
+    pub(crate) async fn from_environment(node_name: Option<&str>) -> Self {
         let Some(node) = node_name.filter(|n| !n.is_empty()) else {
             info!(
                 "Kubernetes Events are off: NODE_NAME is not set (the DaemonSet sets it from spec.nodeName)"
@@ -481,7 +486,7 @@ mod tests {
                 nic: nic.clone(),
                 devices: 1,
             },
-            NodeEvent::NicEnslaved {
+            NodeEvent::NicUnusable {
                 resource: resource.clone(),
                 devices: 1,
                 why: "w".into(),
@@ -518,7 +523,7 @@ mod tests {
         for ev in &all {
             match ev {
                 NodeEvent::NicDown { .. }
-                | NodeEvent::NicEnslaved { .. }
+                | NodeEvent::NicUnusable { .. }
                 | NodeEvent::NicUp { .. }
                 | NodeEvent::ResourceAdded { .. }
                 | NodeEvent::ResourceRemoved { .. }

@@ -34,22 +34,23 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 use tracing::{debug, info};
 
 /// Most client connections open at once.
-pub const MAX_CONNECTIONS: usize = 32;
+pub(crate) const MAX_CONNECTIONS: usize = 32;
 /// How long a client has to send its whole request head.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a connection may last in all, answer included.
 pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(15);
 /// The largest request head read (hyper's smallest buffer).
-pub const MAX_HEAD_BYTES: usize = 8192;
+pub(crate) const MAX_HEAD_BYTES: usize = 8192;
 /// The most headers a request may have.
-pub const MAX_HEADERS: usize = 32;
+pub(crate) const MAX_HEADERS: usize = 32;
 /// The kernel's queue of connections not accepted yet: while the server
 /// makes room (closing an idle connection per new one), a burst of
 /// connections waits here instead of having its SYNs dropped.
 const LISTEN_BACKLOG: u32 = 1024;
 /// The content type of `/metrics`: OpenMetrics text, as `prometheus-client`
 /// encodes it and serves it in its examples.
-pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub(crate) const METRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// What the endpoints answer from.
 #[derive(Debug, Clone)]

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 /// How long without a beat makes the loop stuck: far above its longest
 /// idle wait (the 5 s socket check), far below the liveness probe's
 /// patience (3 failures 20 s apart in the manifests).
-pub const STUCK_AFTER: Duration = Duration::from_secs(30);
+pub(crate) const STUCK_AFTER: Duration = Duration::from_secs(30);
 
 /// The loop's last beat, shared with the HTTP server.
 #[derive(Debug)]
@@ -35,7 +35,7 @@ impl Liveness {
     }
 
     /// Records that the loop ran at `now`.
-    pub fn beat(&self, now: Instant) {
+    pub(crate) fn beat(&self, now: Instant) {
         // A poisoned lock still holds a valid instant.
         let mut last = self.last_beat.lock().unwrap_or_else(|e| e.into_inner());
         *last = (*last).max(now);
@@ -43,7 +43,7 @@ impl Liveness {
 
     /// `Ok` while the loop beat within [`STUCK_AFTER`] of `now`; otherwise
     /// the sentence `/healthz` answers with.
-    pub fn check(&self, now: Instant) -> Result<(), String> {
+    pub(crate) fn check(&self, now: Instant) -> Result<(), String> {
         let last = *self.last_beat.lock().unwrap_or_else(|e| e.into_inner());
         let quiet = now.saturating_duration_since(last);
         if quiet <= self.stuck_after {

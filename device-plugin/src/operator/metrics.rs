@@ -8,6 +8,7 @@
 //! Prometheus stores, is `macvtap_dp_allocations_total`.
 
 use crate::config::ResourceConfig;
+use crate::core::report::RoundOutcome;
 use crate::operator::procstat::ProcessCollector;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -27,7 +28,7 @@ pub const ALLOCATE_BUCKETS: [f64; 13] = [
 ];
 
 /// The `reason` label values of `macvtap_dp_unhealthy_total`.
-pub const UNHEALTHY_REASONS: [&str; 4] = [
+pub(crate) const UNHEALTHY_REASONS: [&str; 4] = [
     "nic_missing",
     "nic_down",
     "nic_enslaved",
@@ -37,17 +38,8 @@ pub const UNHEALTHY_REASONS: [&str; 4] = [
 /// The `state` label values of `macvtap_dp_devices`.
 const DEVICE_STATES: [&str; 2] = ["healthy", "unhealthy"];
 
-/// How a reclaim round ended, counted in `macvtap_dp_reclaim_rounds_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RoundOutcome {
-    /// The round asked the kubelet and acted on its answer.
-    Done,
-    /// There was no PodResources socket, so the round did nothing.
-    Skipped,
-    /// The round failed (a netlink or PodResources error, logged).
-    Failed,
-}
-
+// How a reclaim round ended (the core's), counted in
+// `macvtap_dp_reclaim_rounds_total`.
 impl RoundOutcome {
     /// Every outcome, in the order the page lists them.
     const ALL: [RoundOutcome; 3] = [
@@ -57,7 +49,7 @@ impl RoundOutcome {
     ];
 
     /// The `outcome` label value.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             RoundOutcome::Done => "done",
             RoundOutcome::Skipped => "skipped",
@@ -329,7 +321,7 @@ impl Metrics {
     }
 
     /// Zeroes the gauges of a resource that is no longer served.
-    pub fn resource_removed(&self, resource: &str) {
+    pub(crate) fn resource_removed(&self, resource: &str) {
         self.set_devices(resource, 0, 0);
         self.with_usage(resource, |u| *u = Usage::default());
         self.set_registered(resource, false);
@@ -358,7 +350,7 @@ impl Metrics {
     /// device IDs PodResources lists) for each resource of `resources`;
     /// devices handed out longer than `grace` before `now` and not listed
     /// are no longer in use.
-    pub fn pod_resources_listed(
+    pub(crate) fn pod_resources_listed(
         &self,
         resources: &[ResourceConfig],
         allocated: &HashSet<String>,
@@ -447,7 +439,7 @@ impl Metrics {
     }
 
     /// Counts one reclaim round by how it ended.
-    pub fn reclaim_round(&self, outcome: RoundOutcome) {
+    pub(crate) fn reclaim_round(&self, outcome: RoundOutcome) {
         self.reclaim_rounds
             .get_or_create(&OutcomeLabels {
                 outcome: outcome.label(),

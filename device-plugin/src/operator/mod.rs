@@ -3,12 +3,14 @@
 //! [`procstat`]), the liveness heartbeat ([`liveness`]) and the HTTP server
 //! of both ([`http`]), Kubernetes Events on the Node ([`events`]) and the
 //! `doctor` subcommand's checks of a node ([`doctor`]), and the watch of
-//! our DaemonSet that tells an uninstall from a restart ([`owner`]).
+//! our DaemonSet that tells an uninstall from a restart ([`owner`]). The
+//! core reports to it through [`observer`].
 
 pub mod doctor;
 pub mod events;
 pub mod http;
 pub mod liveness;
 pub mod metrics;
+pub(crate) mod observer;
 pub mod owner;
-pub mod procstat;
+pub(crate) mod procstat;

@@ -34,7 +34,7 @@ pub struct Owner {
 /// What the watch knows: set once when the DaemonSet is going away. The
 /// default has no watch behind it and never marks.
 #[derive(Debug, Clone, Default)]
-pub struct Uninstall {
+pub(crate) struct Uninstall {
     going: Arc<AtomicBool>,
     changed: Arc<Notify>,
     /// Whether a watch runs (or ran) to mark it.
@@ -43,14 +43,14 @@ pub struct Uninstall {
 
 impl Uninstall {
     /// Whether the DaemonSet was deleted.
-    pub fn is_going(&self) -> bool {
+    pub(crate) fn is_going(&self) -> bool {
         self.going.load(Ordering::SeqCst)
     }
 
     /// Whether the DaemonSet was deleted, waiting up to `wait` for the
     /// watch to say so: a SIGTERM of an uninstall can come a moment before
     /// the watch's event.
-    pub async fn going_within(&self, wait: Duration) -> bool {
+    pub(crate) async fn going_within(&self, wait: Duration) -> bool {
         let notified = self.changed.notified();
         if self.is_going() || !self.watched {
             return self.is_going();
@@ -71,7 +71,7 @@ impl Uninstall {
 
     /// Watches `owner` with `client` in a task, marking the uninstall when
     /// it is deleted; the task ends when the watch cannot go on.
-    pub fn watch(client: kube::Client, owner: Owner) -> (Self, tokio::task::JoinHandle<()>) {
+    pub(crate) fn watch(client: kube::Client, owner: Owner) -> (Self, tokio::task::JoinHandle<()>) {
         let me = Self {
             watched: true,
             ..Self::default()
@@ -118,7 +118,7 @@ async fn run(client: kube::Client, owner: Owner, state: Uninstall) {
 /// The uninstall watch from the environment: on when `owner` is set and API
 /// credentials are found, otherwise off (a default [`Uninstall`] never
 /// marks), which is logged once.
-pub async fn from_environment(owner: Option<Owner>) -> Uninstall {
+pub(crate) async fn from_environment(owner: Option<Owner>) -> Uninstall {
     let Some(owner) = owner else {
         info!("cleaning the node at an uninstall is off: no --owner-daemonset and POD_NAMESPACE");
         return Uninstall::default();

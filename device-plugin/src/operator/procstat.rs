@@ -22,7 +22,7 @@ use std::path::Path;
 
 /// One reading of the process's resource use.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ProcessStats {
+pub(crate) struct ProcessStats {
     /// User plus system CPU time, in seconds.
     pub cpu_seconds: f64,
     /// Resident set size, in bytes.
@@ -40,7 +40,7 @@ pub struct ProcessStats {
 /// The fields of `/proc/<pid>/stat` the metrics need, in clock ticks and
 /// pages as the kernel gives them.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct StatFields {
+pub(crate) struct StatFields {
     /// `utime`, field 14.
     pub utime: u64,
     /// `stime`, field 15.
@@ -66,7 +66,7 @@ fn bad(path: &str, what: &str) -> Error {
 
 /// Parses `/proc/<pid>/stat`; the command name may hold spaces and
 /// parentheses, so fields are counted from its last `)`.
-pub fn parse_stat(text: &str) -> Option<StatFields> {
+pub(crate) fn parse_stat(text: &str) -> Option<StatFields> {
     let rest = &text[text.rfind(')')? + 1..];
     // After the name, field 3 (state) is the first.
     let f: Vec<&str> = rest.split_whitespace().collect();
@@ -81,7 +81,7 @@ pub fn parse_stat(text: &str) -> Option<StatFields> {
 }
 
 /// The boot time (`btime`, seconds since the epoch) from `/proc/stat`.
-pub fn parse_btime(text: &str) -> Option<u64> {
+pub(crate) fn parse_btime(text: &str) -> Option<u64> {
     text.lines()
         .find_map(|l| l.strip_prefix("btime "))
         .and_then(|v| v.trim().parse().ok())
@@ -89,7 +89,7 @@ pub fn parse_btime(text: &str) -> Option<u64> {
 
 /// The soft "Max open files" limit from `/proc/<pid>/limits`; `None` when
 /// it is `unlimited` or missing.
-pub fn parse_max_fds(text: &str) -> Option<u64> {
+pub(crate) fn parse_max_fds(text: &str) -> Option<u64> {
     let line = text.lines().find(|l| l.starts_with("Max open files"))?;
     line["Max open files".len()..]
         .split_whitespace()
@@ -107,7 +107,7 @@ fn sysconf(var: nix::unistd::SysconfVar, path: &str) -> Result<u64> {
 
 impl ProcessStats {
     /// Reads the numbers of the calling process.
-    pub fn read_self() -> Result<Self> {
+    pub(crate) fn read_self() -> Result<Self> {
         let stat_path = "/proc/self/stat";
         let stat = parse_stat(&read(stat_path)?)
             .ok_or_else(|| bad(stat_path, "unexpected format of /proc/self/stat"))?;
@@ -134,7 +134,7 @@ impl ProcessStats {
 
 /// Puts the `process_*` metrics on the page, read anew at each scrape.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct ProcessCollector;
+pub(crate) struct ProcessCollector;
 
 impl Collector for ProcessCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {

@@ -128,7 +128,7 @@ async fn allocate(bin: &Path, n: usize, report: &mut Report) -> Result<(String, 
                         let ns = Netns::open(&ns_path)?;
                         let took = ns.run_with_sysfs(|| {
                             let host = Host::current(&Linux)?;
-                            let lower = host.links().get_link("lower0")?.ok_or(
+                            let lower = host.link_ops().get_link("lower0")?.ok_or(
                                 macvtap_link::Error::Netlink {
                                     op: macvtap_link::Op::GetLink,
                                     what: "looking up lower0".into(),

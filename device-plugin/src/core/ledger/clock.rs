@@ -26,19 +26,19 @@ impl AllocationClock {
     }
 
     /// When the link named `link` was last allocated.
-    pub fn last_allocated(&self, link: &str) -> Option<Instant> {
+    pub(crate) fn last_allocated(&self, link: &str) -> Option<Instant> {
         self.lock().get(link).copied()
     }
 
     /// Forgets allocations older than `age` at `now`, keeping the map small.
-    pub fn forget_older_than(&self, age: Duration, now: Instant) {
+    pub(crate) fn forget_older_than(&self, age: Duration, now: Instant) {
         self.lock()
             .retain(|_, t| now.saturating_duration_since(*t) < age);
     }
 
     /// Holds the clock: no Allocate restarts one (and so none goes on to
     /// touch its links) until the hold is dropped.
-    pub fn hold(&self) -> ClockHold<'_> {
+    pub(crate) fn hold(&self) -> ClockHold<'_> {
         ClockHold { map: self.lock() }
     }
 
@@ -49,13 +49,13 @@ impl AllocationClock {
 
 /// The clock held by the reclaimer while it deletes ([`AllocationClock::hold`]).
 #[derive(Debug)]
-pub struct ClockHold<'a> {
+pub(crate) struct ClockHold<'a> {
     map: MutexGuard<'a, HashMap<String, Instant>>,
 }
 
 impl ClockHold<'_> {
     /// Whether the link named `link` was allocated less than `grace` before `now`.
-    pub fn allocated_within(&self, link: &str, grace: Duration, now: Instant) -> bool {
+    pub(crate) fn allocated_within(&self, link: &str, grace: Duration, now: Instant) -> bool {
         self.map
             .get(link)
             .is_some_and(|at| now.saturating_duration_since(*at) < grace)

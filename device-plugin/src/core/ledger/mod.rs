@@ -3,9 +3,10 @@
 //! record of which `/dev/tap<ifindex>` each device was handed out as
 //! ([`record`], for heal), and the record's file ([`record_file`]).
 
-pub mod clock;
-pub mod record;
+pub(crate) mod clock;
+pub(crate) mod record;
 pub mod record_file;
 
-pub use clock::{AllocationClock, ClockHold};
-pub use record::{Assigned, Assignments};
+pub use clock::AllocationClock;
+pub(crate) use record::Assigned;
+pub use record::Assignments;

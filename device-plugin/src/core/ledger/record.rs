@@ -46,7 +46,7 @@ impl Assignments {
     /// Assignments kept in the file at `path` as well, starting from what it
     /// holds (nothing when it is missing; what is invalid in it is dropped,
     /// with a warning).
-    pub fn persisted(path: PathBuf) -> Self {
+    pub(crate) fn persisted(path: PathBuf) -> Self {
         let mut by_device = HashMap::new();
         match record_file::load_all(&path) {
             Ok(None) => {}
@@ -76,19 +76,20 @@ impl Assignments {
     }
 
     /// Records that `device_id` of `resource` was handed out as `/dev/tap<ifindex>`.
-    pub fn assigned(&self, device_id: &str, resource: &str, ifindex: u32) {
+    #[cfg(test)]
+    pub(crate) fn assigned(&self, device_id: &str, resource: &str, ifindex: u32) {
         self.insert_logged(resource, &[(device_id, ifindex)]);
     }
 
     /// Records the devices `got` (device ID, the ifindex its link was made or
     /// reused with) handed out for `resource`, before the answer leaves.
-    pub fn handed_out(&self, resource: &str, got: &[(&str, u32)]) {
+    pub(crate) fn handed_out(&self, resource: &str, got: &[(&str, u32)]) {
         self.insert_logged(resource, got);
     }
 
     /// Forgets each device for which `keep` says false; the record is
     /// rewritten without them (a compaction).
-    pub fn retain(&self, keep: impl Fn(&str, &Assigned) -> bool) {
+    pub(crate) fn retain(&self, keep: impl Fn(&str, &Assigned) -> bool) {
         let changed = {
             let mut r = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             let before = r.by_device.len();
@@ -105,19 +106,21 @@ impl Assignments {
 
     /// Where `device_id` was handed out, if this daemon (or one before it,
     /// per the file) handed it out.
-    pub fn get(&self, device_id: &str) -> Option<Assigned> {
+    pub(crate) fn get(&self, device_id: &str) -> Option<Assigned> {
         let r = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         r.by_device.get(device_id).cloned()
     }
 
     /// How many devices are recorded.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         let r = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         r.by_device.len()
     }
 
     /// Whether no device is recorded.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 

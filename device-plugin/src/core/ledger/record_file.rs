@@ -51,22 +51,22 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// The subdirectory of the device-plugins directory that holds the record.
-pub const STATE_DIR: &str = "macvtap-deviceplugin";
+pub(crate) const STATE_DIR: &str = "macvtap-deviceplugin";
 /// The record's file name.
-pub const FILE_NAME: &str = "assignments.json";
+pub(crate) const FILE_NAME: &str = "assignments.json";
 /// The largest record read; a bigger file is taken as corrupt.
-pub const MAX_BYTES: u64 = 8 << 20;
+pub(crate) const MAX_BYTES: u64 = 8 << 20;
 /// The most entries kept (the node's total capacity is far below this).
-pub const MAX_ENTRIES: usize = 65_536;
+pub(crate) const MAX_ENTRIES: usize = 65_536;
 /// The format's version; a file of another version is not read.
 const VERSION: u32 = 1;
 /// The journal's file name, beside the record.
-pub const JOURNAL_NAME: &str = "assignments.journal";
+pub(crate) const JOURNAL_NAME: &str = "assignments.journal";
 /// The journal's size past which it is folded into the record.
-pub const COMPACT_BYTES: u64 = 64 << 10;
+pub(crate) const COMPACT_BYTES: u64 = 64 << 10;
 
 /// The journal beside the record at `record`.
-pub fn journal_path(record: &Path) -> PathBuf {
+pub(crate) fn journal_path(record: &Path) -> PathBuf {
     record.with_file_name(JOURNAL_NAME)
 }
 
@@ -78,7 +78,7 @@ pub fn path_in(plugin_dir: &Path) -> PathBuf {
 /// One device as the record holds it: the resource's short name and the
 /// ifindex it was handed out with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Entry<'a> {
+pub(crate) struct Entry<'a> {
     /// The device ID (`dpMvp3`).
     pub device_id: &'a str,
     /// The resource's short name (`dp`).
@@ -104,7 +104,7 @@ struct RecordFile {
 /// What a record's text holds: the valid entries by device ID, and a
 /// sentence for each thing dropped.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Parsed {
+pub(crate) struct Parsed {
     /// Device ID → (resource, ifindex).
     pub devices: BTreeMap<String, (String, u32)>,
     /// What was dropped, and why.
@@ -114,7 +114,7 @@ pub struct Parsed {
 /// Reads the record's text: every entry that names a device of its
 /// resource and a valid ifindex, the first of duplicates, at most
 /// [`MAX_ENTRIES`]; text that is not a record of this version gives none.
-pub fn parse(text: &[u8]) -> Parsed {
+pub(crate) fn parse(text: &[u8]) -> Parsed {
     let mut out = Parsed::default();
     let file: RecordFile = match serde_json::from_slice(text) {
         Ok(f) => f,
@@ -175,7 +175,7 @@ fn checked(e: &FileEntry) -> std::result::Result<u32, String> {
 /// Applies the journal's `text` over `parsed`, line by line: a later line
 /// for a device replaces what it had. A line that is not a valid entry (one
 /// cut short by a kill, at the end) is dropped with the reason.
-pub fn replay(parsed: &mut Parsed, text: &[u8]) {
+pub(crate) fn replay(parsed: &mut Parsed, text: &[u8]) {
     for (n, line) in text.split(|b| *b == b'\n').enumerate() {
         if line.is_empty() {
             continue;
@@ -211,7 +211,7 @@ pub fn replay(parsed: &mut Parsed, text: &[u8]) {
 
 /// The journal line of one entry. A failure to encode it is an error, never
 /// an empty line.
-pub fn journal_line(e: Entry<'_>) -> std::io::Result<Vec<u8>> {
+pub(crate) fn journal_line(e: Entry<'_>) -> std::io::Result<Vec<u8>> {
     let mut line = serde_json::to_vec(&FileEntry {
         device_id: e.device_id.to_string(),
         resource: e.resource.to_string(),
@@ -224,7 +224,7 @@ pub fn journal_line(e: Entry<'_>) -> std::io::Result<Vec<u8>> {
 /// Appends `lines` to the journal beside the record at `record` in one
 /// write, creating the directory (owner-only) and the journal (0600) when
 /// missing.
-pub fn append(record: &Path, lines: &[u8]) -> Result<()> {
+pub(crate) fn append(record: &Path, lines: &[u8]) -> Result<()> {
     create_dir_of(record)?;
     let journal = journal_path(record);
     std::fs::OpenOptions::new()
@@ -240,13 +240,13 @@ pub fn append(record: &Path, lines: &[u8]) -> Result<()> {
 }
 
 /// The journal's size in bytes (0 when there is none).
-pub fn journal_len(record: &Path) -> u64 {
+pub(crate) fn journal_len(record: &Path) -> u64 {
     std::fs::metadata(journal_path(record)).map_or(0, |m| m.len())
 }
 
 /// Empties the journal beside the record at `record` (after its lines were
 /// folded into the record).
-pub fn clear_journal(record: &Path) -> Result<()> {
+pub(crate) fn clear_journal(record: &Path) -> Result<()> {
     let journal = journal_path(record);
     match std::fs::OpenOptions::new().write(true).open(&journal) {
         Ok(f) => f.set_len(0),
@@ -262,7 +262,7 @@ pub fn clear_journal(record: &Path) -> Result<()> {
 /// The record's text for `entries` (sorted by device ID, so equal records
 /// are equal files). A failure to encode it is an error, never an empty
 /// text that [`save`] would write over the record.
-pub fn render<'a>(entries: impl IntoIterator<Item = Entry<'a>>) -> std::io::Result<Vec<u8>> {
+pub(crate) fn render<'a>(entries: impl IntoIterator<Item = Entry<'a>>) -> std::io::Result<Vec<u8>> {
     let mut devices: Vec<FileEntry> = entries
         .into_iter()
         .map(|e| FileEntry {
@@ -282,7 +282,7 @@ pub fn render<'a>(entries: impl IntoIterator<Item = Entry<'a>>) -> std::io::Resu
 
 /// Reads the record at `path` and the journal beside it: `Ok(None)` when
 /// there is neither yet; a file too big or unreadable is an error.
-pub fn load_all(path: &Path) -> Result<Option<Parsed>> {
+pub(crate) fn load_all(path: &Path) -> Result<Option<Parsed>> {
     let base = load(path)?;
     let journal = read_bounded(&journal_path(path))?;
     Ok(match (base, journal) {
@@ -299,7 +299,7 @@ pub fn load_all(path: &Path) -> Result<Option<Parsed>> {
 
 /// Reads the record at `path` (without its journal): `Ok(None)` when there
 /// is none yet; a file too big or unreadable is an error.
-pub fn load(path: &Path) -> Result<Option<Parsed>> {
+pub(crate) fn load(path: &Path) -> Result<Option<Parsed>> {
     Ok(read_bounded(path)?.map(|text| parse(&text)))
 }
 
@@ -354,7 +354,7 @@ fn create_dir_of(record: &Path) -> Result<()> {
 /// (owner-only) when it is missing. An empty `text` is refused: a record,
 /// even of no device, is never empty, so it can only be a text that failed
 /// to render.
-pub fn save(path: &Path, text: &[u8]) -> Result<()> {
+pub(crate) fn save(path: &Path, text: &[u8]) -> Result<()> {
     if text.is_empty() {
         return Err(Error::io("writing the record of handed-out devices", path)(
             std::io::Error::new(
@@ -392,7 +392,7 @@ pub fn save(path: &Path, text: &[u8]) -> Result<()> {
 
 /// Flushes the record at `path`, its journal and their directory to disk
 /// (`fsync`), so the last [`save`] and [`append`] survive a power loss too.
-pub fn flush(path: &Path) -> Result<()> {
+pub(crate) fn flush(path: &Path) -> Result<()> {
     for file in [path.to_path_buf(), journal_path(path)] {
         match std::fs::File::open(&file) {
             Ok(f) => f.sync_all(),

@@ -28,7 +28,7 @@ pub(super) fn device_error<'a>(
 
 /// What [`recreate_device`] came to.
 #[derive(Debug)]
-pub enum Recreated {
+pub(crate) enum Recreated {
     /// The link is back, its tap node checked.
     Made(Link),
     /// `/dev/tap<index>` is another macvtap's (the device's own, in a pod's
@@ -42,7 +42,7 @@ pub enum Recreated {
 /// at once when the node is another macvtap's: devtmpfs makes a node only
 /// for the first of two macvtaps that share an ifindex in different
 /// namespaces, so the new link would never get one.
-pub fn recreate_device(
+pub(crate) fn recreate_device(
     host: &Host,
     cfg: &ResourceConfig,
     lower: &Link,
@@ -52,7 +52,7 @@ pub fn recreate_device(
     let name = link_name_for_device(id);
     let wrap = device_error(id, &name);
     let link = host
-        .links()
+        .link_ops()
         .add_macvtap_at(
             &name,
             lower.index,
@@ -69,7 +69,7 @@ pub fn recreate_device(
             .tap_device(host.netns(), &name)
             .map_err(wrap)?;
         if found != ours {
-            delete_quietly(host.links(), &link);
+            delete_quietly(host.link_ops(), &link);
             return Ok(Recreated::NodeElsewhere);
         }
     }
@@ -84,7 +84,7 @@ fn checked_or_deleted(host: &Host, id: &str, link: &Link) -> Result<PathBuf> {
     match check_node(host, &link.name, link.index, &node) {
         Ok(()) => Ok(node),
         Err(e) => {
-            delete_quietly(host.links(), link);
+            delete_quietly(host.link_ops(), link);
             Err(e.for_device(id, &link.name))
         }
     }
@@ -105,7 +105,7 @@ pub struct PreparedDevice {
 
 /// Why an existing link of a device cannot be reused, or `None` if it is a
 /// macvtap on `lower` in `mode` and can be.
-pub fn unusable_reason(link: &Link, lower: &Link, mode: MacvtapMode) -> Option<String> {
+pub(crate) fn unusable_reason(link: &Link, lower: &Link, mode: MacvtapMode) -> Option<String> {
     if !link.is_macvtap() {
         return Some(format!(
             "it is a {} link, not a macvtap",
@@ -144,7 +144,7 @@ pub fn create_device(
     lower: &Link,
     id: &str,
 ) -> Result<PreparedDevice> {
-    let handle = host.links();
+    let handle = host.link_ops();
     let name = link_name_for_device(id);
     let wrap = device_error(id, &name);
     // The kernel's EINVAL to a second port beside a passthru one names it.
@@ -231,7 +231,7 @@ fn reuse_or_remove(
     id: &str,
     name: &str,
 ) -> Result<Option<PreparedDevice>> {
-    let handle = host.links();
+    let handle = host.link_ops();
     let wrap = device_error(id, name);
     let Some(old) = handle.get_link(name).map_err(wrap)? else {
         return Ok(None);

@@ -9,6 +9,11 @@ mod mountinfo;
 mod prepare;
 mod refusal;
 
-pub use create::{PreparedDevice, Recreated, create_device, recreate_device, unusable_reason};
-pub use mountinfo::{missing_tap_node_cause, not_devtmpfs};
-pub use prepare::{check_ids, hand_out, prepare};
+pub use create::{PreparedDevice, create_device};
+pub(crate) use create::{Recreated, recreate_device};
+pub(crate) use mountinfo::not_devtmpfs;
+pub(crate) use prepare::hand_out;
+// What another front (a DRA driver) calls to prepare devices; only the
+// kubelet front's tests call them today.
+#[allow(unused_imports)]
+pub(crate) use prepare::{check_ids, prepare};

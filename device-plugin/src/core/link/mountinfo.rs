@@ -9,7 +9,7 @@ use std::path::Path;
 /// devtmpfs, and a kind node's `/dev` is a plain tmpfs unless the host's
 /// `/dev` is mounted into it (kubevirt/macvtap-cni#39). `None` when
 /// `dev_dir` is devtmpfs or its mount cannot be told.
-pub fn missing_tap_node_cause(dev_dir: &Path, mountinfo: &str) -> Option<String> {
+pub(crate) fn missing_tap_node_cause(dev_dir: &Path, mountinfo: &str) -> Option<String> {
     let fstype = not_devtmpfs(dev_dir, mountinfo)?;
     Some(format!(
         "{} is a {fstype} mount, not devtmpfs, so the kernel never creates tap nodes in it; \
@@ -21,7 +21,7 @@ pub fn missing_tap_node_cause(dev_dir: &Path, mountinfo: &str) -> Option<String>
 /// The file system type of the mount that holds `dev_dir`, from
 /// `mountinfo`, when it is not devtmpfs; `None` when it is or its mount
 /// cannot be told.
-pub fn not_devtmpfs(dev_dir: &Path, mountinfo: &str) -> Option<String> {
+pub(crate) fn not_devtmpfs(dev_dir: &Path, mountinfo: &str) -> Option<String> {
     let dir = dev_dir
         .canonicalize()
         .unwrap_or_else(|_| dev_dir.to_path_buf());

@@ -7,7 +7,7 @@
 use super::create::{PreparedDevice, create_device, delete_quietly};
 use super::refusal::owner_of;
 use crate::config::ResourceConfig;
-use crate::core::host::{Host, HostPaths, with_spare};
+use crate::core::host::{Host, SharedHost};
 use crate::core::ledger::Assignments;
 use crate::core::ledger::clock::AllocationClock;
 use crate::core::nic::health::port_in_the_way;
@@ -17,7 +17,10 @@ use std::time::Instant;
 
 /// Checks that every one of `ids` is a device of `cfg`, before anything is
 /// created, so that a bad request changes nothing.
-pub fn check_ids<'a>(cfg: &ResourceConfig, ids: impl IntoIterator<Item = &'a str>) -> Result<()> {
+pub(crate) fn check_ids<'a>(
+    cfg: &ResourceConfig,
+    ids: impl IntoIterator<Item = &'a str>,
+) -> Result<()> {
     for id in ids {
         if device_index(&cfg.name, cfg.capacity, id).is_none() {
             return Err(Error::UnknownDevice {
@@ -32,8 +35,12 @@ pub fn check_ids<'a>(cfg: &ResourceConfig, ids: impl IntoIterator<Item = &'a str
 
 /// Makes or reuses the macvtap of each of `ids` (checked by [`check_ids`])
 /// on `host`, in order; on any failure deletes every link made here.
-pub fn prepare(host: &Host, cfg: &ResourceConfig, ids: &[&str]) -> Result<Vec<PreparedDevice>> {
-    let handle = host.links();
+pub(crate) fn prepare(
+    host: &Host,
+    cfg: &ResourceConfig,
+    ids: &[&str],
+) -> Result<Vec<PreparedDevice>> {
+    let handle = host.link_ops();
     let lower = handle
         .get_link(&cfg.lower_device)?
         .ok_or_else(|| Error::LowerDeviceMissing {
@@ -85,13 +92,11 @@ pub fn prepare(host: &Host, cfg: &ResourceConfig, ids: &[&str]) -> Result<Vec<Pr
 
 /// Hands out `ids` of `cfg` as a front serves a request: the devices' leak
 /// clocks restarted before their links are touched and once they are
-/// ready, the links made or reused ([`prepare`], on `host`, or on the real
-/// kernel's spare handle of the calling thread's namespace with the host's
-/// file systems at `paths` when `None`), and each device's ifindex recorded
-/// for healing before the answer leaves.
-pub fn hand_out(
-    host: Option<&Host>,
-    paths: &HostPaths,
+/// ready, the links made or reused ([`prepare`], on `host`'s handle of the
+/// calling thread's namespace on its kernel), and each device's ifindex
+/// recorded for healing before the answer leaves.
+pub(crate) fn hand_out(
+    host: &SharedHost,
     cfg: &ResourceConfig,
     ids: &[&str],
     clock: &AllocationClock,
@@ -102,10 +107,7 @@ pub fn hand_out(
     for l in &links {
         clock.allocated(l, Instant::now());
     }
-    let prepared = match host {
-        Some(host) => prepare(host, cfg, ids),
-        None => with_spare(paths, |host| prepare(host, cfg, ids)),
-    }?;
+    let prepared = host.run(|host| prepare(host, cfg, ids))?;
     let got: Vec<(&str, u32)> = ids
         .iter()
         .zip(&prepared)

@@ -24,7 +24,7 @@ const MAX_MASTER_DEPTH: usize = 8;
 /// `IFLA_INFO_KIND` (a physical NIC), a bond, or of one of `extra_kinds`
 /// (e.g. `veth` on test nodes). Whether a macvtap fits on it is
 /// [`crate::core::nic::master::receive_path_owner`]'s question.
-pub fn is_nic(link: &Link, extra_kinds: &[String]) -> bool {
+pub(crate) fn is_nic(link: &Link, extra_kinds: &[String]) -> bool {
     if link.flags & IFF_LOOPBACK != 0 {
         return false;
     }
@@ -38,7 +38,7 @@ pub fn is_nic(link: &Link, extra_kinds: &[String]) -> bool {
 /// What auto-discovery found: the links to advertise, and the NICs left
 /// out with the reason.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// Names of links that get a resource, in the kernel's order.
     pub advertise: Vec<String>,
     /// NICs left out, with why (a sentence).
@@ -50,7 +50,7 @@ pub struct Plan {
 /// instead (following masters upwards, so a NIC in a bond in a bridge gives
 /// the bridge); nothing for a NIC that Open vSwitch or another master owns.
 /// A link whose name is not a valid resource name is left out too.
-pub fn plan(links: &[Link], extra_kinds: &[String]) -> Plan {
+pub(crate) fn plan(links: &[Link], extra_kinds: &[String]) -> Plan {
     let mut p = Plan::default();
     for nic in links.iter().filter(|l| is_nic(l, extra_kinds)) {
         let mut cur = nic;
@@ -95,14 +95,14 @@ pub fn plan(links: &[Link], extra_kinds: &[String]) -> Plan {
 /// Auto-discovery with memory: it logs each left-out link once, and again
 /// only when the reason changes or after the link was advertised or gone.
 #[derive(Debug, Default)]
-pub struct Discovery {
+pub(crate) struct Discovery {
     extra_kinds: Vec<String>,
     logged: Mutex<BTreeMap<String, String>>,
 }
 
 impl Discovery {
     /// Discovery that also counts links of `extra_kinds` as NICs.
-    pub fn new(extra_kinds: Vec<String>) -> Self {
+    pub(crate) fn new(extra_kinds: Vec<String>) -> Self {
         Self {
             extra_kinds,
             logged: Mutex::default(),
@@ -112,7 +112,7 @@ impl Discovery {
     /// The resources auto-discovery makes for `links`: one per advertised
     /// link, named after it, bridge mode, capacity 100. Logs what it left
     /// out that it had not logged yet.
-    pub fn discover(&self, links: &[Link]) -> Vec<ResourceConfig> {
+    pub(crate) fn discover(&self, links: &[Link]) -> Vec<ResourceConfig> {
         let plan = plan(links, &self.extra_kinds);
         for (ifname, reason) in self.newly_left_out(&plan) {
             info!(%ifname, "auto-discovery leaves {ifname} out: {reason}");
@@ -126,7 +126,7 @@ impl Discovery {
     /// Whether a change of the links `changed` (their old and new states)
     /// can change what discovery finds among `links` (the state after): one
     /// of them is or was a NIC, or is a master above a NIC.
-    pub fn concerned_by(&self, changed: &[&Link], links: &[Link]) -> bool {
+    pub(crate) fn concerned_by(&self, changed: &[&Link], links: &[Link]) -> bool {
         if changed.iter().any(|l| is_nic(l, &self.extra_kinds)) {
             return true;
         }
@@ -167,7 +167,8 @@ impl Discovery {
 
 /// The resources auto-discovery makes for `links`, without logging: see
 /// [`plan`] and [`Discovery::discover`].
-pub fn discover(links: &[Link], extra_kinds: &[String]) -> Vec<ResourceConfig> {
+#[cfg(test)]
+pub(crate) fn discover(links: &[Link], extra_kinds: &[String]) -> Vec<ResourceConfig> {
     plan(links, extra_kinds)
         .advertise
         .iter()

@@ -4,7 +4,7 @@
 use crate::config::ResourceConfig;
 use crate::core::nic::master::{Owner, receive_path_owner};
 use crate::core::nic::port::{PortInTheWay, can_be_in_the_way};
-use crate::operator::metrics::Metrics;
+use crate::core::report::Observer;
 use macvtap_link::{Link, MacvtapMode, is_link_of_resource};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -12,7 +12,7 @@ use tracing::{info, warn};
 
 /// What a resource's lower NIC is like, as far as its devices go.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NicHealth {
+pub(crate) enum NicHealth {
     /// It exists, is up, and no master owns it.
     Healthy,
     /// There is no link of that name.
@@ -36,13 +36,13 @@ pub enum NicHealth {
 
 impl NicHealth {
     /// Whether the resource's devices are `Healthy`.
-    pub fn is_healthy(&self) -> bool {
+    pub(crate) fn is_healthy(&self) -> bool {
         matches!(self, NicHealth::Healthy)
     }
 
     /// The metric label of an unhealthy state: `nic_missing`, `nic_enslaved`,
     /// `nic_port_in_the_way` or `nic_down` (`healthy` for [`NicHealth::Healthy`]).
-    pub fn reason(&self) -> &'static str {
+    pub(crate) fn reason(&self) -> &'static str {
         match self {
             NicHealth::Healthy => "healthy",
             NicHealth::Missing { .. } => "nic_missing",
@@ -74,7 +74,7 @@ impl fmt::Display for NicHealth {
 /// before down, as it is what the operator must change), down, or healthy.
 /// `unknown` (what drivers without carrier reporting say) counts as up when
 /// the link is administratively up.
-pub fn nic_health(lower: &str, links: &[Link]) -> NicHealth {
+pub(crate) fn nic_health(lower: &str, links: &[Link]) -> NicHealth {
     let Some(l) = links.iter().find(|l| l.name == lower) else {
         return NicHealth::Missing {
             lower: lower.to_string(),
@@ -98,7 +98,7 @@ pub fn nic_health(lower: &str, links: &[Link]) -> NicHealth {
 /// but its own device's link, for another mode a passthru one that is not
 /// one of the resource's device links. `None` when the NIC is not among
 /// `links` or nothing is in the way.
-pub fn port_in_the_way(cfg: &ResourceConfig, links: &[Link]) -> Option<PortInTheWay> {
+pub(crate) fn port_in_the_way(cfg: &ResourceConfig, links: &[Link]) -> Option<PortInTheWay> {
     let lower = links.iter().find(|l| l.name == cfg.lower_device)?;
     let ours_passthru = cfg.mode == MacvtapMode::Passthru;
     // A device's own link (the hashed name, or a Go-era one named as the ID)
@@ -118,7 +118,7 @@ pub fn port_in_the_way(cfg: &ResourceConfig, links: &[Link]) -> Option<PortInThe
 /// and when the NIC exists and no master owns it, unhealthy as well when
 /// another port is in the way of its mode ([`port_in_the_way`]), which is
 /// checked before down as it is what the operator must change.
-pub fn resource_health(cfg: &ResourceConfig, links: &[Link]) -> NicHealth {
+pub(crate) fn resource_health(cfg: &ResourceConfig, links: &[Link]) -> NicHealth {
     let health = nic_health(&cfg.lower_device, links);
     if matches!(health, NicHealth::Missing { .. } | NicHealth::Enslaved(_)) {
         return health;
@@ -130,9 +130,10 @@ pub fn resource_health(cfg: &ResourceConfig, links: &[Link]) -> NicHealth {
 }
 
 /// The last health of each resource, so that each change is logged once and
-/// counted in `macvtap_dp_unhealthy_total{reason}`.
+/// told once to the observer (counted in `macvtap_dp_unhealthy_total{reason}`
+/// in the daemon).
 #[derive(Debug, Default)]
-pub struct HealthLog {
+pub(crate) struct HealthLog {
     last: BTreeMap<String, NicHealth>,
 }
 
@@ -142,7 +143,12 @@ impl HealthLog {
     /// unhealthy). Returns whether it was such a change. A detail that
     /// changes within one reason (a NIC seen administratively down first,
     /// then operationally down) is no new change.
-    pub fn update(&mut self, resource: &str, health: &NicHealth, metrics: &Metrics) -> bool {
+    pub(crate) fn update(
+        &mut self,
+        resource: &str,
+        health: &NicHealth,
+        observer: &dyn Observer,
+    ) -> bool {
         let before = self.last.get(resource);
         let same_reason = before.is_some_and(|b| b.reason() == health.reason());
         if same_reason || (before.is_none() && health.is_healthy()) {
@@ -153,14 +159,14 @@ impl HealthLog {
             info!(%resource, "lower NIC usable again: devices Healthy");
         } else {
             warn!(%resource, reason = health.reason(), "devices Unhealthy: {health}");
-            metrics.unhealthy(resource, health.reason());
+            observer.unhealthy(resource, health.reason());
         }
         self.last.insert(resource.to_string(), health.clone());
         true
     }
 
     /// Forgets a resource that is no longer served.
-    pub fn forget(&mut self, resource: &str) {
+    pub(crate) fn forget(&mut self, resource: &str) {
         self.last.remove(resource);
     }
 }
@@ -168,6 +174,7 @@ impl HealthLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::report::Recorder;
     use macvtap_link::link_name_for_device;
 
     fn link(oper: &str, up: bool) -> Link {
@@ -348,23 +355,17 @@ mod tests {
         enslaved[0].master = Some(2);
         enslaved[1].kind = Some("bridge".into());
         assert_eq!(resource_health(&dp, &enslaved).reason(), "nic_enslaved");
-        // The change is counted, in a series the metrics page shows.
-        let m = Metrics::default();
+        // The change is told to the observer, with its reason.
+        let m = Recorder::default();
         let mut log = HealthLog::default();
         let r = "macvtap.network.kubevirt.io/dp";
         assert!(log.update(r, &resource_health(&dp, &links), &m));
-        let t = m.render();
-        assert!(
-            t.contains(&format!(
-                "macvtap_dp_unhealthy_total{{resource=\"{r}\",reason=\"nic_port_in_the_way\"}} 1\n"
-            )),
-            "{t}"
-        );
+        assert_eq!(m.lines(), [format!("unhealthy {r} nic_port_in_the_way")]);
     }
 
     #[test]
     fn each_change_is_logged_and_counted_once() {
-        let m = Metrics::default();
+        let m = Recorder::default();
         let mut log = HealthLog::default();
         let r = "macvtap.network.kubevirt.io/eth0";
         let enslaved = NicHealth::Enslaved(Owner {
@@ -388,18 +389,13 @@ mod tests {
             oper_state: "lowerlayerdown".into(),
         };
         assert!(!log.update(r, &down_later, &m));
-        let t = m.render();
-        assert!(
-            t.contains(&format!(
-                "macvtap_dp_unhealthy_total{{resource=\"{r}\",reason=\"nic_enslaved\"}} 2\n"
-            )),
-            "{t}"
-        );
-        assert!(
-            t.contains(&format!(
-                "macvtap_dp_unhealthy_total{{resource=\"{r}\",reason=\"nic_down\"}} 1\n"
-            )),
-            "{t}"
+        assert_eq!(
+            m.lines(),
+            [
+                format!("unhealthy {r} nic_enslaved"),
+                format!("unhealthy {r} nic_enslaved"),
+                format!("unhealthy {r} nic_down"),
+            ]
         );
         // A resource that starts unhealthy counts at once.
         log.forget(r);

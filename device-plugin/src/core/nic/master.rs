@@ -26,12 +26,12 @@ impl Owner {
     /// Whether a macvtap on the master itself works, so that the master can
     /// take the NIC's place: a Linux bridge, a bond or a team hands every
     /// frame of its ports up to itself, where a macvtap sees it.
-    pub fn master_carries_macvtap(&self) -> bool {
+    pub(crate) fn master_carries_macvtap(&self) -> bool {
         matches!(self.kind.as_deref(), Some("bridge" | "bond" | "team"))
     }
 
     /// What to do instead, e.g. `use br0 as lowerDevice`.
-    pub fn fix(&self) -> String {
+    pub(crate) fn fix(&self) -> String {
         if self.master_carries_macvtap() {
             format!("use {} as lowerDevice", self.master)
         } else if self.kind.as_deref() == Some("openvswitch") {
@@ -45,7 +45,7 @@ impl Owner {
     }
 
     /// `eth0 is a port of bridge br0`, and the like.
-    pub fn relation(&self) -> String {
+    pub(crate) fn relation(&self) -> String {
         let (link, master) = (&self.link, &self.master);
         match self.kind.as_deref() {
             Some("bridge") => format!("{link} is a port of bridge {master}"),
@@ -62,7 +62,7 @@ impl Owner {
 
 /// Why a NIC with a master cannot carry a macvtap, as every message about
 /// one says it.
-pub const NEEDS_FREE_NIC: &str = "a macvtap needs a NIC that no bridge, bond or OVS owns";
+pub(crate) const NEEDS_FREE_NIC: &str = "a macvtap needs a NIC that no bridge, bond or OVS owns";
 
 impl fmt::Display for Owner {
     /// The whole story, e.g. `nicA is a port of bridge br0, and a macvtap
@@ -83,7 +83,7 @@ impl fmt::Display for Owner {
 /// alone in current kernels (`drivers/net/vrf.c` `do_vrf_add_slave` only
 /// links the master; the first VRF driver registered an rx_handler);
 /// `None` also when the link has no master.
-pub fn receive_path_owner(link: &Link, links: &[Link]) -> Option<Owner> {
+pub(crate) fn receive_path_owner(link: &Link, links: &[Link]) -> Option<Owner> {
     let index = link.master?;
     let master = links.iter().find(|l| l.index == index);
     let kind = master.and_then(|m| m.kind.clone());

@@ -4,8 +4,8 @@
 //! node ([`topology`]). One home for health, master, port and
 //! `can_be_in_the_way`, all plain functions of the links.
 
-pub mod discovery;
-pub mod health;
+pub(crate) mod discovery;
+pub(crate) mod health;
 pub mod master;
 pub mod port;
-pub mod topology;
+pub(crate) mod topology;

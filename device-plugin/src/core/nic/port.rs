@@ -11,7 +11,7 @@ use std::fmt;
 /// beside a passthru resource, a passthru port beside any. The one place of
 /// the rule: health judges by it and the daemon picks the link changes that
 /// touch a resource by it.
-pub fn can_be_in_the_way(port: &Link, nic: &Link, mode: MacvtapMode) -> bool {
+pub(crate) fn can_be_in_the_way(port: &Link, nic: &Link, mode: MacvtapMode) -> bool {
     matches!(port.kind.as_deref(), Some("macvtap" | "macvlan"))
         && !port.lower_in_other_netns
         && port.lower_index == Some(nic.index)
@@ -20,7 +20,8 @@ pub fn can_be_in_the_way(port: &Link, nic: &Link, mode: MacvtapMode) -> bool {
 
 /// What every message about a passthru conflict says (the words of the
 /// Allocate refusal [`crate::error::PORT_IN_THE_WAY`]).
-pub const PASSTHRU_ALONE: &str = "the kernel allows a passthru macvtap only alone on its NIC";
+pub(crate) const PASSTHRU_ALONE: &str =
+    "the kernel allows a passthru macvtap only alone on its NIC";
 
 /// Another macvlan/macvtap port on a resource's NIC that the resource's mode
 /// cannot share the NIC with: any port beside a passthru resource's macvtap,

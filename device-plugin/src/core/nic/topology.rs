@@ -4,7 +4,7 @@ use std::path::Path;
 
 /// The NUMA node of NIC `ifname` from `<sysfs>/class/net/<ifname>/device/numa_node`;
 /// `None` for virtual NICs (no `device`), for `-1` (no NUMA) or when unreadable.
-pub fn numa_node(sysfs: &Path, ifname: &str) -> Option<i64> {
+pub(crate) fn numa_node(sysfs: &Path, ifname: &str) -> Option<i64> {
     let path = sysfs
         .join("class/net")
         .join(ifname)

@@ -37,18 +37,17 @@ mod pod_resources;
 mod rules;
 mod tap_watch;
 
-pub use pod_resources::list_allocated;
-pub use rules::{allocated_ids, forget_unconfigured, go_era_leaked_links, leaked_links};
-pub use tap_watch::{tap_node_deleted, watch_tap_nodes};
+pub(crate) use pod_resources::list_allocated;
+pub(crate) use rules::{forget_unconfigured, go_era_leaked_links, leaked_links};
+pub(crate) use tap_watch::{tap_node_deleted, watch_tap_nodes};
 
 use crate::config::ResourceConfig;
 use crate::core::degraded::Degraded;
 use crate::core::heal::{Lost, heal, lost_devices};
 use crate::core::host::{Host, HostPaths};
 use crate::core::ledger::{AllocationClock, Assignments};
+use crate::core::report::{Observer, RoundOutcome, Silent};
 use crate::error::{Error, Result};
-use crate::operator::events::{EventSink, NodeEvent};
-use crate::operator::metrics::{Metrics, RoundOutcome};
 use macvtap_link::tapdev::tap_node_path;
 use macvtap_link::{Kernel, Link, Links};
 use nix::errno::Errno;
@@ -80,7 +79,7 @@ pub struct Reclaimer {
     paths: HostPaths,
     /// PodResources could not be read at the last round (said once).
     unreadable: bool,
-    events: EventSink,
+    observer: Arc<dyn Observer>,
 }
 
 impl Reclaimer {
@@ -103,7 +102,7 @@ impl Reclaimer {
             assignments: Assignments::default(),
             paths: HostPaths::default(),
             unreadable: false,
-            events: EventSink::off(),
+            observer: Arc::new(Silent),
         }
     }
 
@@ -125,19 +124,21 @@ impl Reclaimer {
             return;
         }
         warn!(reason = %gap, "leaked-link reclaim and heal are off");
-        self.events.post(NodeEvent::from(&gap));
+        self.observer.degraded(&gap);
     }
 
-    /// Posts a Kubernetes Event for every leaked link removed.
-    pub fn with_events(mut self, events: EventSink) -> Self {
-        self.events = events;
+    /// Reports rounds, links healed and removed, and an unreadable
+    /// PodResources to `observer` (the operator's metrics and Events in the
+    /// daemon).
+    pub(crate) fn with_observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = observer;
         self
     }
 
     /// Records the links that look leaked now and returns those that have
     /// looked leaked for longer than the grace period and were not
     /// allocated within it.
-    pub fn due(&mut self, leaked: &[Link], now: Instant) -> Vec<Link> {
+    pub(crate) fn due(&mut self, leaked: &[Link], now: Instant) -> Vec<Link> {
         let ids: HashSet<LinkIdentity> = leaked.iter().map(identity).collect();
         self.first_seen.retain(|k, _| ids.contains(k));
         let mut due = Vec::new();
@@ -167,11 +168,7 @@ impl Reclaimer {
     /// a PodResources socket (skipped), or when the kubelet does not answer
     /// there (failed), it deletes and heals nothing and says so once
     /// ([`Reclaimer::cannot_read`]).
-    pub async fn run_once(
-        &mut self,
-        resources: &[ResourceConfig],
-        metrics: &Metrics,
-    ) -> Result<RoundOutcome> {
+    pub(crate) async fn run_once(&mut self, resources: &[ResourceConfig]) -> Result<RoundOutcome> {
         if !self.socket.exists() {
             self.cannot_read("it does not exist".into());
             self.first_seen.clear();
@@ -193,7 +190,8 @@ impl Reclaimer {
             info!(socket = %self.socket.display(), "the kubelet's PodResources API answers again; leaked macvtaps are reclaimed and lost ones healed again");
         }
         let plan = self.plan(&links, &allocated, resources, Instant::now());
-        metrics.pod_resources_listed(resources, &allocated, self.grace, Instant::now());
+        self.observer
+            .pod_resources_listed(resources, &allocated, self.grace, Instant::now());
         let work = self.work();
         let assignments = self.assignments.clone();
         let current = resources.to_vec();
@@ -204,9 +202,8 @@ impl Reclaimer {
         })
         .await
         .map_err(|e| Error::Task(format!("the task healing and reclaiming links failed: {e}")))??;
-        metrics.links_healed(done.healed);
+        self.observer.links_healed(done.healed);
         let removed = self.finish(&done);
-        metrics.leaked_links_removed(removed);
         debug!(healed = done.healed, removed, "reclaim round done");
         Ok(RoundOutcome::Done)
     }
@@ -259,14 +256,11 @@ impl Reclaimer {
     }
 
     /// Takes in what a round did: the links it deleted are no longer
-    /// watched, and each gets an Event. Returns how many went.
+    /// watched, and each is told to the observer. Returns how many went.
     pub fn finish(&mut self, done: &Done) -> u64 {
         for id in &done.deleted {
             self.first_seen.remove(id);
-            self.events.post(NodeEvent::LeakedLinkRemoved {
-                link: id.0.clone(),
-                ifindex: id.1,
-            });
+            self.observer.leaked_link_removed(&id.0, id.1);
         }
         done.deleted.len() as u64
     }
@@ -385,12 +379,12 @@ fn delete_unallocated(
 }
 
 /// Runs [`Reclaimer::run_once`] every `interval` with the current resources.
-/// Also runs a round as soon as `tap_gone` reports a tap node deleted.
-pub async fn reclaim_loop(
+/// Also runs a round as soon as `tap_gone` reports a tap node deleted. Each
+/// round's outcome goes to the reclaimer's observer.
+pub(crate) async fn reclaim_loop(
     mut reclaimer: Reclaimer,
     interval: Duration,
     resources: tokio::sync::watch::Receiver<Vec<ResourceConfig>>,
-    metrics: Arc<Metrics>,
     mut tap_gone: tokio::sync::mpsc::UnboundedReceiver<()>,
 ) {
     let mut tick = tokio::time::interval(interval);
@@ -409,14 +403,14 @@ pub async fn reclaim_loop(
             }
         }
         let current = resources.borrow().clone();
-        let outcome = match reclaimer.run_once(&current, &metrics).await {
+        let outcome = match reclaimer.run_once(&current).await {
             Ok(outcome) => outcome,
             Err(e) => {
                 warn!(error = %e, "leaked-link reclaim round failed");
                 RoundOutcome::Failed
             }
         };
-        metrics.reclaim_round(outcome);
+        reclaimer.observer.reclaim_round(outcome);
     }
 }
 
@@ -696,7 +690,7 @@ mod tests {
         let kubelet_dir = tempfile::tempdir().unwrap();
         let socket = kubelet_dir.path().join("pod-resources/kubelet.sock");
         let dev = tempfile::tempdir().unwrap();
-        let (events, mut posted) = EventSink::queue();
+        let observer = Arc::new(crate::core::report::Recorder::default());
         let mut r = Reclaimer::new(
             kernel.clone(),
             socket.clone(),
@@ -704,18 +698,17 @@ mod tests {
             AllocationClock::default(),
         )
         .with_healing(assignments, HostPaths::with_dev(dev.path()))
-        .with_events(events);
-        let metrics = Metrics::default();
+        .with_observer(observer.clone());
         let (guard, log) = crate::testlog::capture();
         // Not mounted: no socket, twice.
         for _ in 0..2 {
-            let outcome = r.run_once(&resources, &metrics).await.unwrap();
+            let outcome = r.run_once(&resources).await.unwrap();
             assert_eq!(outcome, RoundOutcome::Skipped);
         }
         // Mounted, but the kubelet does not answer.
         let server = TestPodResources::start(&socket).await.unwrap();
         server.fail(Some(tonic::Code::Unavailable));
-        let outcome = r.run_once(&resources, &metrics).await.unwrap();
+        let outcome = r.run_once(&resources).await.unwrap();
         assert_eq!(outcome, RoundOutcome::Failed);
         assert_eq!(kernel.count(Op::DelLink), 0, "nothing deleted");
         assert_eq!(kernel.count(Op::AddMacvtap), 5, "nothing healed");
@@ -730,18 +723,27 @@ mod tests {
             said.contains(&format!("mount the host's {dir} (hostPath)")),
             "{said}"
         );
-        let event = posted.try_recv().expect("an Event");
+        // Told once for the outage, in the words of that moment.
+        let gaps = observer.gaps.lock().unwrap().clone();
         assert!(
-            matches!(&event, NodeEvent::PodResourcesUnreadable { what }
+            matches!(&gaps[..], [Degraded::NoPodResources { .. }]),
+            "{gaps:?}"
+        );
+        let told: Vec<String> = observer
+            .lines()
+            .into_iter()
+            .filter(|l| l.starts_with("degraded "))
+            .collect();
+        assert!(
+            matches!(&told[..], [what]
                 if what.contains("its directory is not mounted in this container")
                     && what.contains(&format!("mount the host's {dir} (hostPath)"))),
-            "{event:?}"
+            "{told:?}"
         );
-        assert!(posted.try_recv().is_err(), "one Event for the outage");
         // It answers: the round works again, and says so.
         server.fail(None);
         server.set_allocated("macvtap.network.kubevirt.io/dp", &["dpMvp3"]);
-        let outcome = r.run_once(&resources, &metrics).await.unwrap();
+        let outcome = r.run_once(&resources).await.unwrap();
         drop(guard);
         assert_eq!(outcome, RoundOutcome::Done);
         assert!(log.text().contains("answers again"), "{}", log.text());

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 /// Asks the PodResources API which device IDs of ours are allocated.
-pub async fn list_allocated(socket: &Path, timeout: Duration) -> Result<HashSet<String>> {
+pub(crate) async fn list_allocated(socket: &Path, timeout: Duration) -> Result<HashSet<String>> {
     let channel = connect_unix(socket, timeout).await?;
     let mut client = PodResourcesListerClient::new(channel);
     let resp = tokio::time::timeout(timeout, client.list(ListPodResourcesRequest {}))

@@ -14,7 +14,7 @@ use std::collections::{HashMap, HashSet};
 pub(crate) type LinkIdentity = (String, u32);
 
 /// The device IDs of our resources that the kubelet reports as allocated.
-pub fn allocated_ids(resp: &ListPodResourcesResponse) -> HashSet<String> {
+pub(crate) fn allocated_ids(resp: &ListPodResourcesResponse) -> HashSet<String> {
     let prefix = format!("{RESOURCE_PREFIX}/");
     resp.pod_resources
         .iter()
@@ -27,7 +27,7 @@ pub fn allocated_ids(resp: &ListPodResourcesResponse) -> HashSet<String> {
 
 /// The links that look leaked: macvtaps named like device links, on one of
 /// the `lowers` (NIC names), whose name is not that of an allocated device.
-pub fn leaked_links(
+pub(crate) fn leaked_links(
     links: &[Link],
     lowers: &HashSet<String>,
     allocated: &HashSet<String>,
@@ -54,7 +54,7 @@ pub fn leaked_links(
 /// named after a device ID of one of `resources` (`<name>Mvp<i>`) on that
 /// resource's NIC, whose device is not allocated. CNI DEL gives such a link
 /// back under that name, so nothing else would ever remove it.
-pub fn go_era_leaked_links(
+pub(crate) fn go_era_leaked_links(
     links: &[Link],
     resources: &[ResourceConfig],
     allocated: &HashSet<String>,
@@ -79,7 +79,7 @@ pub fn go_era_leaked_links(
 /// Forgets the handed-out devices that no pod holds (per `allocated`) of
 /// resources no longer configured, so the record (and its file) stays
 /// within the configured capacity plus what pods hold.
-pub fn forget_unconfigured(
+pub(crate) fn forget_unconfigured(
     assignments: &Assignments,
     allocated: &HashSet<String>,
     resources: &[ResourceConfig],

@@ -8,7 +8,7 @@ use tracing::warn;
 /// [`tap_node_deleted`]), so that a lost link is healed at once rather
 /// than at the next reclaim interval. Without the watch, healing still
 /// runs every interval; that is logged once.
-pub fn watch_tap_nodes(
+pub(crate) fn watch_tap_nodes(
     fs: &crate::fswatch::DirWatcher,
     dev_dir: &Path,
 ) -> Option<nix::sys::inotify::WatchDescriptor> {
@@ -24,7 +24,7 @@ pub fn watch_tap_nodes(
 
 /// Whether `ev` (of the watch [`watch_tap_nodes`] made) is the deletion of
 /// a `tap*` node: a macvtap destroyed in any namespace.
-pub fn tap_node_deleted(ev: &crate::fswatch::FsEvent) -> bool {
+pub(crate) fn tap_node_deleted(ev: &crate::fswatch::FsEvent) -> bool {
     ev.mask
         .contains(nix::sys::inotify::AddWatchFlags::IN_DELETE)
         && ev

@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 
 /// This daemon's version, which the installed CNI should have too.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub(crate) const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// Where `doctor` looks for the host's CNI bin dir when not told, in
 /// order: our DaemonSet's mount, the Go project's DaemonSets' mount (in
@@ -45,7 +45,7 @@ pub fn find_bin_dir(given: Option<&Path>, candidates: &[&str]) -> Result<PathBuf
 }
 
 /// The binary `bin_dir/name`, its version, and the settings file beside it.
-pub fn check_cni(opts: &Options, bin_dir: &Path, name: &str) -> Vec<Finding> {
+pub(crate) fn check_cni(opts: &Options, bin_dir: &Path, name: &str) -> Vec<Finding> {
     let bin = bin_dir.join(name);
     let mut out = vec![check_binary(&bin)];
     if out[0].level == super::Level::Ok {
@@ -59,7 +59,7 @@ pub fn check_cni(opts: &Options, bin_dir: &Path, name: &str) -> Vec<Finding> {
 }
 
 /// Whether `bin` is an executable file.
-pub fn check_binary(bin: &Path) -> Finding {
+pub(crate) fn check_binary(bin: &Path) -> Finding {
     const CHECK: &str = "cni-binary";
     match std::fs::metadata(bin) {
         Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => {
@@ -82,7 +82,7 @@ pub fn check_binary(bin: &Path) -> Finding {
 }
 
 /// Runs `bin` by hand and compares the version it prints with `expected`.
-pub fn check_version(bin: &Path, expected: &str) -> Finding {
+pub(crate) fn check_version(bin: &Path, expected: &str) -> Finding {
     const CHECK: &str = "cni-version";
     match installed_version(bin) {
         Ok(v) if v == expected => {
@@ -149,7 +149,7 @@ fn installed_version(bin: &Path) -> Result<String, String> {
 /// The node settings file at `path`: present, owned and writable by root
 /// only, valid, and naming `kubelet_dir` (a warning when it names another,
 /// or is missing and the CNI uses its defaults).
-pub fn check_settings(path: &Path, kubelet_dir: &Path) -> Finding {
+pub(crate) fn check_settings(path: &Path, kubelet_dir: &Path) -> Finding {
     const CHECK: &str = "cni-settings";
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,

@@ -12,7 +12,7 @@ use std::path::Path;
 /// `/proc/modules` when it is a loaded module. Not loaded is a warning where
 /// the kernel loads modules (creating the first macvtap loads it), a
 /// problem where it cannot (no `/proc/modules`).
-pub fn check_module(sysfs: &Path, proc_dir: &Path) -> Vec<Finding> {
+pub(crate) fn check_module(sysfs: &Path, proc_dir: &Path) -> Vec<Finding> {
     const CHECK: &str = "kernel-module";
     let modules = std::fs::read_to_string(proc_dir.join("modules"));
     let listed = modules.as_ref().is_ok_and(|m| {
@@ -42,7 +42,7 @@ pub fn check_module(sysfs: &Path, proc_dir: &Path) -> Vec<Finding> {
 /// `/proc/self/mountinfo`) as the daemon judges it at start. Without it the
 /// daemon still serves (a warning saying what it leaves undone and the
 /// mount that would enable it, the daemon's own sentence).
-pub fn check_dev(dev_dir: &Path, mountinfo: &str) -> Finding {
+pub(crate) fn check_dev(dev_dir: &Path, mountinfo: &str) -> Finding {
     const CHECK: &str = "dev";
     match not_devtmpfs(dev_dir, mountinfo) {
         None => Finding::ok(

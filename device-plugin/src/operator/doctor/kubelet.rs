@@ -16,7 +16,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 
 /// Whether something listens on Unix socket `path`; says why not.
-pub fn probe_socket(path: &Path) -> Result<(), String> {
+pub(crate) fn probe_socket(path: &Path) -> Result<(), String> {
     let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => "it does not exist".to_string(),
         _ => format!("cannot stat it: {}", macvtap_link::error::io_cause(&e)),
@@ -34,7 +34,7 @@ pub fn probe_socket(path: &Path) -> Result<(), String> {
 
 /// The kubelet directory, `kubelet.sock` (where device plugins register)
 /// and the PodResources socket.
-pub fn check_kubelet(opts: &Options) -> Vec<Finding> {
+pub(crate) fn check_kubelet(opts: &Options) -> Vec<Finding> {
     let dir = &opts.kubelet_dir;
     if !dir.is_dir() {
         return vec![Finding::problem(
@@ -73,7 +73,7 @@ pub fn check_kubelet(opts: &Options) -> Vec<Finding> {
 /// it cannot be read: a warning when its directory is not mounted (the Go
 /// project's DaemonSets mount none: the daemon serves, without reclaim and
 /// heal), a problem when it is and the kubelet does not serve there.
-pub fn check_pod_resources(socket: &Path) -> Finding {
+pub(crate) fn check_pod_resources(socket: &Path) -> Finding {
     const CHECK: &str = "pod-resources-socket";
     match probe_socket(socket) {
         Ok(()) => Finding::ok(
@@ -97,7 +97,7 @@ pub fn check_pod_resources(socket: &Path) -> Finding {
 
 /// The device IDs pods hold, per the kubelet's PodResources `List` (the
 /// reclaimer's call).
-pub async fn list_allocated(opts: &Options) -> Result<HashSet<String>, String> {
+pub(crate) async fn list_allocated(opts: &Options) -> Result<HashSet<String>, String> {
     reclaim::list_allocated(&opts.pod_resources_socket(), TIMEOUT)
         .await
         .map_err(|e| e.to_string())
@@ -105,7 +105,7 @@ pub async fn list_allocated(opts: &Options) -> Result<HashSet<String>, String> {
 
 /// The daemon's own state: its `/healthz` when it serves one
 /// (`--metrics-addr`), and each resource's socket in `device-plugins/`.
-pub fn check_registration(opts: &Options, configs: &[ResourceConfig]) -> Vec<Finding> {
+pub(crate) fn check_registration(opts: &Options, configs: &[ResourceConfig]) -> Vec<Finding> {
     let mut out = Vec::new();
     if let Some(addr) = opts.metrics_addr {
         let addr = reachable(addr);

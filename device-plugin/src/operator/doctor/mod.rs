@@ -9,10 +9,10 @@
 //! [`kernel`] (`/dev` and the macvtap module). [`run`] reads the node and
 //! runs them all.
 
-pub mod cni;
-pub mod kernel;
-pub mod kubelet;
-pub mod resources;
+pub(crate) mod cni;
+pub(crate) mod kernel;
+pub(crate) mod kubelet;
+pub(crate) mod resources;
 
 use crate::options::Options;
 use serde::Serialize;
@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// How long one question to the kubelet, the daemon or the CNI may take.
-pub const TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How bad a finding is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -37,7 +37,7 @@ pub enum Level {
 
 impl Level {
     /// `ok`, `warning` or `problem`.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Level::Ok => "ok",
             Level::Warning => "warning",
@@ -59,7 +59,7 @@ pub struct Finding {
 
 impl Finding {
     /// A finding of `level` from `check`.
-    pub fn new(level: Level, check: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(level: Level, check: &'static str, message: impl Into<String>) -> Self {
         Self {
             level,
             check,
@@ -68,17 +68,17 @@ impl Finding {
     }
 
     /// An `ok` finding.
-    pub fn ok(check: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn ok(check: &'static str, message: impl Into<String>) -> Self {
         Self::new(Level::Ok, check, message)
     }
 
     /// A `warning` finding.
-    pub fn warning(check: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn warning(check: &'static str, message: impl Into<String>) -> Self {
         Self::new(Level::Warning, check, message)
     }
 
     /// A `problem` finding.
-    pub fn problem(check: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn problem(check: &'static str, message: impl Into<String>) -> Self {
         Self::new(Level::Problem, check, message)
     }
 }

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashSet};
 
 /// The resources found and what was said of them.
 #[derive(Debug, Clone, Default)]
-pub struct Gathered {
+pub(crate) struct Gathered {
     /// The resources the daemon serves with these options on this node.
     pub configs: Vec<ResourceConfig>,
     /// The findings.
@@ -24,7 +24,7 @@ pub struct Gathered {
 /// Loads the configuration `opts` names, lists the links of the calling
 /// thread's namespace and checks every resource; `allocated` is the device
 /// IDs pods hold, when the kubelet could be asked.
-pub fn gather(opts: &Options, allocated: Option<&HashSet<String>>) -> Gathered {
+pub(crate) fn gather(opts: &Options, allocated: Option<&HashSet<String>>) -> Gathered {
     let resolved = match load_config(opts) {
         Ok((r, _)) => r,
         Err(e) => {
@@ -77,7 +77,7 @@ pub fn gather(opts: &Options, allocated: Option<&HashSet<String>>) -> Gathered {
 /// The resources `resources` makes on a node with `links`: the static list,
 /// or what auto-discovery advertises (each NIC it leaves out is said, as an
 /// `ok` finding, into `findings`).
-pub fn configured(
+pub(crate) fn configured(
     resources: &Resources,
     links: &[Link],
     discover_kinds: &[String],
@@ -104,7 +104,7 @@ pub fn configured(
 /// One finding per resource: its NIC's health (a problem unless healthy),
 /// and how many of its devices pods hold when `allocated` is known; a
 /// problem when there is no resource at all.
-pub fn check_resources(
+pub(crate) fn check_resources(
     configs: &[ResourceConfig],
     links: &[Link],
     allocated: Option<&HashSet<String>>,
@@ -165,7 +165,7 @@ fn held_per_resource(allocated: &HashSet<String>) -> BTreeMap<&str, u32> {
 
 /// A warning for each macvtap on the node that looks leaked by the
 /// reclaimer's rules (held by no pod, per `allocated`), or one `ok`.
-pub fn check_leaked(
+pub(crate) fn check_leaked(
     configs: &[ResourceConfig],
     links: &[Link],
     allocated: &HashSet<String>,

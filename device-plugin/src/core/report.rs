@@ -1,0 +1,125 @@
+//! What the core tells the people who run the node as it works: one small
+//! trait, [`Observer`], that a front implements (the operator's metrics and
+//! Events in the daemon), so the core depends on no front. [`Silent`] tells
+//! no one.
+
+use crate::config::ResourceConfig;
+use crate::core::degraded::Degraded;
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+/// How a reclaim round ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RoundOutcome {
+    /// The round asked the kubelet and acted on its answer.
+    Done,
+    /// There was no PodResources socket, so the round did nothing.
+    Skipped,
+    /// The round failed (a netlink or PodResources error, logged).
+    Failed,
+}
+
+/// Where the core reports what it did and what it found: health changes,
+/// reclaim rounds, links healed and removed, and what a missing mount
+/// leaves undone.
+pub(crate) trait Observer: Send + Sync {
+    /// A resource's devices turned Unhealthy for `reason` (a
+    /// [`NicHealth::reason`](crate::core::nic::health::NicHealth::reason)).
+    fn unhealthy(&self, resource: &str, reason: &'static str);
+
+    /// A reclaim round read PodResources at `now`: `allocated` are the
+    /// device IDs pods hold, of `resources`, whose hand-outs count as in
+    /// use for `grace` before PodResources lists them.
+    fn pod_resources_listed(
+        &self,
+        resources: &[ResourceConfig],
+        allocated: &HashSet<String>,
+        grace: Duration,
+        now: Instant,
+    );
+
+    /// A round re-created `n` lost links for the pods that hold their
+    /// devices.
+    fn links_healed(&self, n: u64);
+
+    /// A round deleted leaked link `link`, which was at `ifindex`.
+    fn leaked_link_removed(&self, link: &str, ifindex: u32);
+
+    /// A reclaim round ended with `outcome`.
+    fn reclaim_round(&self, outcome: RoundOutcome);
+
+    /// A mount of the host's is missing and `gap` is what that leaves
+    /// undone (said once per outage).
+    fn degraded(&self, gap: &Degraded);
+}
+
+/// An observer that tells no one (the default of a reclaimer).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Silent;
+
+impl Observer for Silent {
+    fn unhealthy(&self, _: &str, _: &'static str) {}
+    fn pod_resources_listed(
+        &self,
+        _: &[ResourceConfig],
+        _: &HashSet<String>,
+        _: Duration,
+        _: Instant,
+    ) {
+    }
+    fn links_healed(&self, _: u64) {}
+    fn leaked_link_removed(&self, _: &str, _: u32) {}
+    fn reclaim_round(&self, _: RoundOutcome) {}
+    fn degraded(&self, _: &Degraded) {}
+}
+
+/// An observer that records what it was told, for unit tests.
+#[cfg(test)]
+#[derive(Debug, Default)]
+pub(crate) struct Recorder {
+    /// Each call, as a line such as `unhealthy dp nic_down`.
+    pub(crate) said: std::sync::Mutex<Vec<String>>,
+    /// The gaps [`Observer::degraded`] was told of.
+    pub(crate) gaps: std::sync::Mutex<Vec<Degraded>>,
+}
+
+#[cfg(test)]
+impl Recorder {
+    fn say(&self, line: String) {
+        self.said.lock().unwrap().push(line);
+    }
+
+    /// The lines said so far.
+    pub(crate) fn lines(&self) -> Vec<String> {
+        self.said.lock().unwrap().clone()
+    }
+}
+
+#[cfg(test)]
+impl Observer for Recorder {
+    fn unhealthy(&self, resource: &str, reason: &'static str) {
+        self.say(format!("unhealthy {resource} {reason}"));
+    }
+    fn pod_resources_listed(
+        &self,
+        _: &[ResourceConfig],
+        allocated: &HashSet<String>,
+        _: Duration,
+        _: Instant,
+    ) {
+        self.say(format!("listed {}", allocated.len()));
+    }
+    fn links_healed(&self, n: u64) {
+        self.say(format!("healed {n}"));
+    }
+    fn leaked_link_removed(&self, link: &str, ifindex: u32) {
+        self.say(format!("removed {link} {ifindex}"));
+    }
+    fn reclaim_round(&self, outcome: RoundOutcome) {
+        self.say(format!("round {outcome:?}"));
+    }
+    fn degraded(&self, gap: &Degraded) {
+        self.say(format!("degraded {gap}"));
+        self.gaps.lock().unwrap().push(gap.clone());
+    }
+}

@@ -1,0 +1,104 @@
+//! The operator's side of the core's [`Observer`]: what the core reports
+//! becomes Prometheus series and Kubernetes Events on the Node.
+
+use crate::config::ResourceConfig;
+use crate::core::degraded::Degraded;
+use crate::core::report::{Observer, RoundOutcome};
+use crate::operator::events::{EventSink, NodeEvent};
+use crate::operator::metrics::Metrics;
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The core's reports as the daemon's metrics and Events.
+#[derive(Debug, Clone)]
+pub(crate) struct MetricsAndEvents {
+    metrics: Arc<Metrics>,
+    events: EventSink,
+}
+
+impl MetricsAndEvents {
+    /// Reports counted in `metrics` and posted on `events`.
+    pub(crate) fn new(metrics: Arc<Metrics>, events: EventSink) -> Self {
+        Self { metrics, events }
+    }
+}
+
+impl Observer for MetricsAndEvents {
+    fn unhealthy(&self, resource: &str, reason: &'static str) {
+        self.metrics.unhealthy(resource, reason);
+    }
+
+    fn pod_resources_listed(
+        &self,
+        resources: &[ResourceConfig],
+        allocated: &HashSet<String>,
+        grace: Duration,
+        now: Instant,
+    ) {
+        self.metrics
+            .pod_resources_listed(resources, allocated, grace, now);
+    }
+
+    fn links_healed(&self, n: u64) {
+        self.metrics.links_healed(n);
+    }
+
+    fn leaked_link_removed(&self, link: &str, ifindex: u32) {
+        self.events.post(NodeEvent::LeakedLinkRemoved {
+            link: link.to_string(),
+            ifindex,
+        });
+        self.metrics.leaked_links_removed(1);
+    }
+
+    fn reclaim_round(&self, outcome: RoundOutcome) {
+        self.metrics.reclaim_round(outcome);
+    }
+
+    fn degraded(&self, gap: &Degraded) {
+        self.events.post(NodeEvent::from(gap));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_become_series_and_events() {
+        let metrics = Arc::new(Metrics::default());
+        let (events, mut posted) = EventSink::queue();
+        let o = MetricsAndEvents::new(metrics.clone(), events);
+        let r = "macvtap.network.kubevirt.io/dp";
+        o.unhealthy(r, "nic_port_in_the_way");
+        o.leaked_link_removed("mvt0123456789ab", 40);
+        o.leaked_link_removed("mvt0123456789ac", 41);
+        let t = metrics.render();
+        assert!(
+            t.contains(&format!(
+                "macvtap_dp_unhealthy_total{{resource=\"{r}\",reason=\"nic_port_in_the_way\"}} 1\n"
+            )),
+            "{t}"
+        );
+        assert!(
+            t.contains("macvtap_dp_leaked_links_removed_total 2\n"),
+            "{t}"
+        );
+        assert_eq!(
+            posted.try_recv().unwrap(),
+            NodeEvent::LeakedLinkRemoved {
+                link: "mvt0123456789ab".into(),
+                ifindex: 40
+            }
+        );
+        let gap = Degraded::pod_resources(std::path::Path::new("/x/kubelet.sock"), "gone");
+        o.degraded(&gap);
+        posted.try_recv().unwrap();
+        assert_eq!(
+            posted.try_recv().unwrap(),
+            NodeEvent::from(&gap),
+            "the gap's Event"
+        );
+    }
+}
