@@ -14,7 +14,8 @@
 #   hack/cluster.sh down    stop everything and remove all that `up` made
 #   hack/cluster.sh env     print the variables a client needs (eval it)
 #   hack/cluster.sh build   only build the binaries
-#   hack/cluster.sh status  say which processes run
+#   hack/cluster.sh status  say which processes run and whether an earlier
+#                           up's state is there
 #   hack/cluster.sh image [NAME:TAG]  build our static binaries, pack them as
 #                           the Containerfile does (hack/image-rootfs.sh)
 #                           and import the image
@@ -547,8 +548,9 @@ remove_system_dirs() {
   while IFS= read -r d; do
     [[ -e $d ]] || continue
     case $d in
-      # Wholly this cluster's: the kubelet's, and Multus' cache and directory.
-      "$KUBELET_ROOT"|/var/log/containers|/var/lib/cni/multus|/etc/cni/multus) rm -rf "$d" ;;
+      # Wholly this cluster's: the kubelet's, and Multus' cache, directory
+      # and daemon socket (left behind when Multus was killed).
+      "$KUBELET_ROOT"|/var/log/containers|/var/lib/cni/multus|/etc/cni/multus|/run/multus) rm -rf "$d" ;;
       /run/netns) rmdir "$d" 2>/dev/null || true ;;
       *) find "$d" -depth -type d -empty -delete 2>/dev/null || true ;;
     esac
@@ -662,6 +664,21 @@ cluster_pids() {
   done
   return 0
 } 2>/dev/null
+# containerd puts its shims' sockets in /run/containerd/s whatever its state
+# directory (a fixed path in containerd's pkg/shim); a shim that was killed
+# (a run that was itself killed) leaves its socket file behind. With our
+# shims ended, a socket there that no process has bound (none in
+# /proc/net/unix) is dead: it is removed, so that the directory can go.
+dead_shim_sockets() {
+  local d=/run/containerd/s f n=0
+  [[ -d $d ]] || return 0
+  for f in "$d"/*; do
+    [[ -S $f ]] || continue
+    awk -v p="$f" '$NF == p {found=1} END {exit !found}' /proc/net/unix && continue
+    rm -f "$f" && n=$((n + 1))
+  done
+  (( n == 0 )) || say "containerd: removed $n dead shim sockets from $d"
+}
 our_mounts() { # mount points under the cluster's directories, deepest first
   awk '{print $5}' /proc/self/mountinfo | grep -E "^($STATE|$RUN|$KUBELET_ROOT)(/|$)" | sort -r | uniq || true
 }
@@ -755,6 +772,7 @@ down() {
   stop containerd
   local pids; pids=$(cluster_pids | sort -u | tr '\n' ' ')
   if [[ -n ${pids// } ]]; then say "ending leftover pod processes and shims: $pids"; kill -KILL $pids 2>/dev/null || true; sleep 1; fi
+  dead_shim_sockets
   stop kube-proxy
   local fam
   for fam in ip ip6; do nft delete table "$fam" kube-proxy 2>/dev/null && say "nftables: removed kube-proxy's $fam table"; done
@@ -859,6 +877,8 @@ status() {
   local n; for n in etcd kube-apiserver kube-controller-manager kube-scheduler kube-proxy containerd kubelet; do
     if running "$n"; then echo "$n: running (pid $(cat "$RUN/$n.pid"))"; else echo "$n: not running"; fi
   done
+  # What an earlier `up` made stays until `down`, even when nothing runs.
+  if [[ -d $STATE ]]; then echo "state: $STATE (made by an earlier up; down removes it)"; else echo "state: none"; fi
 }
 
 [[ ${BASH_SOURCE[0]} == "$0" ]] || return 0

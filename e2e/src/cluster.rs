@@ -72,16 +72,35 @@ fn parse_env(text: &str) -> Result<ClusterEnv> {
 
 impl Cluster {
     /// Brings the cluster up with `hack/cluster.sh up` (idempotent: a running
-    /// cluster is kept and used as it is).
+    /// cluster is kept and used as it is). The state of an earlier cluster
+    /// whose kubelet no longer runs (a run that was killed) is brought down
+    /// first, so that the cluster starts empty rather than with that run's
+    /// objects in its etcd.
     pub fn up() -> Result<Self> {
         let status = cluster_sh(&["status"])?;
         let was_running = status.lines().any(|l| l.starts_with("kubelet: running"));
+        let stale = status
+            .lines()
+            .any(|l| l.starts_with("state: ") && l != "state: none");
+        if !was_running && stale {
+            eprintln!(
+                "an earlier cluster's state is on the machine and its kubelet does not run \
+                 (a run that was killed): hack/cluster.sh down first, for an empty cluster"
+            );
+            cluster_sh(&["down"]).context("bringing the earlier cluster down")?;
+        }
         cluster_sh(&["up"])?;
         let env = parse_env(&cluster_sh(&["env"])?)?;
         Ok(Cluster {
             env,
             started_here: !was_running,
         })
+    }
+
+    /// Whether this process brought the cluster up (rather than finding it
+    /// running, with whatever an earlier run left in it).
+    pub fn started_here(&self) -> bool {
+        self.started_here
     }
 
     /// What `hack/cluster.sh env` said.
