@@ -240,6 +240,51 @@ impl Run<'_> {
         self.start_vm_on(RESOURCE, name, mac, guest_ip)
     }
 
+    /// Deletes the VM pods `names` of namespace `default` and waits until
+    /// they are gone (their DEL has run).
+    fn delete_vm_pods(&self, names: &[&str]) -> Result<()> {
+        let mut args = vec!["-n", "default", "delete", "pod"];
+        args.extend_from_slice(names);
+        args.extend_from_slice(&["--wait=true", "--timeout=120s"]);
+        self.c.kubectl(&args)?;
+        Ok(())
+    }
+
+    /// Waits (up to the reclaim's grace and interval) until no macvtap is
+    /// on the NIC and `/dev` has no tap node beyond `taps_before`.
+    fn wait_reclaimed(&self, what: &str, taps_before: &BTreeSet<String>) -> Result<()> {
+        self.c.wait(what, Duration::from_secs(300), || {
+            Ok((macvtaps_on_nic()?.is_empty()
+                && tap_nodes().difference(taps_before).next().is_none())
+            .then_some(()))
+        })
+    }
+
+    /// A VM pod on `resource` whose guest answers a ping from `peer`, then
+    /// deleted: returns the macvtaps on the NIC once DEL gave its link back
+    /// (none of ours may be there before).
+    fn vm_pings_then_goes(
+        &self,
+        peer: &TestNs,
+        resource: &str,
+        (name, mac, ip): (&str, &str, Ipv4Addr),
+    ) -> Result<Vec<String>> {
+        self.start_vm_on(resource, name, mac, ip)?;
+        {
+            let pinger = Pinger::start(peer, ip, PING_EVERY)?;
+            ensure!(
+                pinger.wait_for(Duration::from_secs(60), |l| l.first_reply().is_some()),
+                "the guest of {name} on {resource} never answered a ping from the peer"
+            );
+        }
+        self.delete_vm_pods(&[name])?;
+        self.c
+            .wait(&format!("the CNI giving {name}'s link back"), WAIT, || {
+                let links = macvtaps_on_nic()?;
+                Ok((!links.is_empty()).then_some(links))
+            })
+    }
+
     /// [`Self::start_vm`] with the NAD `dataplane` on `resource`.
     fn start_vm_on(&self, resource: &str, name: &str, mac: &str, guest_ip: Ipv4Addr) -> Result<()> {
         let ifname = kubevirt_pod_ifname("dataplane");
@@ -508,40 +553,17 @@ fn scenario(run: &mut Run) -> Result<()> {
     ensure!(nad != example_nad, "nad.yaml changed shape:\n{example_nad}");
     c.kubectl_stdin(&["apply", "-f", "-"], Some(&nad))?;
     let vm0_ip = Ipv4Addr::new(198, 51, 100, 166);
-    run.start_vm_on(
-        &nic_resource,
-        "virt-launcher-vm0",
-        "02:00:c6:33:64:a6",
-        vm0_ip,
-    )?;
-    {
-        let pinger = Pinger::start(&peer, vm0_ip, PING_EVERY)?;
-        ensure!(
-            pinger.wait_for(Duration::from_secs(60), |l| l.first_reply().is_some()),
-            "the guest of virt-launcher-vm0 never answered a ping from the peer"
-        );
-    }
-    run.steps.say(format!(
-        "virt-launcher-vm0 on {nic_resource}: Running, its guest answers the peer's pings"
-    ));
-    c.kubectl(&[
-        "-n",
-        "default",
-        "delete",
-        "pod",
-        "virt-launcher-vm0",
-        "--wait=true",
-        "--timeout=120s",
-    ])?;
     // DEL gives the link back; reclaim removes it after its grace, which
     // the next step waits for (its ConfigMap sync overlaps that grace).
-    let vm0_links = c.wait("the CNI giving vm0's link back", WAIT, || {
-        let links = macvtaps_on_nic()?;
-        Ok((!links.is_empty()).then_some(links))
-    })?;
+    let vm0_links = run.vm_pings_then_goes(
+        &peer,
+        &nic_resource,
+        ("virt-launcher-vm0", "02:00:c6:33:64:a6", vm0_ip),
+    )?;
     run.wait_allocatable_of(&nic_resource, DISCOVERED_CAPACITY)?;
-    run.steps
-        .say(format!("vm0 deleted; its link given back: {vm0_links:?}"));
+    run.steps.say(format!(
+        "virt-launcher-vm0 on {nic_resource}: Running, its guest answers the peer's pings; deleted, its link given back: {vm0_links:?}"
+    ));
     let first = run.daemon_pod()?;
 
     run.steps
@@ -589,15 +611,7 @@ fn scenario(run: &mut Run) -> Result<()> {
         daemon["metadata"]["name"].as_str().unwrap_or("?")
     ));
     // vm0's link is on the NIC of the new resource: reclaim removes it.
-    c.wait(
-        "reclaim removing vm0's link given back",
-        Duration::from_secs(300),
-        || {
-            Ok((macvtaps_on_nic()?.is_empty()
-                && tap_nodes().difference(&taps_before).next().is_none())
-            .then_some(()))
-        },
-    )?;
+    run.wait_reclaimed("reclaim removing vm0's link given back", &taps_before)?;
     run.steps.say(format!(
         "reclaim removed vm0's link {vm0_links:?} after its grace"
     ));
@@ -871,16 +885,7 @@ fn scenario(run: &mut Run) -> Result<()> {
     ));
 
     run.steps.step("the VM pods deleted");
-    c.kubectl(&[
-        "-n",
-        "default",
-        "delete",
-        "pod",
-        "virt-launcher-vm1",
-        "virt-launcher-vm2",
-        "--wait=true",
-        "--timeout=120s",
-    ])?;
+    run.delete_vm_pods(&["virt-launcher-vm1", "virt-launcher-vm2"])?;
     // Multus' DEL ran our CNI, which gave each link back to the host's
     // namespace under its device's name (the reclaimer waits
     // --reclaim-grace before it deletes a link no pod holds).
@@ -892,15 +897,7 @@ fn scenario(run: &mut Run) -> Result<()> {
         "given back to the host's namespace: {given_back:?}"
     ));
     run.wait_allocatable(CAPACITY)?;
-    c.wait(
-        "reclaim removing the links given back",
-        Duration::from_secs(300),
-        || {
-            Ok((macvtaps_on_nic()?.is_empty()
-                && tap_nodes().difference(&taps_before).next().is_none())
-            .then_some(()))
-        },
-    )?;
+    run.wait_reclaimed("reclaim removing the links given back", &taps_before)?;
     // One Event per kind and Node: the second removal is a repeat in its
     // series (kube's recorder keys a series by reason and object, not note),
     // so the note names the first link removed.
@@ -1003,28 +1000,12 @@ fn scenario(run: &mut Run) -> Result<()> {
             .unwrap_or("?")
     ));
     let vm5_ip = Ipv4Addr::new(198, 51, 100, 167);
-    run.start_vm("virt-launcher-vm5", "02:00:c6:33:64:a7", vm5_ip)?;
-    {
-        let pinger = Pinger::start(&peer, vm5_ip, PING_EVERY)?;
-        ensure!(
-            pinger.wait_for(Duration::from_secs(60), |l| l.first_reply().is_some()),
-            "the guest of virt-launcher-vm5 never answered a ping on the chart's install"
-        );
-    }
-    c.kubectl(&[
-        "-n",
-        "default",
-        "delete",
-        "pod",
-        "virt-launcher-vm5",
-        "--wait=true",
-        "--timeout=120s",
-    ])?;
     // Its link, given back by DEL, is one the uninstall must remove.
-    let vm5_links = c.wait("the CNI giving vm5's link back", WAIT, || {
-        let links = macvtaps_on_nic()?;
-        Ok((!links.is_empty()).then_some(links))
-    })?;
+    let vm5_links = run.vm_pings_then_goes(
+        &peer,
+        RESOURCE,
+        ("virt-launcher-vm5", "02:00:c6:33:64:a7", vm5_ip),
+    )?;
     run.steps.say(format!(
         "virt-launcher-vm5's guest answers pings; deleted, its link given back: {vm5_links:?}"
     ));
@@ -1211,15 +1192,7 @@ fn go_daemonset_runs_our_image(
         text.contains("the installed CNI is not checked") && !text.contains("no CNI binary at"),
         "{what}: doctor in the Go DaemonSet's container:\n{text}"
     );
-    c.kubectl(&[
-        "-n",
-        "default",
-        "delete",
-        "pod",
-        name,
-        "--wait=true",
-        "--timeout=120s",
-    ])?;
+    run.delete_vm_pods(&[name])?;
     // Without pod-resources nothing reclaims it: the link stays in the
     // host's namespace, where the next Allocate of the device reuses it.
     c.wait(&format!("{what}: DEL giving the link back"), WAIT, || {
