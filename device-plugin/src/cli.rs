@@ -2,7 +2,7 @@
 
 use crate::config::ENV_VAR;
 use crate::glog::{self, GlogFlags};
-use crate::logging;
+use crate::logging::{self, LogFormat};
 use crate::operator::owner::Owner;
 use crate::options::Options;
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
@@ -18,15 +18,6 @@ use tracing_subscriber::filter::Targets;
 /// The default of `--metrics-addr`: every address of the node, port 9402
 /// (the DaemonSet runs with hostNetwork, so that is the node's port).
 pub(crate) const METRICS_ADDR: &str = "0.0.0.0:9402";
-
-/// Log output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
 
 /// `macvtap-deviceplugin`: advertises macvtap devices on host NICs to the kubelet.
 ///

@@ -7,11 +7,20 @@
 //! The filter is `tracing_subscriber::filter::Targets`: levels per target,
 //! without the regex engine `EnvFilter` brings into the binary.
 
-use crate::cli::LogFormat;
+use clap::ValueEnum;
 use std::env::VarError;
 use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
 
 /// The levels a filter names, as messages list them.
 const LEVELS: &str = "error, warn, info, debug, trace or off";

@@ -57,7 +57,7 @@ use crate::core::reclaim::{Reclaimer, reclaim_loop, tap_node_deleted, watch_tap_
 use crate::core::report::Observer;
 use crate::error::{Error, Result};
 use crate::fswatch::{DirWatcher, FsEvent};
-use crate::kubelet::server::{ServerContext, StreamEvent};
+use crate::kubelet::context::{ServerContext, StreamEvent};
 use crate::operator::events::{EventSink, NodeEvent};
 use crate::operator::liveness::Liveness;
 use crate::operator::metrics::Metrics;

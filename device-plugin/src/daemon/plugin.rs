@@ -4,7 +4,8 @@
 use super::RESTART_WAIT;
 use super::registration::Registration;
 use crate::config::ResourceConfig;
-use crate::kubelet::server::{PluginServer, ResourceState, ServerContext};
+use crate::kubelet::context::ServerContext;
+use crate::kubelet::server::{PluginServer, ResourceState};
 use std::path::Path;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;

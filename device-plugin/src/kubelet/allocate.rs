@@ -14,7 +14,7 @@ use crate::core::link::{PreparedDevice, hand_out};
 #[cfg(test)]
 use crate::core::link::{check_ids, prepare};
 use crate::error::{Error, Result};
-use crate::kubelet::server::ServerContext;
+use crate::kubelet::context::ServerContext;
 use crate::operator::events::NodeEvent;
 use kubelet_proto::v1beta1::{
     AllocateRequest, AllocateResponse, ContainerAllocateResponse, DeviceSpec,

@@ -7,13 +7,9 @@
 //! [`StreamEvent`], and each Allocate restarts its devices' leak clocks.
 
 use crate::config::ResourceConfig;
-use crate::core::host::SharedHost;
-use crate::core::ledger::AllocationClock;
-use crate::core::ledger::Assignments;
 use crate::error::{Error, Result};
 use crate::kubelet::allocate;
-use crate::operator::events::EventSink;
-use crate::operator::metrics::Metrics;
+use crate::kubelet::context::{ServerContext, StreamEvent};
 use kubelet_proto::transport::{Connections, bind_unix, error_chain, serve_unix};
 use kubelet_proto::v1beta1::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use kubelet_proto::v1beta1::{
@@ -23,7 +19,6 @@ use kubelet_proto::v1beta1::{
 };
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -31,33 +26,6 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::{debug, info, warn};
-
-/// A ListAndWatch stream of one server that opened or ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct StreamEvent {
-    /// The [`PluginServer::id`] of the server.
-    pub server: u64,
-    /// True when the stream opened, false when it ended.
-    pub opened: bool,
-}
-
-/// What a server shares with the rest of the daemon.
-#[derive(Debug, Clone)]
-pub(crate) struct ServerContext {
-    /// Counters.
-    pub metrics: Arc<Metrics>,
-    /// Kubernetes Events on the Node.
-    pub events: EventSink,
-    /// Where ListAndWatch streams opening and ending are reported.
-    pub streams: mpsc::UnboundedSender<StreamEvent>,
-    /// The leak clock Allocate restarts.
-    pub clock: AllocationClock,
-    /// Which `/dev/tapN` each device was handed out as (for healing).
-    pub assignments: Assignments,
-    /// The host Allocate works on: its kernel (the real one in the daemon)
-    /// and where its sysfs, tap nodes and procfs are.
-    pub host: Arc<SharedHost<'static>>,
-}
 
 static NEXT_SERVER_ID: AtomicU64 = AtomicU64::new(1);
 
