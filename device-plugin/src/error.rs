@@ -316,6 +316,19 @@ impl Error {
         tonic::Status::new(self.grpc_code(), self.to_string())
     }
 
+    /// A closure making an [`Error::Device`] for device `id`'s link `name`
+    /// from a kernel error, for `map_err`.
+    pub(crate) fn device<'a>(
+        id: &'a str,
+        name: &'a str,
+    ) -> impl Fn(macvtap_link::Error) -> Error + Copy + 'a {
+        move |source| Error::Device {
+            device_id: id.to_string(),
+            link: name.to_string(),
+            source,
+        }
+    }
+
     /// A closure making an [`Error::Io`] for `op` on `path`, for `map_err`.
     pub(crate) fn io(
         op: &'static str,

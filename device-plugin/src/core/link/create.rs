@@ -14,18 +14,6 @@ use nix::errno::Errno;
 use std::path::PathBuf;
 use tracing::{info, warn};
 
-/// Wraps a kernel error about device `id`'s link `name`.
-pub(super) fn device_error<'a>(
-    id: &'a str,
-    name: &'a str,
-) -> impl Fn(macvtap_link::Error) -> Error + Copy + 'a {
-    move |source| Error::Device {
-        device_id: id.to_string(),
-        link: name.to_string(),
-        source,
-    }
-}
-
 /// What [`recreate_device`] came to.
 #[derive(Debug)]
 pub(crate) enum Recreated {
@@ -50,7 +38,7 @@ pub(crate) fn recreate_device(
     index: u32,
 ) -> Result<Recreated> {
     let name = link_name_for_device(id);
-    let wrap = device_error(id, &name);
+    let wrap = Error::device(id, &name);
     let link = host
         .link_ops()
         .add_macvtap_at(
@@ -146,7 +134,7 @@ pub fn create_device(
 ) -> Result<PreparedDevice> {
     let handle = host.link_ops();
     let name = link_name_for_device(id);
-    let wrap = device_error(id, &name);
+    let wrap = Error::device(id, &name);
     // The kernel's EINVAL to a second port beside a passthru one names it.
     let refused = |e: macvtap_link::Error| match e.errno() {
         Some(Errno::EINVAL) => {
@@ -232,7 +220,7 @@ fn reuse_or_remove(
     name: &str,
 ) -> Result<Option<PreparedDevice>> {
     let handle = host.link_ops();
-    let wrap = device_error(id, name);
+    let wrap = Error::device(id, name);
     let Some(old) = handle.get_link(name).map_err(wrap)? else {
         return Ok(None);
     };

@@ -6,7 +6,6 @@
 //! check, and the answer is the host's `/dev/tap<ifindex>`, as the Go
 //! plugin answered.
 
-use super::create::device_error;
 use super::mountinfo::missing_tap_node_cause;
 use crate::core::host::{Host, HostPaths, TapNodes};
 use crate::error::Error;
@@ -44,7 +43,7 @@ pub(super) enum NodeError {
 impl NodeError {
     pub(super) fn for_device(self, id: &str, name: &str) -> Error {
         match self {
-            NodeError::Link(source) => device_error(id, name)(source),
+            NodeError::Link(source) => Error::device(id, name)(source),
             NodeError::Missing { node, cause } => Error::TapNodeMissing {
                 device_id: id.to_string(),
                 link: name.to_string(),
