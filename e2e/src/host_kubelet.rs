@@ -4,13 +4,13 @@
 //! v0.13.1) knows no other directory, so the side-by-side benchmarks and the
 //! upgrade e2e serve their test kubelet there.
 
+use crate::node_locks::{HOST_DEVICE_PLUGINS_LOCK, flock};
 use anyhow::{Context, Result, bail};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
 /// The kubelet's default device-plugins directory (fixed in the Go project).
 pub const HOST_DEVICE_PLUGINS: &str = "/var/lib/kubelet/device-plugins";
-const HOST_DEVICE_PLUGINS_LOCK: &str = "/tmp/macvtap-host-device-plugins.lock";
 
 /// [`HOST_DEVICE_PLUGINS`], claimed: an exclusive `flock` serialises the
 /// tests and benchmarks that use it, a live `kubelet.sock` there (a real
@@ -20,36 +20,6 @@ pub struct HostDevicePlugins {
     dir: PathBuf,
     created_dirs: Vec<PathBuf>,
     _lock: nix::fcntl::Flock<std::fs::File>,
-}
-
-/// The locks of [`HostDevicePlugins`] and of the host's PodResources path
-/// ([`crate::multus::HostPodResources`]), held together by what uses the
-/// whole of the node's `/var/lib/kubelet` (the real cluster's kubelet).
-pub struct NodeDirsLock {
-    _locks: [nix::fcntl::Flock<std::fs::File>; 2],
-}
-
-/// Takes an exclusive `flock` on `path` (created if missing), waiting for
-/// another holder to let go.
-pub(crate) fn flock(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .with_context(|| format!("opening {}", path.display()))?;
-    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| anyhow::anyhow!("locking {}: {e}", path.display()))
-}
-
-/// Waits for and takes both locks, device plugins first (as every holder
-/// of both takes them).
-pub fn lock_node_dirs() -> Result<NodeDirsLock> {
-    let dp = flock(Path::new(HOST_DEVICE_PLUGINS_LOCK))?;
-    let pr = flock(Path::new(
-        crate::multus::host_pod_resources::HOST_POD_RESOURCES_LOCK,
-    ))?;
-    Ok(NodeDirsLock { _locks: [dp, pr] })
 }
 
 impl HostDevicePlugins {

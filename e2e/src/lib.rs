@@ -15,6 +15,7 @@ pub mod manifests;
 pub mod migration;
 pub mod multus;
 pub mod node;
+pub mod node_locks;
 pub mod qmp;
 pub mod runtime;
 pub mod sandbox;

@@ -40,7 +40,7 @@ use macvtap_e2e::icmp::Pinger;
 use macvtap_e2e::multus::kubevirt_pod_ifname;
 use macvtap_e2e::sandbox::{TestNs, ip, require_root};
 use macvtap_e2e::steps::Steps;
-use macvtap_e2e::{guest, host_kubelet};
+use macvtap_e2e::{guest, host_kubelet, node_locks};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
@@ -367,7 +367,7 @@ fn the_daemonset_and_vm_pods_on_a_real_node() -> Result<()> {
     // The node's fixed paths are shared with other tests: tap nodes first,
     // then the kubelet's dirs, in the order every holder takes them.
     let _tap_lock = test_support::tap_node_lock()?;
-    let _dirs = host_kubelet::lock_node_dirs()?;
+    let _dirs = node_locks::lock_node_dirs()?;
     let cluster = Cluster::up()?;
     let mut run = Run {
         c: &cluster,

@@ -4,13 +4,12 @@
 //! as a test needs it.
 
 use crate::kubelet_socket::LenientPodResources;
+use crate::node_locks::{HOST_POD_RESOURCES_LOCK, flock};
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 
 /// The path where Multus reads the kubelet's PodResources API (fixed).
 pub const HOST_POD_RESOURCES: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
-/// The lock file that serialises the users of [`HOST_POD_RESOURCES`].
-pub(crate) const HOST_POD_RESOURCES_LOCK: &str = "/tmp/macvtap-host-pod-resources.lock";
 
 /// The node's PodResources API, also served at [`HOST_POD_RESOURCES`] for
 /// as long as this lives (see [`crate::kubelet_socket`]); tests that use
@@ -27,7 +26,7 @@ impl HostPodResources {
     /// socket or anything else is there (a real kubelet's: these tests must
     /// not run on a real node).
     pub fn serve(upstream: &Path) -> Result<Self> {
-        let lock = crate::host_kubelet::flock(Path::new(HOST_POD_RESOURCES_LOCK))?;
+        let lock = flock(Path::new(HOST_POD_RESOURCES_LOCK))?;
         let path = Path::new(HOST_POD_RESOURCES);
         claim_socket_path(path)?;
         let mut me = HostPodResources {
