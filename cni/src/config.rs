@@ -57,7 +57,7 @@ pub struct NetConf {
     #[serde(rename = "prevResult")]
     pub prev_result: Option<Value>,
     /// Attachments still valid, for GC (spec 1.1): read so that a malformed
-    /// list is refused; GC hands IPAM the raw list ([`crate::status::gc`]).
+    /// list is refused; GC hands IPAM the raw list (`crate::status::gc`).
     #[serde(rename = "cni.dev/valid-attachments")]
     pub valid_attachments: Option<Vec<Attachment>>,
     /// The older spelling of the same list.

@@ -43,7 +43,7 @@ pub(crate) const CODE_IPAM_NO_ERROR_JSON: u32 = 108;
 pub(crate) const CODE_DEVICE_NOT_ALLOCATED: u32 = 109;
 
 /// Every code the plugin answers with itself, in order: those of
-/// [`Error::code`], with 108 for an IPAM plugin that failed without error
+/// `Error::code`, with 108 for an IPAM plugin that failed without error
 /// JSON (an IPAM plugin's own code is passed on besides).
 pub const CODES: &[u32] = &[
     CODE_INCOMPATIBLE_VERSION,
@@ -69,7 +69,7 @@ pub const CODES: &[u32] = &[
 /// Result of the CNI plugin.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Every way a CNI command can fail. [`Error::code`] maps each to the CNI
+/// Every way a CNI command can fail. `Error::code` maps each to the CNI
 /// spec's error code, so the mapping lives in one place.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -7,7 +7,7 @@
 //! file (an `authorized_keys` line, a forged log entry), an escape sequence
 //! would drive the terminal of whoever reads the log. So every log line is
 //! escaped as it is written ([`EscapingWriter`]), and every error message as
-//! it leaves ([`escape_controls`] in `error_json`): whatever a message
+//! it leaves (`escape_controls` in `error_json`): whatever a message
 //! quotes, it stays on one line.
 
 use std::borrow::Cow;

@@ -11,7 +11,7 @@
 //! The kubelet limits this API to 100 calls a second with a burst of 10 for
 //! all callers together (Multus asks too, for every pod), so a burst of pod
 //! starts meets `ResourceExhausted`; that, and `Unavailable`, are tried again
-//! after a jittered back-off ([`crate::backoff`]) for at most
+//! after a jittered back-off (`crate::backoff`) for at most
 //! [`RETRY_BUDGET`], well inside the whole wait ([`TIMEOUT`]).
 //!
 //! The call is the CNI's own unary gRPC client ([`grpc_unary`]); the
@@ -55,7 +55,7 @@ pub(crate) const FIRST_PAUSE: Duration = Duration::from_millis(10);
 pub(crate) const MAX_PAUSE: Duration = Duration::from_millis(250);
 
 /// Why [`list`] brought no pod list; its `Display` is a phrase that follows
-/// "the kubelet's PodResources API at <socket>".
+/// "the kubelet's PodResources API at `<socket>`".
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ListFailure {
     /// The kubelet refused every try with a status worth retrying

@@ -179,7 +179,7 @@ pub struct InstallArgs {
 }
 
 /// What a command line says: our flags, and the Go project's glog flags
-/// taken out before clap read the rest ([`glog::take`]).
+/// taken out before clap read the rest (`glog::take`).
 #[derive(Debug, Clone)]
 pub struct CommandLine {
     /// Our flags and subcommand.
@@ -220,7 +220,7 @@ fn long_flags_with_values(command: &clap::Command, out: &mut Vec<String>) {
 
 impl CommandLine {
     /// The log filter in force: `--log-level`, else `-v`, else `RUST_LOG`
-    /// (`rust_log`), else `info` ([`logging::filter`]).
+    /// (`rust_log`), else `info` (`logging::filter`).
     pub fn log_filter(&self, rust_log: Option<&str>) -> Result<Targets, String> {
         logging::filter(
             self.args.log_level.as_ref(),

@@ -15,7 +15,7 @@
 //! shape is refused (Go exited on those). Where Go silently did something
 //! questionable, the same is done with a warning that names the entry: a
 //! repeated resource name (Go kept the last entry of that name) and a
-//! capacity above [`MAX_CAPACITY`]. An entry that cannot work (a name the
+//! capacity above `MAX_CAPACITY`. An entry that cannot work (a name the
 //! kubelet refuses, an unknown mode, a NIC name the shared interface-name
 //! rule refuses ([`macvtap_link::check_ifname`], as the CNI does), a device
 //! list too large for the kubelet to receive) is refused: from

@@ -13,7 +13,7 @@ pub struct Refusal {
     /// The status code.
     pub code: tonic::Code,
     /// Words of the message that tell this refusal from the others; empty
-    /// for [`INTERNAL`], which takes every other failure.
+    /// for `INTERNAL`, which takes every other failure.
     pub words: &'static str,
 }
 

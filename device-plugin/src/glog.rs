@@ -6,7 +6,7 @@
 //! are accepted too. They are taken out of the command line, as Go's
 //! `flag` reads them (`-name` or `--name`, `-name=value`, `-name value`
 //! for all but booleans, booleans as `-name` or `-name=false`), before
-//! clap reads the rest. `-v N` sets the log level ([`level`]); the others
+//! clap reads the rest. `-v N` sets the log level (`level`); the others
 //! change nothing (logs always go to stderr), and [`GlogFlags::warning`]
 //! is the one warning at start that says so.
 

@@ -16,7 +16,7 @@
 //! Allocate, Register, the device list) and [`operator`] (metrics, Events,
 //! `doctor`, HTTP). [`daemon`] is the loop wiring them; [`config`],
 //! [`options`] and [`cli`] say what it is told (with the Go project's flags
-//! in [`glog`]); [`fswatch`] is its one
+//! in [`glog`]); `fswatch` is its one
 //! inotify instance; [`install`] is the `install-cni` subcommand.
 
 pub mod cli;

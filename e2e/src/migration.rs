@@ -392,7 +392,7 @@ impl Cluster {
     /// every frame it sends into the switch captured on `to`'s port),
     /// QEMU with `-incoming` on a unix socket, `migrate` once
     /// [`TARGET_LEAD`] has passed since that ADD, `query-migrate` until
-    /// `completed`; then waits for [`REPLIES_AFTER`] replies after the
+    /// `completed`; then waits for `REPLIES_AFTER` replies after the
     /// switchover, stops the source QEMU and deletes the source pod (CNI
     /// DEL, device freed). Returns the VM on its new pod and what was seen.
     pub async fn migrate(

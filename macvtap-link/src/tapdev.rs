@@ -98,7 +98,7 @@ fn check_node_meta(path: &Path, meta: &std::fs::Metadata, dev: (u64, u64)) -> Re
 /// Opens `path` without following a symlink (`O_PATH | O_NOFOLLOW`) and
 /// checks that the inode opened is the char device `dev`, retrying for up to
 /// `wait` while devtmpfs creates the node (it does so as the link registers).
-/// Acting through the returned descriptor (see [`chown_tap_node`]) acts on
+/// Acting through the returned descriptor (see `chown_tap_node`) acts on
 /// exactly the inode that was checked.
 pub fn open_tap_node(path: &Path, dev: (u64, u64), wait: Duration) -> Result<File> {
     let once = || -> Result<File> {

@@ -987,7 +987,7 @@ impl Links for FakeLinks<'_> {
     }
 }
 
-/// The kernel calls as served, before [`FakeKernel::served`] decides
+/// The kernel calls as served, before `FakeKernel::served` decides
 /// whether the process lives on.
 impl FakeKernel {
     fn current_netns_op(&self) -> Result<Netns> {

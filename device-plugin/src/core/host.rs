@@ -35,7 +35,7 @@ pub struct HostPaths {
     pub dev: PathBuf,
     /// procfs (`/proc`), for the mount table.
     pub proc: PathBuf,
-    /// Whether tap nodes show in `dev` ([`HostPaths::judged`] reads it from
+    /// Whether tap nodes show in `dev` (`HostPaths::judged` reads it from
     /// the mount table; shown unless judged otherwise).
     pub tap_nodes: TapNodes,
 }
@@ -168,7 +168,7 @@ pub struct SharedHost<'k> {
 impl<'k> SharedHost<'k> {
     /// The calling thread's namespace on `kernel` (the real one in the
     /// daemon, the fake in unit tests), with the host's file systems at
-    /// `paths`; no handle is opened before the first [`SharedHost::run`].
+    /// `paths`; no handle is opened before the first `SharedHost::run`.
     pub fn new(kernel: &'k dyn Kernel, paths: HostPaths) -> Self {
         Self {
             kernel,

@@ -6,14 +6,14 @@
 //! hands it to that kind's handler (`on_signal`, `on_links`,
 //! `on_fs_events`, `on_stream_event`, `on_registration_done`, `on_timer`).
 //! It reacts to:
-//! - link changes from [`crate::core::link_table`] (health, NUMA, auto-discovery of
+//! - link changes from `crate::core::link_table` (health, NUMA, auto-discovery of
 //!   the resources they touch: `reconcile.rs`);
-//! - inotify events on one [`DirWatcher`]: in the device-plugins directory
+//! - inotify events on one `DirWatcher`: in the device-plugins directory
 //!   (a new `kubelet.sock` means a restarted kubelet: re-serve where our
 //!   socket was deleted, and register again: `registration_effects.rs`),
 //!   in the config file's directory (live reload: `reload.rs`) and in
 //!   `/dev` (a deleted tap node starts a reclaim round at once);
-//! - ListAndWatch streams opening and ending ([`StreamEvent`]s from the
+//! - ListAndWatch streams opening and ending (`StreamEvent`s from the
 //!   servers): a registered resource whose stream ended, or that got none
 //!   within `registration::STREAM_WAIT` of registering, registers again (the kubelet
 //!   never reopens a stream itself);
@@ -25,7 +25,7 @@
 //!   return).
 //!
 //! The loop beats its [`Liveness`] after each input (timers included, so an
-//! idle loop beats at least every [`SOCKET_CHECK`]); `/healthz`, served on
+//! idle loop beats at least every `SOCKET_CHECK`); `/healthz`, served on
 //! a thread of its own, reports a loop that stopped beating.
 //!
 //! Each resource's registration is a state machine of plain transitions

@@ -53,7 +53,7 @@ pub(crate) fn allocate(
 }
 
 /// An Allocate as the plugin server serves it, on `host` (the daemon's
-/// shared handle on its kernel): [`hand_out`] (leak clocks, links, the
+/// shared handle on its kernel): `hand_out` (leak clocks, links, the
 /// record), answered.
 pub fn serve(
     host: &SharedHost,

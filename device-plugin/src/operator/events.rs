@@ -82,7 +82,7 @@ pub enum NodeEvent {
     },
     /// A master (bridge, bond, OVS) took a resource's NIC, or another port
     /// on it is in the way of the resource's mode: its devices are Unhealthy
-    /// until that is undone. Posted with reason [`NIC_ENSLAVED`]
+    /// until that is undone. Posted with reason `NIC_ENSLAVED`
     /// (`MacvtapNICEnslaved`), kept for compatibility with what clusters
     /// already match on.
     NicUnusable {
@@ -140,7 +140,7 @@ pub enum NodeEvent {
         error: String,
     },
     /// The host's `/dev` is not mounted: what that leaves undone, and the
-    /// mount ([`crate::core::degraded::Degraded`]'s sentence).
+    /// mount (`crate::core::degraded::Degraded`'s sentence).
     HostDevMissing {
         /// The sentence.
         what: String,

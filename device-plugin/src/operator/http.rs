@@ -3,7 +3,7 @@
 //! that reports it.
 //!
 //! Limits, for a port every pod on the node can reach:
-//! - at most [`MAX_CONNECTIONS`] connections. Beyond it, a new connection
+//! - at most `MAX_CONNECTIONS` connections. Beyond it, a new connection
 //!   takes the place of the oldest one that has not sent its request head
 //!   yet (an idle one), which is closed; when none is idle, the new one
 //!   waits (and the ones after it wait in the kernel's accept queue) until
@@ -11,7 +11,7 @@
 //!   and the daemon holds at most `MAX_CONNECTIONS + 1` sockets of clients;
 //! - the request head within [`HEADER_READ_TIMEOUT`] of connecting, and
 //!   the whole exchange within [`CONNECTION_LIFETIME`];
-//! - a request head of at most [`MAX_HEAD_BYTES`] and [`MAX_HEADERS`]
+//! - a request head of at most `MAX_HEAD_BYTES` and `MAX_HEADERS`
 //!   headers (larger gets 431), and no body (413);
 //! - one request per connection (no keep-alive).
 

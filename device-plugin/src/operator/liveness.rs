@@ -7,7 +7,7 @@
 //! Register in flight or a retry due (`daemon/registration.rs` has no other
 //! state), and retries run from the loop's timers. So a resource stuck
 //! outside "registered or retrying" can only be a loop that stopped
-//! beating, which is what [`Liveness::check`] reports.
+//! beating, which is what `Liveness::check` reports.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -25,7 +25,7 @@ pub struct Liveness {
 }
 
 impl Liveness {
-    /// A loop that beat at `now` and is stuck after [`STUCK_AFTER`] without
+    /// A loop that beat at `now` and is stuck after `STUCK_AFTER` without
     /// another beat.
     pub fn new(now: Instant) -> Self {
         Self {

@@ -1,6 +1,6 @@
 //! The daemon's metrics: counters, gauges and the Allocate latency
 //! histogram as `prometheus-client` families, with the standard `process_*`
-//! metrics ([`crate::operator::procstat`]) and a build-info gauge, rendered in the
+//! metrics (`crate::operator::procstat`) and a build-info gauge, rendered in the
 //! OpenMetrics text format that Prometheus scrapes.
 //!
 //! Counters are OpenMetrics families named without `_total` (`# TYPE

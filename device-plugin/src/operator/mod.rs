@@ -1,10 +1,10 @@
 //! The operator's front: what the daemon shows the people who run it.
 //! Prometheus metrics ([`metrics`], with the Go client's `process_*` from
-//! [`procstat`]), the liveness heartbeat ([`liveness`]) and the HTTP server
+//! `procstat`), the liveness heartbeat ([`liveness`]) and the HTTP server
 //! of both ([`http`]), Kubernetes Events on the Node ([`events`]) and the
 //! `doctor` subcommand's checks of a node ([`doctor`]), and the watch of
 //! our DaemonSet that tells an uninstall from a restart ([`owner`]). The
-//! core reports to it through [`observer`].
+//! core reports to it through `observer`.
 
 pub mod doctor;
 pub mod events;

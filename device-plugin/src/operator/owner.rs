@@ -1,6 +1,6 @@
 //! Whether the daemon's own DaemonSet is being deleted: an uninstall
 //! (`kubectl delete -k`, `helm uninstall`), after which the daemon cleans
-//! the node as it exits ([`crate::core::cleanup`]), as opposed to a
+//! the node as it exits (`crate::core::cleanup`), as opposed to a
 //! rollout or a restart, after which the next pod takes over what is there.
 //!
 //! A watch of the one DaemonSet (a field selector on its name, which RBAC

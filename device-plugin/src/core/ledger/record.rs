@@ -12,7 +12,7 @@ use tracing::{info, warn};
 /// The ifindex each device's macvtap had when Allocate last handed it out
 /// (so its pod's containers get `/dev/tap<ifindex>`), with its resource's
 /// short name. Written by the plugin servers, read by the healer; when made
-/// with [`Assignments::persisted`], every new assignment is also appended
+/// with `Assignments::persisted`, every new assignment is also appended
 /// to the record's journal ([`super::record_file`]) before it is
 /// answered, so a restarted daemon heals what the previous one handed out;
 /// a thread of its own then flushes it to disk and folds the journal into

@@ -21,7 +21,7 @@
 //! writing the whole record would grow with every device handed out. The
 //! record itself is rewritten (compacted: the journal folded in, then
 //! emptied) off the Allocate's path, when the journal grows past
-//! [`COMPACT_BYTES`] and whenever devices are forgotten; a reader takes the
+//! `COMPACT_BYTES` and whenever devices are forgotten; a reader takes the
 //! record, then the journal's lines over it, so a kill between the two
 //! steps of a compaction loses nothing. A line cut short by a kill is
 //! dropped with a warning.
@@ -29,15 +29,15 @@
 //! The record is written whole, to a temporary file renamed over the old one:
 //! a process that dies at any point (a crash, an OOM kill, the pod
 //! replaced) leaves the old record or the new one, never a mix, and what it
-//! wrote is in the page cache for the next daemon. [`flush`] then makes it
+//! wrote is in the page cache for the next daemon. `flush` then makes it
 //! durable (`fsync` of the file and the directory), off the Allocate's path
 //! ([`crate::core::ledger::Assignments`] runs it on a thread of its own): an
 //! `fsync` costs milliseconds on a busy disk, and the only failure it guards
 //! against, a power loss or kernel crash in the moment after an Allocate,
 //! takes the node's links with it anyway. It
 //! is read as possibly corrupt (a disk's or another version's doing): it
-//! must be under [`MAX_BYTES`], each entry must name a device ID of its
-//! resource and an ifindex the kernel can give, at most [`MAX_ENTRIES`] are
+//! must be under `MAX_BYTES`, each entry must name a device ID of its
+//! resource and an ifindex the kernel can give, at most `MAX_ENTRIES` are
 //! kept, and anything else is dropped with a warning. A device is written
 //! before Allocate answers, so the record is never older than what the
 //! kubelet was told.

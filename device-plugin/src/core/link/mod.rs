@@ -1,7 +1,7 @@
-//! A device's macvtap: made or reused ([`create`]), a refusal of the
-//! kernel's explained ([`refusal`]), its tap node checked ([`devfs`], with
-//! [`mountinfo`] for why a node never appears), and the devices of one
-//! request made all or none ([`prepare`]).
+//! A device's macvtap: made or reused (`create`), a refusal of the
+//! kernel's explained (`refusal`), its tap node checked (`devfs`, with
+//! `mountinfo` for why a node never appears), and the devices of one
+//! request made all or none (`prepare`).
 
 mod create;
 mod devfs;

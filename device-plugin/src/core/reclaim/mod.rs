@@ -22,16 +22,16 @@
 //! (without the host's `/dev` a link in a pod looks lost, so nothing is
 //! healed). When PodResources cannot be read, a round deletes and heals
 //! nothing, and says so once per outage, with the mount that would enable
-//! it ([`crate::core::degraded`]): a warning and an Event. Every kernel
+//! it (`crate::core::degraded`): a warning and an Event. Every kernel
 //! operation goes through the reclaimer's kernel (the real one in the
 //! daemon, the fake in unit tests), on a blocking thread: the links are
 //! listed on one, the kubelet is asked, and the rest of the round (the
 //! record pruned, heal, the deletions) runs on one more.
 //!
-//! The rules are plain functions ([`rules`]: what the kubelet holds, what
+//! The rules are plain functions (`rules`: what the kubelet holds, what
 //! looks leaked, what the record forgets); the kubelet is asked through
-//! [`pod_resources`]; a tap node's deletion starts a round at once
-//! ([`tap_watch`]); [`Reclaimer`] is the one round runner.
+//! `pod_resources`; a tap node's deletion starts a round at once
+//! (`tap_watch`); [`Reclaimer`] is the one round runner.
 
 mod pod_resources;
 mod rules;

@@ -3,10 +3,10 @@
 //!
 //! Each group of checks is a module of plain functions that take what was
 //! read from the node and return findings, so tests call them directly:
-//! [`resources`] (each resource's NIC, the devices pods hold, leaked links),
-//! [`kubelet`] (the kubelet's directory and sockets, the daemon's own
-//! registration), [`cni`] (the installed CNI and its node settings) and
-//! [`kernel`] (`/dev` and the macvtap module). [`run`] reads the node and
+//! `resources` (each resource's NIC, the devices pods hold, leaked links),
+//! `kubelet` (the kubelet's directory and sockets, the daemon's own
+//! registration), `cni` (the installed CNI and its node settings) and
+//! `kernel` (`/dev` and the macvtap module). [`run`] reads the node and
 //! runs them all.
 
 pub(crate) mod cni;
@@ -115,7 +115,7 @@ fn failure_json(message: &str) -> String {
 /// What `doctor` checks besides the daemon's options.
 #[derive(Debug, Clone)]
 pub struct Target {
-    /// The host's CNI bin dir; `None` looks in [`cni::CNI_BIN_DIRS`].
+    /// The host's CNI bin dir; `None` looks in `cni::CNI_BIN_DIRS`.
     pub cni_bin_dir: Option<PathBuf>,
     /// The CNI's file name there.
     pub cni_name: String,
