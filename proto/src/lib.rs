@@ -17,8 +17,6 @@
 
 /// The kubelet device plugin API, package `v1beta1`.
 #[allow(missing_docs, clippy::all, clippy::unwrap_used, clippy::expect_used)]
-// The generated docs copy the .proto comments, whose `<kubelet dir>` reads as HTML.
-#[allow(rustdoc::invalid_html_tags)]
 pub mod v1beta1 {
     include!(concat!(env!("OUT_DIR"), "/v1beta1.rs"));
 
