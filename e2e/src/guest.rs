@@ -109,9 +109,7 @@ pub fn build_with_iperf(cache: &Path) -> Result<Guest> {
 fn build_variant(cache: &Path, iperf: bool) -> Result<Guest> {
     std::fs::create_dir_all(cache).with_context(|| format!("creating {}", cache.display()))?;
     // Tests build in parallel: one at a time per cache.
-    let lock_file = std::fs::File::create(cache.join(".lock"))?;
-    let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| anyhow::anyhow!("locking the guest cache: {e}"))?;
+    let _lock = test_support::flock(&cache.join(".lock"))?;
     let busybox = static_busybox()?;
     let kdeb = cache.join("kdeb");
     if find_vmlinuz(&kdeb).is_none() {

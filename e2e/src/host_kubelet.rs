@@ -4,10 +4,11 @@
 //! v0.13.1) knows no other directory, so the side-by-side benchmarks and the
 //! upgrade e2e serve their test kubelet there.
 
-use crate::node_locks::{HOST_DEVICE_PLUGINS_LOCK, flock};
+use crate::node_locks::HOST_DEVICE_PLUGINS_LOCK;
 use anyhow::{Context, Result, bail};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
+use test_support::flock;
 
 /// The kubelet's default device-plugins directory (fixed in the Go project).
 pub const HOST_DEVICE_PLUGINS: &str = "/var/lib/kubelet/device-plugins";

@@ -5,8 +5,9 @@
 //! what uses the whole of the node's `/var/lib/kubelet` (the real cluster's
 //! kubelet).
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use std::path::Path;
+use test_support::flock;
 
 /// The lock file that serialises the users of
 /// [`crate::host_kubelet::HOST_DEVICE_PLUGINS`].
@@ -19,19 +20,6 @@ pub(crate) const HOST_POD_RESOURCES_LOCK: &str = "/tmp/macvtap-host-pod-resource
 /// node's `/var/lib/kubelet`.
 pub struct NodeDirsLock {
     _locks: [nix::fcntl::Flock<std::fs::File>; 2],
-}
-
-/// Takes an exclusive `flock` on `path` (created if missing), waiting for
-/// another holder to let go.
-pub(crate) fn flock(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .with_context(|| format!("opening {}", path.display()))?;
-    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| anyhow::anyhow!("locking {}: {e}", path.display()))
 }
 
 /// Waits for and takes both locks, device plugins first (as every holder

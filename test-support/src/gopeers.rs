@@ -350,10 +350,7 @@ pub fn build(peer: &GoPeer) -> Result<Vec<PathBuf>> {
         .map(|p| out_dir.join(binary_name(p)))
         .collect();
     let lock_path = peers.join(format!("{slug}.lock"));
-    let lock = std::fs::File::create(&lock_path)
-        .with_context(|| format!("creating {}", lock_path.display()))?;
-    let _lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| anyhow!("locking {}: {e}", lock_path.display()))?;
+    let _lock = crate::lockfile::flock(&lock_path)?;
     if bins.iter().all(|b| b.exists()) {
         return Ok(bins);
     }

@@ -12,6 +12,8 @@
 //! - [`gopeers`]: the Go programs the tests run beside ours (Multus, the
 //!   reference CNI plugins, the Go project we replace), built from the Go
 //!   module proxy by the pinned modules under `hack/peers/`.
+//! - [`lockfile`]: [`flock`], an exclusive lock on a lock file, for
+//!   fixtures that take turns across processes.
 //! - [`capture`]: every frame an interface sees, from an `AF_PACKET`
 //!   socket, for tests that show a link stayed silent or spoke.
 //!
@@ -22,9 +24,11 @@
 pub mod capture;
 pub mod fake;
 pub mod gopeers;
+pub mod lockfile;
 pub mod netns;
 pub mod tapnode;
 
 pub use fake::FakeKernel;
+pub use lockfile::flock;
 pub use netns::{TestNs, ip, require_root, sh};
 pub use tapnode::{TAP_NODE_LOCK, tap_node_lock, test_namespace_owner, unique_ifindex};

@@ -13,8 +13,9 @@
 //!   [`unique_ifindex`], far above what the kernel hands out in a fresh
 //!   namespace, and so needs no lock and runs in parallel.
 
+use crate::lockfile::flock;
 use crate::netns::delete_macvtaps_in;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -26,15 +27,7 @@ pub const TAP_NODE_LOCK: &str = "/tmp/macvtap-tap-nodes.lock";
 /// and threads. Taking it also sweeps the namespaces that test processes no
 /// longer running left behind.
 pub fn tap_node_lock() -> Result<nix::fcntl::Flock<std::fs::File>> {
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(TAP_NODE_LOCK)
-        .with_context(|| format!("opening {TAP_NODE_LOCK}"))?;
-    let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| e)
-        .with_context(|| format!("locking {TAP_NODE_LOCK}"))?;
+    let lock = flock(Path::new(TAP_NODE_LOCK))?;
     sweep_stale_test_namespaces();
     Ok(lock)
 }

@@ -6,7 +6,7 @@
 //! worktrees and engineers), and refuses to run while a daemon it did not
 //! start serves that socket.
 
-use nix::fcntl::{Flock, FlockArg};
+use nix::fcntl::Flock;
 use std::fs::File;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -41,15 +41,7 @@ pub fn lock() -> DhcpLock {
         Path::new(dnsmasq).exists(),
         "NOT RUN: {dnsmasq} is missing; install dnsmasq-base (hack/setup.sh does)"
     );
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(DHCP_LOCK)
-        .unwrap();
-    let lock = Flock::lock(file, FlockArg::LockExclusive)
-        .map_err(|(_, e)| e)
-        .unwrap();
+    let lock = test_support::flock(Path::new(DHCP_LOCK)).unwrap();
     if Path::new(DHCP_SOCKET).exists() {
         if UnixStream::connect(DHCP_SOCKET).is_ok() {
             panic!(

@@ -4,9 +4,10 @@
 //! as a test needs it.
 
 use crate::kubelet_socket::LenientPodResources;
-use crate::node_locks::{HOST_POD_RESOURCES_LOCK, flock};
+use crate::node_locks::HOST_POD_RESOURCES_LOCK;
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
+use test_support::flock;
 
 /// The path where Multus reads the kubelet's PodResources API (fixed).
 pub const HOST_POD_RESOURCES: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
