@@ -17,7 +17,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
@@ -45,6 +45,9 @@ pub(crate) const ALLOCATE_FAILED: &str = "MacvtapAllocateFailed";
 pub(crate) const HOST_DEV_MISSING: &str = "MacvtapHostDevMissing";
 /// Event reason: the kubelet's PodResources API cannot be read.
 pub(crate) const POD_RESOURCES_UNREADABLE: &str = "MacvtapPodResourcesUnreadable";
+/// Event reason: an uninstall's clean-up left things on the node that are
+/// still in use (devices pods hold, links just handed out).
+pub(crate) const UNINSTALL_KEPT: &str = "MacvtapUninstallKept";
 /// Every reason of our Events, in [`NodeEvent`]'s order.
 pub const REASONS: &[&str] = &[
     NIC_DOWN,
@@ -57,6 +60,7 @@ pub const REASONS: &[&str] = &[
     ALLOCATE_FAILED,
     HOST_DEV_MISSING,
     POD_RESOURCES_UNREADABLE,
+    UNINSTALL_KEPT,
 ];
 /// How many Events may wait for the publisher before new ones are dropped.
 const QUEUE: usize = 256;
@@ -151,6 +155,11 @@ pub enum NodeEvent {
         /// The sentence.
         what: String,
     },
+    /// An uninstall's clean-up kept what is still in use, and why.
+    UninstallKept {
+        /// What was kept and why, as the log line says it.
+        kept: String,
+    },
 }
 
 impl From<&crate::core::degraded::Degraded> for NodeEvent {
@@ -179,6 +188,7 @@ impl NodeEvent {
             Self::AllocateRefused { .. } => ALLOCATE_FAILED,
             Self::HostDevMissing { .. } => HOST_DEV_MISSING,
             Self::PodResourcesUnreadable { .. } => POD_RESOURCES_UNREADABLE,
+            Self::UninstallKept { .. } => UNINSTALL_KEPT,
         }
     }
 
@@ -249,6 +259,11 @@ impl NodeEvent {
             ),
             Self::HostDevMissing { what } => (EventType::Warning, "Start", capital(what)),
             Self::PodResourcesUnreadable { what } => (EventType::Warning, "Reclaim", capital(what)),
+            Self::UninstallKept { kept } => (
+                EventType::Warning,
+                "Uninstall",
+                format!("Uninstall kept on this node what is still in use: {kept}"),
+            ),
         };
         Event {
             type_,
@@ -301,6 +316,9 @@ pub(crate) fn node_reference(node: &str) -> ObjectReference {
 #[derive(Clone, Default)]
 pub struct EventSink {
     tx: Option<mpsc::Sender<NodeEvent>>,
+    /// Where [`EventSink::flush`] asks the publisher to say when it has
+    /// handled every Event queued before.
+    flush: Option<mpsc::Sender<oneshot::Sender<()>>>,
 }
 
 impl fmt::Debug for EventSink {
@@ -323,7 +341,13 @@ impl EventSink {
     #[cfg(test)]
     pub(crate) fn queue() -> (Self, mpsc::Receiver<NodeEvent>) {
         let (tx, rx) = mpsc::channel(QUEUE);
-        (Self { tx: Some(tx) }, rx)
+        (
+            Self {
+                tx: Some(tx),
+                flush: None,
+            },
+            rx,
+        )
     }
 
     /// Queues `ev` for the publisher; dropped when Events are off or the
@@ -354,8 +378,31 @@ impl EventSink {
         };
         let reference = node_reference(node);
         let (tx, rx) = mpsc::channel(QUEUE);
-        let task = tokio::spawn(publish(client, reporter, reference, rx, pause));
-        (Self { tx: Some(tx) }, task)
+        let (flush, flushes) = mpsc::channel(1);
+        let task = tokio::spawn(publish(client, reporter, reference, (rx, flushes), pause));
+        (
+            Self {
+                tx: Some(tx),
+                flush: Some(flush),
+            },
+            task,
+        )
+    }
+
+    /// Waits up to `bound` until the publisher has handled (posted, or
+    /// dropped after a refusal) every Event queued before this call: what
+    /// an exiting daemon posts last is not lost with the process.
+    pub async fn flush(&self, bound: Duration) {
+        let Some(flush) = &self.flush else { return };
+        let (done, handled) = oneshot::channel();
+        let asked = async {
+            if flush.send(done).await.is_ok() {
+                let _ = handled.await;
+            }
+        };
+        if tokio::time::timeout(bound, asked).await.is_err() {
+            debug!(bound = ?bound, "Events queued at exit may not all be posted");
+        }
     }
 
     /// Events from the environment: on when `node_name` is set and API
@@ -388,34 +435,77 @@ impl EventSink {
     }
 }
 
+/// The publisher's state: one recorder per kind of Event, and whether
+/// posting fails or was refused.
+struct Publisher {
+    client: kube::Client,
+    reporter: Reporter,
+    reference: ObjectReference,
+    pause: Duration,
+    // One recorder per kind of Event, so that one can be started afresh
+    // without forgetting the others' series. The reason names the kind: each
+    // reason has one type and one action (see `NodeEvent::to_event`).
+    recorders: HashMap<&'static str, Recorder>,
+    failing: bool,
+    // Until when Events are dropped after a refusal; still set (and
+    // passed) when the next try is refused again.
+    refused_until: Option<Instant>,
+}
+
 async fn publish(
     client: kube::Client,
     reporter: Reporter,
     reference: ObjectReference,
-    mut rx: mpsc::Receiver<NodeEvent>,
+    (mut rx, mut flushes): (
+        mpsc::Receiver<NodeEvent>,
+        mpsc::Receiver<oneshot::Sender<()>>,
+    ),
     pause: Duration,
 ) {
-    // One recorder per kind of Event, so that one can be started afresh
-    // without forgetting the others' series. The reason names the kind: each
-    // reason has one type and one action (see `NodeEvent::to_event`).
-    let mut recorders: HashMap<&'static str, Recorder> = HashMap::new();
-    let mut failing = false;
-    // Until when Events are dropped after a refusal; still set (and
-    // passed) when the next try is refused again.
-    let mut refused_until: Option<Instant> = None;
-    while let Some(ev) = rx.recv().await {
-        if refused_until.is_some_and(|t| Instant::now() < t) {
+    let mut p = Publisher {
+        client,
+        reporter,
+        reference,
+        pause,
+        recorders: HashMap::new(),
+        failing: false,
+        refused_until: None,
+    };
+    loop {
+        // Events before flushes: a flush is answered once every Event queued
+        // before it is handled.
+        tokio::select! {
+            biased;
+            ev = rx.recv() => match ev {
+                Some(ev) => p.handle(ev).await,
+                None => break,
+            },
+            Some(done) = flushes.recv() => {
+                while let Ok(ev) = rx.try_recv() {
+                    p.handle(ev).await;
+                }
+                let _ = done.send(());
+            }
+        }
+    }
+}
+
+impl Publisher {
+    /// Posts `ev`, or drops it during the pause after a refusal.
+    async fn handle(&mut self, ev: NodeEvent) {
+        if self.refused_until.is_some_and(|t| Instant::now() < t) {
             debug!(
                 reason = ev.reason(),
                 "dropping an Event: the API server refused the last one"
             );
-            continue;
+            return;
         }
         let event = ev.to_event();
-        let recorder = recorders
+        let recorder = self
+            .recorders
             .entry(ev.reason())
-            .or_insert_with(|| Recorder::new(client.clone(), reporter.clone()));
-        let mut result = recorder.publish(&event, &reference).await;
+            .or_insert_with(|| Recorder::new(self.client.clone(), self.reporter.clone()));
+        let mut result = recorder.publish(&event, &self.reference).await;
         if let Err(kube::Error::Api(status)) = &result
             && status.code == 404
         {
@@ -425,32 +515,32 @@ async fn publish(
             // keeps patching the one in its cache, so a new recorder, with
             // an empty cache, creates it.
             debug!(reason = %event.reason, "the Event to patch is gone; creating it anew");
-            *recorder = Recorder::new(client.clone(), reporter.clone());
-            result = recorder.publish(&event, &reference).await;
+            *recorder = Recorder::new(self.client.clone(), self.reporter.clone());
+            result = recorder.publish(&event, &self.reference).await;
         }
         match result {
             Ok(()) => {
-                if failing || refused_until.is_some() {
+                if self.failing || self.refused_until.is_some() {
                     info!("posting Kubernetes Events works again");
                 }
-                failing = false;
-                refused_until = None;
+                self.failing = false;
+                self.refused_until = None;
             }
             Err(kube::Error::Api(status)) if status.code == 401 || status.code == 403 => {
-                if refused_until.is_none() {
-                    warn!(error = %status.message, pause = ?pause, "Kubernetes Events are off: the API server refused to create an Event (the service account needs create and patch on events.k8s.io events); Events are dropped for the pause, then tried again");
+                if self.refused_until.is_none() {
+                    warn!(error = %status.message, pause = ?self.pause, "Kubernetes Events are off: the API server refused to create an Event (the service account needs create and patch on events.k8s.io events); Events are dropped for the pause, then tried again");
                 } else {
                     debug!(error = %status.message, "the API server refused an Event again");
                 }
-                refused_until = Some(Instant::now() + pause);
+                self.refused_until = Some(Instant::now() + self.pause);
             }
             Err(e) => {
-                if !failing {
+                if !self.failing {
                     warn!(error = %e, "posting a Kubernetes Event failed; the daemon carries on");
                 } else {
                     debug!(error = %e, "posting a Kubernetes Event failed again");
                 }
-                failing = true;
+                self.failing = true;
             }
         }
     }
@@ -519,6 +609,7 @@ mod tests {
             },
             NodeEvent::HostDevMissing { what: "w".into() },
             NodeEvent::PodResourcesUnreadable { what: "w".into() },
+            NodeEvent::UninstallKept { kept: "k".into() },
         ];
         for ev in &all {
             match ev {
@@ -531,7 +622,8 @@ mod tests {
                 | NodeEvent::LeakedLinkRemoved { .. }
                 | NodeEvent::AllocateRefused { .. }
                 | NodeEvent::HostDevMissing { .. }
-                | NodeEvent::PodResourcesUnreadable { .. } => {}
+                | NodeEvent::PodResourcesUnreadable { .. }
+                | NodeEvent::UninstallKept { .. } => {}
             }
         }
         all
@@ -563,7 +655,10 @@ mod tests {
     async fn an_off_sink_drops_events() {
         // The measure sees a post: a sink with a publisher's queue holds it.
         let (tx, mut rx) = mpsc::channel(QUEUE);
-        let on = EventSink { tx: Some(tx) };
+        let on = EventSink {
+            tx: Some(tx),
+            flush: None,
+        };
         on.post(removed());
         assert_eq!(queued(&on), 1);
         assert_eq!(rx.try_recv().ok(), Some(removed()));

@@ -104,6 +104,15 @@ impl Assignments {
         }
     }
 
+    /// Stops writing the file: assignments from now on are kept in memory
+    /// only. Waits for an append or compaction under way, so once this
+    /// returns nothing of this daemon writes (or re-creates) the record: an
+    /// uninstall calls it before it removes the record.
+    pub(crate) fn close(&self) {
+        let _io = self.io.lock().unwrap_or_else(|e| e.into_inner());
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).file = None;
+    }
+
     /// Where `device_id` was handed out, if this daemon (or one before it,
     /// per the file) handed it out.
     pub(crate) fn get(&self, device_id: &str) -> Option<Assigned> {
@@ -211,6 +220,10 @@ fn spawn_flusher(
         .spawn(move || {
             while rx.recv().is_ok() {
                 while rx.try_recv().is_ok() {}
+                if inner.lock().unwrap_or_else(|e| e.into_inner()).file.is_none() {
+                    // Closed: the record is not ours to write any more.
+                    continue;
+                }
                 if record_file::journal_len(&path) > record_file::COMPACT_BYTES {
                     if let Err(e) = compact(&inner, &io) {
                         warn!(error = %e, "cannot fold the journal into the record of handed-out devices");
