@@ -552,4 +552,67 @@ mod tests {
             out.kept
         );
     }
+
+    /// Finding 4 of issue 44: an Allocate still on its blocking thread when
+    /// the uninstall starts makes its link after the clean-up would have
+    /// listed the links, and its record write would re-create the removed
+    /// record. The clean-up closes the gate first (which waits for it) and
+    /// the record's keeper, then lists: the link is seen (and kept, as just
+    /// handed out), and nothing writes the record after its removal.
+    #[test]
+    fn the_clean_up_waits_for_an_allocate_under_way_and_nothing_writes_the_record_after() {
+        use crate::core::inflight::{Closed, InFlight};
+        use crate::core::ledger::Assignments;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let n = Node::new();
+        let record = record_file::path_in(&n.plugin_dir);
+        let assignments = Assignments::persisted(record.clone());
+        let clock = AllocationClock::default();
+        let gate = InFlight::default();
+        let pass = rt.block_on(gate.enter()).expect("the gate is open");
+        let made = link_name_for_device("eth0Mvp0");
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let (n_ref, clock_ref, assignments_ref, made_ref) = (&n, &clock, &assignments, &made);
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                let _pass = pass;
+                wait.recv().unwrap();
+                clock_ref.allocated(made_ref, Instant::now());
+                n_ref.macvtap(made_ref, "eth0");
+                assignments_ref.handed_out("eth0", &[("eth0Mvp0", 40)]);
+            });
+            rt.block_on(async {
+                let closing = gate.close(Duration::from_secs(600));
+                tokio::pin!(closing);
+                tokio::select! {
+                    biased;
+                    c = &mut closing => panic!("closed while an Allocate holds a pass: {c:?}"),
+                    () = tokio::task::yield_now() => {}
+                }
+                go.send(()).unwrap();
+                assert_eq!(closing.await, Closed::Settled);
+            });
+        });
+        assert!(
+            rt.block_on(gate.enter()).is_none(),
+            "an Allocate after the close"
+        );
+        assignments.close();
+        let out = n.clean(&held(&[]), &clock, Instant::now());
+        assert!(
+            out.kept
+                .iter()
+                .any(|k| k.contains(&made) && k.contains("within the reclaim grace")),
+            "the link made under way was not seen: {out:?}"
+        );
+        assert!(!record.parent().unwrap().exists(), "{out:?}");
+        assignments.handed_out("eth0", &[("eth0Mvp1", 41)]);
+        assert!(
+            !record.parent().unwrap().exists(),
+            "a write after the clean-up re-created the record"
+        );
+    }
 }
