@@ -453,37 +453,37 @@ fn pause_pid_of(uid: &str) -> Result<u32> {
 }
 
 /// README's manual clean-up (*Uninstall*) of what an uninstall kept because
-/// pods still held our devices, to be run once those pods are deleted:
-/// remove `/opt/cni/bin/macvtap` and `/opt/cni/bin/macvtap.settings.json`,
-/// and delete every macvtap in the host's namespace whose name is `mvt`
-/// and 12 lower-case hex digits (a device's link). Returns the links it
-/// deleted.
+/// pods still held our devices, run once those pods are deleted: the `sh`
+/// block README gives, taken from README itself and run with bash (it
+/// removes `/opt/cni/bin/macvtap` and its settings and deletes every
+/// macvtap named `mvt` and 12 lower-case hex digits). Returns the
+/// macvtaps that were on the NIC before it ran.
 fn manual_leftover_cleanup() -> Result<Vec<String>> {
-    for f in CNI_FILES {
-        match std::fs::remove_file(f) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e).with_context(|| format!("removing {f}")),
-        }
-    }
-    let out = ip(&["-j", "-d", "link", "show", "type", "macvtap"])?;
-    let links: Vec<Value> = serde_json::from_str(if out.trim().is_empty() { "[]" } else { &out })?;
-    let ours: Vec<String> = links
-        .iter()
-        .filter_map(|l| l["ifname"].as_str())
-        .filter(|n| {
-            n.len() == 15
-                && n.starts_with("mvt")
-                && n[3..]
-                    .bytes()
-                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        })
-        .map(str::to_string)
-        .collect();
-    for name in &ours {
-        ip(&["link", "del", name])?;
-    }
-    Ok(ours)
+    let readme = std::fs::read_to_string(repo().join("README.md"))?;
+    let after = readme
+        .split_once("Once the pods that held devices are gone")
+        .context("README's Uninstall has no manual step after an uninstall that kept things")?
+        .1;
+    let script = after
+        .split_once("```sh\n")
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .context("README's manual step has no sh block")?
+        .0;
+    ensure!(
+        script.contains("/opt/cni/bin/macvtap"),
+        "README's manual step changed shape:\n{script}"
+    );
+    let before = macvtaps_on_nic()?;
+    let out = std::process::Command::new("bash")
+        .args(["-euo", "pipefail", "-c", script])
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "README's manual step failed ({}):\n{script}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(before)
 }
 
 /// Requests sent from `from` to `to` and how many of them got no reply,
