@@ -26,6 +26,9 @@
 # Needs root. Everything listens on loopback, or on the node address, a
 # TEST-NET address on a link the script makes.
 set -euo pipefail
+# Under pipefail, `producer | grep -q` fails at random: grep -q exits at its
+# first match and a producer still writing dies of SIGPIPE, which fails the
+# pipeline. Pipelines here use `grep ... >/dev/null`, which reads to the end.
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PEERS=$REPO/hack/peers
@@ -476,7 +479,7 @@ node_link() {
     say "node address: made link $NODE_LINK (a bridge without ports)"
   fi
   ip link set "$NODE_LINK" up
-  ip addr show dev "$NODE_LINK" | grep -q "inet $NODE_IP/" || ip addr add "$NODE_IP/32" dev "$NODE_LINK"
+  ip addr show dev "$NODE_LINK" | grep "inet $NODE_IP/" >/dev/null || ip addr add "$NODE_IP/32" dev "$NODE_LINK"
   # Service addresses go nowhere (a bridge without ports) rather than out of
   # the default route.
   ip route replace "$SERVICE_CIDR" dev "$NODE_LINK"
@@ -720,8 +723,8 @@ restore_iptables() {
   for fam in iptables ip6tables; do
     [[ $fam == iptables ]] && fam_nft=ip || fam_nft=ip6
     for table in $("$fam-save" 2>/dev/null | sed -n 's/^\*//p'); do
-      saved_tables "$fam" | grep -qx "\*$table" && continue
-      if "$fam-save" -t "$table" | grep -q '^-A\|^:[^ ]* - '; then
+      saved_tables "$fam" | grep -x "\*$table" >/dev/null && continue
+      if "$fam-save" -t "$table" | grep '^-A\|^:[^ ]* - ' >/dev/null; then
         say "iptables: the $fam table $table did not exist before up and holds rules of others now: kept"
       elif command -v nft >/dev/null; then
         nft delete table "$fam_nft" "$table" && say "iptables: removed the $fam table $table (empty; it did not exist before up)"
