@@ -102,7 +102,10 @@ go_env() {
 # (a prefix of its own, so that neither builder takes the other's builds of
 # the same programs, Multus' for one, for stale ones), keyed (as
 # gopeers.rs does) by the Go version, the module's go.mod, go.sum and Go
-# files, the packages and the flags; sets VAR to that directory.
+# files, the packages and the flags; sets VAR to that directory. One build
+# of a program set at a time, as gopeers.rs does: a second (hack/test.sh
+# builds in the background while a user may run `up`) waits for the lock
+# cluster-<module>-<first binary>.lock beside it, then finds its binaries.
 BUILDER_VERSION=cluster-1
 build_peer() {
   local var=$1 dir=$2 tags=$3 ldflags=$4; shift 4
@@ -124,6 +127,15 @@ build_peer() {
   for p in "$@"; do [[ -x $out/${p##*/} ]] || all=0; done
   if (( all )); then printf -v "$var" %s "$out"; return; fi
   mkdir -p "$CACHE/go-peers"
+  local lock=$CACHE/go-peers/cluster-$module-$first.lock fd
+  exec {fd}>>"$lock"
+  if ! flock -n "$fd"; then
+    say "waiting for another build of $module ($lock)"
+    flock "$fd"
+  fi
+  all=1
+  for p in "$@"; do [[ -x $out/${p##*/} ]] || all=0; done
+  if (( all )); then exec {fd}>&-; printf -v "$var" %s "$out"; return; fi
   local tmp=$out.tmp t; rm -rf "$tmp"; mkdir -p "$tmp"; t=$(date +%s)
   say "building $module: $* (nice -n 19; a cold Kubernetes build takes minutes)"
   if ! (cd "$dir" && go_env nice -n 19 go build -mod=readonly -trimpath ${tags:+-tags "$tags"} \
@@ -136,6 +148,7 @@ build_peer() {
   for p in "$CACHE/go-peers/cluster-$module-$first-"*; do
     [[ $p != "$out" && $p =~ -[0-9a-f]{16}$ ]] && rm -rf "$p"
   done
+  exec {fd}>&-
   say "built $module in $(( $(date +%s) - t )) s into $out"
   printf -v "$var" %s "$out"
 }

@@ -425,6 +425,7 @@ mod tests {
         let o = a.options().unwrap();
         assert_eq!(o.metrics_addr, Some("0.0.0.0:9402".parse().unwrap()));
         assert_eq!(o.reclaim_interval, Duration::from_secs(60));
+        assert_eq!(o.reclaim_grace, Duration::from_secs(120));
         let a = Args::try_parse_from([
             "x",
             "--resource",
