@@ -1,7 +1,9 @@
 //! The core of the node agent: the node's truth, whatever front serves it.
 //!
 //! It knows the node's NICs and their health ([`nic`]) from one table of
-//! the node's links kept by netlink events (`link_table`), holds the
+//! the node's links kept by netlink events (`link_table`), decides which
+//! resources the node should serve and what a change changes of them
+//! (`wanted`), holds the
 //! host's namespace on the kernel seam with the host's paths ([`host`]), makes, reuses and checks devices' macvtaps ([`link`]), keeps
 //! what was handed out ([`ledger`]), brings a held device's lost link
 //! back ([`heal`]) and removes leaked ones ([`reclaim`]), and says what
@@ -25,3 +27,4 @@ pub(crate) mod link_table;
 pub mod nic;
 pub mod reclaim;
 pub(crate) mod report;
+pub(crate) mod wanted;
