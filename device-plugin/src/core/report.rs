@@ -1,10 +1,11 @@
-//! What the core tells the people who run the node as it works: one small
-//! trait, [`Observer`], that a front implements (the operator's metrics and
-//! Events in the daemon), so the core depends on no front. [`Silent`] tells
-//! no one.
+//! What the core, and a front serving devices, tell the people who run the
+//! node as they work: one small trait, [`Observer`], that the operator's
+//! front implements (its metrics and Events, in the daemon), so neither the
+//! core nor the kubelet's front imports it. [`Silent`] tells no one.
 
 use crate::config::ResourceConfig;
 use crate::core::degraded::Degraded;
+use crate::error::Error;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
@@ -19,10 +20,18 @@ pub(crate) enum RoundOutcome {
     Failed,
 }
 
-/// Where the core reports what it did and what it found: health changes,
-/// reclaim rounds, links healed and removed, and what a missing mount
-/// leaves undone.
-pub(crate) trait Observer: Send + Sync {
+/// Where the core and the fronts report what they did and what they found:
+/// devices handed out and requests refused, health changes, reclaim rounds,
+/// links healed and removed, and what a missing mount leaves undone.
+pub(crate) trait Observer: Send + Sync + std::fmt::Debug {
+    /// A front handed out `device_ids` of `resource` at `now` (the kubelet's
+    /// Allocate), `took` after the request came.
+    fn handed_out(&self, resource: &str, device_ids: &[String], took: Duration, now: Instant);
+
+    /// A front refused a request for devices of `resource` with `error`,
+    /// `took` after it came.
+    fn refused(&self, resource: &str, took: Duration, error: &Error);
+
     /// A resource's devices turned Unhealthy for `reason` (a
     /// [`NicHealth::reason`](crate::core::nic::health::NicHealth::reason)).
     fn unhealthy(&self, resource: &str, reason: &'static str);
@@ -58,6 +67,8 @@ pub(crate) trait Observer: Send + Sync {
 pub(crate) struct Silent;
 
 impl Observer for Silent {
+    fn handed_out(&self, _: &str, _: &[String], _: Duration, _: Instant) {}
+    fn refused(&self, _: &str, _: Duration, _: &Error) {}
     fn unhealthy(&self, _: &str, _: &'static str) {}
     fn pod_resources_listed(
         &self,
@@ -97,6 +108,12 @@ impl Recorder {
 
 #[cfg(test)]
 impl Observer for Recorder {
+    fn handed_out(&self, resource: &str, device_ids: &[String], _: Duration, _: Instant) {
+        self.say(format!("handed out {resource} {}", device_ids.join(",")));
+    }
+    fn refused(&self, resource: &str, _: Duration, error: &Error) {
+        self.say(format!("refused {resource} {error}"));
+    }
     fn unhealthy(&self, resource: &str, reason: &'static str) {
         self.say(format!("unhealthy {resource} {reason}"));
     }

@@ -141,6 +141,10 @@ impl Inputs {
 struct Daemon {
     opts: Options,
     ctx: ServerContext,
+    /// The daemon's counters, served on `/metrics`.
+    metrics: Arc<Metrics>,
+    /// Kubernetes Events on the Node.
+    events: EventSink,
     plugins: BTreeMap<String, Plugin>,
     resolved: Resolved,
     file_text: Option<String>,
@@ -199,7 +203,7 @@ pub async fn run(opts: Options) -> Result<()> {
         clock: d.ctx.clock.clone(),
         assignments: d.ctx.assignments.clone(),
         resources: d.configs_tx.borrow().clone(),
-        events: d.ctx.events.clone(),
+        events: d.events.clone(),
     };
     d.shutdown().await;
     uninstall::clean_if_uninstalled(exit).await;
@@ -255,22 +259,21 @@ impl Daemon {
             ..HostPaths::default()
         }
         .judged();
+        let observer = MetricsAndEvents::new(metrics.clone(), events.clone());
         let ctx = ServerContext {
             host: Arc::new(SharedHost::new(KERNEL, paths.clone())),
-            metrics,
-            events,
+            observer: Arc::new(observer.clone()),
             streams: streams_tx,
             clock: AllocationClock::default(),
             assignments: Assignments::persisted(record_file::path_in(&plugin_dir)),
             inflight: InFlight::default(),
         };
         let (tap_gone_tx, tap_gone) = mpsc::unbounded_channel();
-        let tap_nodes = watch_or_say(&fs, &paths, &ctx.events, tap_gone_tx);
-        let observer = MetricsAndEvents::new(ctx.metrics.clone(), ctx.events.clone());
+        let tap_nodes = watch_or_say(&fs, &paths, &events, tap_gone_tx);
         tasks.push(spawn_reclaim(
             &opts,
             &ctx,
-            Arc::new(observer.clone()),
+            ctx.observer.clone(),
             configs_rx,
             paths,
             tap_gone,
@@ -280,6 +283,8 @@ impl Daemon {
         let mut d = Daemon {
             opts,
             ctx,
+            metrics,
+            events,
             plugins: BTreeMap::new(),
             resolved: loaded.resolved,
             file_text: loaded.file_text,
@@ -422,8 +427,7 @@ impl Daemon {
         // Every registration change happens in a handler or a timer, so
         // the gauge is right after each turn of the loop.
         for p in self.plugins.values() {
-            self.ctx
-                .metrics
+            self.metrics
                 .set_registered(&p.config().resource_name(), p.registration.is_registered());
         }
     }

@@ -104,7 +104,7 @@ impl Daemon {
             self.background
                 .push(tokio::spawn(s.stop(true, RESTART_WAIT)));
         }
-        self.ctx.metrics.resource_removed(&resource);
+        self.metrics.resource_removed(&resource);
         self.health.forget(&resource);
     }
 
@@ -132,7 +132,7 @@ impl Daemon {
         } else {
             (0, cfg.capacity as u64)
         };
-        self.ctx.metrics.set_devices(&resource, nh, nu);
+        self.metrics.set_devices(&resource, nh, nu);
         match self.plugins.get_mut(&cfg.name) {
             Some(p) => {
                 p.discovered = discovered;
@@ -165,7 +165,7 @@ impl Daemon {
             return;
         }
         let (nic, devices) = (cfg.lower_device.clone(), cfg.capacity);
-        self.ctx.events.post(match health {
+        self.events.post(match health {
             NicHealth::Healthy => NodeEvent::NicUp {
                 resource,
                 nic,

@@ -132,7 +132,7 @@ impl Daemon {
         }
         let cfg = p.config();
         let resource = cfg.resource_name();
-        self.ctx.metrics.registration(&resource, ok);
+        self.metrics.registration(&resource, ok);
         let Done::Failed {
             error: e,
             delay,
@@ -151,7 +151,7 @@ impl Daemon {
             debug!(%resource, error = %e, retry_in_ms, failures, "registration failed again");
         }
         if event {
-            self.ctx.events.post(NodeEvent::RegistrationFailing {
+            self.events.post(NodeEvent::RegistrationFailing {
                 resource,
                 failures,
                 error: e.to_string(),

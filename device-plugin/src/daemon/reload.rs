@@ -101,16 +101,16 @@ impl Daemon {
             Change::Apply(r) if gone => {
                 info!(file = %path.display(), source = %r.source, resources = %r.resources, "config file removed; applying the next source");
                 self.apply_config(r);
-                self.ctx.metrics.config_reload(true);
+                self.metrics.config_reload(true);
             }
             Change::Apply(r) => {
                 info!(file = %path.display(), resources = %r.resources, "config file changed; applying");
                 self.apply_config(r);
-                self.ctx.metrics.config_reload(true);
+                self.metrics.config_reload(true);
             }
             Change::Invalid(e) => {
                 error!(error = %e, "config file changed but is invalid; keeping the current configuration");
-                self.ctx.metrics.config_reload(false);
+                self.metrics.config_reload(false);
             }
         }
     }
@@ -131,14 +131,14 @@ impl Daemon {
         );
         for (_, p) in self.plugins.iter().filter(|(n, _)| added.contains(n)) {
             let cfg = p.config();
-            self.ctx.events.post(NodeEvent::ResourceAdded {
+            self.events.post(NodeEvent::ResourceAdded {
                 resource: cfg.resource_name(),
                 nic: cfg.lower_device.clone(),
                 devices: cfg.capacity,
             });
         }
         for name in removed {
-            self.ctx.events.post(NodeEvent::ResourceRemoved {
+            self.events.post(NodeEvent::ResourceRemoved {
                 resource: format!("{}/{name}", macvtap_link::RESOURCE_PREFIX),
             });
         }

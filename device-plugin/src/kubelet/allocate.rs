@@ -1,8 +1,9 @@
 //! Allocate as the kubelet's device plugin API asks it: the request's
 //! device IDs handed to the core ([`crate::core::link`]) and its prepared
 //! devices answered as `DeviceSpec`s, one `ContainerAllocateResponse` per
-//! container asked for, the outcome timed, logged and (a refusal) posted
-//! as an Event. Nothing here decides: it translates.
+//! container asked for, the outcome timed, logged and reported to the
+//! daemon's `core::report::Observer`. Nothing here
+//! decides: it translates.
 
 use crate::config::ResourceConfig;
 use crate::core::host::SharedHost;
@@ -11,7 +12,6 @@ use crate::core::ledger::clock::AllocationClock;
 use crate::core::link::{PreparedDevice, hand_out};
 use crate::error::{Error, Result};
 use crate::kubelet::context::ServerContext;
-use crate::operator::events::NodeEvent;
 use kubelet_proto::v1beta1::{
     AllocateRequest, AllocateResponse, ContainerAllocateResponse, DeviceSpec,
 };
@@ -42,9 +42,9 @@ pub fn serve(
 }
 
 /// An Allocate of resource `cfg` as the plugin server answers it: [`serve`]
-/// on a blocking thread with the daemon's shared state `ctx`, timed in the
-/// metrics, logged, and a refusal posted as an Event and turned into the
-/// gRPC status the kubelet reads.
+/// on a blocking thread with the daemon's shared state `ctx`, timed,
+/// logged and reported to `ctx`'s observer (devices handed out, or the
+/// refusal), and a refusal turned into the gRPC status the kubelet reads.
 pub(crate) async fn answer(
     ctx: &ServerContext,
     cfg: ResourceConfig,
@@ -68,21 +68,17 @@ pub(crate) async fn answer(
     .await
     .map_err(|e| Error::Task(format!("the Allocate task failed: {e}")))
     .and_then(|r| r);
-    ctx.metrics
-        .allocation(&resource, res.is_ok(), started.elapsed());
+    let took = started.elapsed();
     match res {
         Ok(resp) => {
-            ctx.metrics
-                .handed_out(&resource, &device_ids, Instant::now());
+            ctx.observer
+                .handed_out(&resource, &device_ids, took, Instant::now());
             info!(%resource, elapsed_ms = started.elapsed().as_millis() as u64, "Allocate done");
             Ok(resp)
         }
         Err(e) => {
             warn!(%resource, error = %e, "Allocate failed");
-            ctx.events.post(NodeEvent::AllocateRefused {
-                resource: resource.clone(),
-                error: e.to_string(),
-            });
+            ctx.observer.refused(&resource, took, &e);
             Err(e.to_status())
         }
     }

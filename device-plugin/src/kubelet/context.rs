@@ -7,8 +7,7 @@ use crate::core::host::SharedHost;
 use crate::core::inflight::InFlight;
 use crate::core::ledger::AllocationClock;
 use crate::core::ledger::Assignments;
-use crate::operator::events::EventSink;
-use crate::operator::metrics::Metrics;
+use crate::core::report::Observer;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
@@ -24,10 +23,9 @@ pub(crate) struct StreamEvent {
 /// What a server shares with the rest of the daemon.
 #[derive(Debug, Clone)]
 pub(crate) struct ServerContext {
-    /// Counters.
-    pub metrics: Arc<Metrics>,
-    /// Kubernetes Events on the Node.
-    pub events: EventSink,
+    /// Where each Allocate's outcome is reported (the operator's metrics
+    /// and Events, in the daemon).
+    pub observer: Arc<dyn Observer>,
     /// Where ListAndWatch streams opening and ending are reported.
     pub streams: mpsc::UnboundedSender<StreamEvent>,
     /// The leak clock Allocate restarts.

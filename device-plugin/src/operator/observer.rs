@@ -1,16 +1,19 @@
-//! The operator's side of the core's [`Observer`]: what the core reports
-//! becomes Prometheus series and Kubernetes Events on the Node.
+//! The operator's side of the core's [`Observer`]: what the core and the
+//! kubelet's front report becomes Prometheus series and Kubernetes Events
+//! on the Node.
 
 use crate::config::ResourceConfig;
 use crate::core::degraded::Degraded;
 use crate::core::report::{Observer, RoundOutcome};
+use crate::error::Error;
 use crate::operator::events::{EventSink, NodeEvent};
 use crate::operator::metrics::Metrics;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The core's reports as the daemon's metrics and Events.
+/// The core's and the kubelet front's reports as the daemon's metrics and
+/// Events.
 #[derive(Debug, Clone)]
 pub(crate) struct MetricsAndEvents {
     metrics: Arc<Metrics>,
@@ -25,6 +28,19 @@ impl MetricsAndEvents {
 }
 
 impl Observer for MetricsAndEvents {
+    fn handed_out(&self, resource: &str, device_ids: &[String], took: Duration, now: Instant) {
+        self.metrics.allocation(resource, true, took);
+        self.metrics.handed_out(resource, device_ids, now);
+    }
+
+    fn refused(&self, resource: &str, took: Duration, error: &Error) {
+        self.metrics.allocation(resource, false, took);
+        self.events.post(NodeEvent::AllocateRefused {
+            resource: resource.to_string(),
+            error: error.to_string(),
+        });
+    }
+
     fn unhealthy(&self, resource: &str, reason: &'static str) {
         self.metrics.unhealthy(resource, reason);
     }
@@ -100,5 +116,37 @@ mod tests {
             NodeEvent::from(&gap),
             "the gap's Event"
         );
+    }
+
+    #[test]
+    fn an_allocate_is_counted_and_a_refusal_posted() {
+        let metrics = Arc::new(Metrics::default());
+        let (events, mut posted) = EventSink::queue();
+        let o = MetricsAndEvents::new(metrics.clone(), events);
+        let r = "macvtap.network.kubevirt.io/dp";
+        let ms = Duration::from_millis(3);
+        o.handed_out(r, &["dpMvp0".into()], ms, Instant::now());
+        let refusal = Error::UnknownDevice {
+            device_id: "dpMvp9".into(),
+            resource: r.into(),
+            capacity: 2,
+        };
+        o.refused(r, ms, &refusal);
+        let t = metrics.render();
+        for want in [
+            format!("macvtap_dp_allocations_total{{resource=\"{r}\"}} 1\n"),
+            format!("macvtap_dp_allocation_errors_total{{resource=\"{r}\"}} 1\n"),
+            format!("macvtap_dp_allocate_seconds_count{{resource=\"{r}\"}} 2\n"),
+        ] {
+            assert!(t.contains(&want), "want {want:?} in:\n{t}");
+        }
+        assert_eq!(
+            posted.try_recv().unwrap(),
+            NodeEvent::AllocateRefused {
+                resource: r.into(),
+                error: refusal.to_string(),
+            }
+        );
+        assert!(posted.try_recv().is_err(), "one Event");
     }
 }
