@@ -1,36 +1,39 @@
 //! The daemon: keeps one served and registered plugin per resource, in step
 //! with the configuration, the node's NICs and the kubelet.
 //!
-//! One loop ([`run`]) owns all plugin state (the `Daemon` struct) and never
+//! One loop ([`run`]) owns all plugin state, in three parts, and never
 //! waits on the kubelet. It takes one input at a time (`Inputs::next`) and
-//! hands it to that kind's handler (`on_signal`, `on_links`,
-//! `on_fs_events`, `on_stream_event`, `on_registration_done`, `on_timer`).
-//! It reacts to:
-//! - link changes from `crate::core::link_table` (health, NUMA, auto-discovery of
-//!   the resources they touch: `reconcile.rs`);
-//! - inotify events on one `DirWatcher`: in the device-plugins directory
-//!   (a new `kubelet.sock` means a restarted kubelet: re-serve where our
-//!   socket was deleted, and register again: `registration_effects.rs`),
-//!   in the config file's directory (live reload: `reload.rs`) and in
-//!   `/dev` (a deleted tap node starts a reclaim round at once);
-//! - ListAndWatch streams opening and ending (`StreamEvent`s from the
-//!   servers): a registered resource whose stream ended, or that got none
-//!   within `registration::STREAM_WAIT` of registering, registers again (the kubelet
-//!   never reopens a stream itself);
-//! - results of Register calls, each running in its own task (at most one
-//!   per resource), so a hung kubelet delays nothing else;
-//! - timers (registration retries with backoff, stream deadlines, a socket
-//!   existence check);
-//! - SIGTERM/SIGINT (abort registrations, stop serving, remove our sockets,
-//!   return).
+//! `Daemon::handle` routes it to the part it is for, and what that part
+//! answers to the part it concerns:
+//! - the resources (`resources.rs`: the configuration, the node's links,
+//!   each served resource's state as the kubelet sees it) take link
+//!   changes from `crate::core::link_table` (health, NUMA, auto-discovery of
+//!   the resources they touch, as `crate::core::wanted` decides) and config
+//!   reloads (`reload.rs`), and answer which resources came and went;
+//! - the watches (`watches.rs`: one `DirWatcher` and the socket check's
+//!   timer) take inotify events and say what each concerns: the
+//!   device-plugins directory (a new `kubelet.sock` means a restarted
+//!   kubelet: re-serve where our socket was deleted, and register again),
+//!   the config file's directory (live reload) or `/dev` (a deleted tap
+//!   node starts a reclaim round at once);
+//! - the kubelet registrations (`registrations.rs`: each resource's server
+//!   and registration) take the resources that came and went, kubelet
+//!   restarts, ListAndWatch streams opening and ending (`StreamEvent`s from
+//!   the servers: a registered resource whose stream ended, or that got
+//!   none within `registration::STREAM_WAIT` of registering, registers
+//!   again, since the kubelet never reopens a stream itself), results of
+//!   Register calls (each in its own task, at most one per resource, so a
+//!   hung kubelet delays nothing else) and timers (registration retries
+//!   with backoff, stream deadlines);
+//! - SIGTERM/SIGINT ends the loop (abort registrations, stop serving,
+//!   remove our sockets, return).
 //!
 //! The loop beats its [`Liveness`] after each input (timers included, so an
 //! idle loop beats at least every `SOCKET_CHECK`); `/healthz`, served on
 //! a thread of its own, reports a loop that stopped beating.
 //!
 //! Each resource's registration is a state machine of plain transitions
-//! (`registration.rs`); `registration_effects.rs` carries out what it
-//! decides.
+//! (`registration.rs`); `registrations.rs` carries out what it decides.
 //!
 //! A replaced server is stopped in the background, and the next Register
 //! of its resource waits for that stop: kubelets up to 1.36 disconnect the
@@ -38,23 +41,23 @@
 //! must be over before the new registration exists.
 
 mod plugin;
-mod reconcile;
 mod registration;
-mod registration_effects;
+mod registrations;
 mod reload;
+mod resources;
 mod uninstall;
+mod watches;
 
-use crate::config::{Resolved, ResourceConfig};
+use crate::config::ResourceConfig;
 use crate::core::degraded::Degraded;
 use crate::core::host::{HostPaths, SharedHost};
 use crate::core::inflight::InFlight;
 use crate::core::ledger::AllocationClock;
 use crate::core::ledger::Assignments;
 use crate::core::ledger::record_file;
-use crate::core::link_table::{LinkTable, LinkUpdate, spawn_link_watcher};
+use crate::core::link_table::{LinkUpdate, spawn_link_watcher};
 use crate::core::nic::discovery::Discovery;
-use crate::core::nic::health::HealthLog;
-use crate::core::reclaim::{Reclaimer, reclaim_loop, tap_node_deleted, watch_tap_nodes};
+use crate::core::reclaim::{Reclaimer, reclaim_loop, watch_tap_nodes};
 use crate::core::report::Observer;
 use crate::error::{Error, Result};
 use crate::fswatch::{DirWatcher, FsEvent};
@@ -66,9 +69,8 @@ use crate::operator::observer::MetricsAndEvents;
 use crate::operator::owner::Uninstall;
 use crate::options::{Options, load_config};
 use nix::sys::inotify::WatchDescriptor;
-use plugin::Plugin;
-use registration_effects::{RegistrationDone, rewatch};
-use std::collections::BTreeMap;
+use registrations::{RegistrationDone, Registrations};
+use resources::Resources;
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
@@ -76,7 +78,8 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
+use watches::Watches;
 
 /// The kernel the daemon works on: Allocate, reclaim and heal.
 const KERNEL: &macvtap_link::Linux = &macvtap_link::Linux;
@@ -99,7 +102,7 @@ struct Inputs {
     registrations: mpsc::UnboundedReceiver<RegistrationDone>,
 }
 
-/// One input of the daemon loop; each kind has its handler on [`Daemon`].
+/// One input of the daemon loop; `Daemon::handle` routes each to the part it is for.
 enum Input {
     /// SIGTERM or SIGINT, by name.
     Signal(&'static str),
@@ -137,43 +140,21 @@ impl Inputs {
     }
 }
 
-/// All plugin state, owned by the loop of [`run`].
+/// All plugin state, owned by the loop of [`run`]: three parts, and what
+/// the loop itself needs.
 struct Daemon {
     opts: Options,
+    /// What the servers share with the rest of the daemon (the exit needs
+    /// its gate, clock and record).
     ctx: ServerContext,
-    /// The daemon's counters, served on `/metrics`.
-    metrics: Arc<Metrics>,
-    /// Kubernetes Events on the Node.
+    /// Kubernetes Events on the Node (the exit's).
     events: EventSink,
-    plugins: BTreeMap<String, Plugin>,
-    resolved: Resolved,
-    file_text: Option<String>,
-    /// The node's links, as the link events left them: the one table,
-    /// which the link event thread only feeds.
-    links: LinkTable,
-    configs_tx: watch::Sender<Vec<ResourceConfig>>,
-    registrations: mpsc::UnboundedSender<RegistrationDone>,
-    next_attempt: u64,
-    /// Stops of removed resources' servers, awaited (briefly) at shutdown.
-    background: Vec<JoinHandle<()>>,
-    /// Auto-discovery, which logs each link it leaves out once.
-    discovery: Discovery,
-    /// Each resource's last NIC health, to log and count its changes.
-    health: HealthLog,
-    /// Where health changes are reported (metrics).
-    observer: MetricsAndEvents,
-    /// The inotify instance of the device-plugins, config and `/dev`
-    /// directories.
-    fs: DirWatcher,
-    /// The device-plugins directory's watch; `None` while it is gone.
-    plugin_wd: Option<WatchDescriptor>,
-    /// The config file directory's watch, if there is a config file.
-    config_wd: Option<WatchDescriptor>,
-    /// The watch of `/dev` for deleted tap nodes, and where the reclaim
-    /// loop hears of them; `None` when `/dev` cannot be watched.
-    tap_nodes: Option<(WatchDescriptor, mpsc::UnboundedSender<()>)>,
-    /// When the sockets are next checked.
-    next_socket_check: Instant,
+    /// The configuration, the node's links and the served resources' states.
+    resources: Resources,
+    /// The inotify watches and the socket check's timer.
+    watches: Watches,
+    /// Each served resource's server and registration with the kubelet.
+    registrations: Registrations,
     /// The reclaim loop, aborted at shutdown.
     tasks: Vec<JoinHandle<()>>,
     /// The loop's heartbeat, which `/healthz` reads.
@@ -202,7 +183,7 @@ pub async fn run(opts: Options) -> Result<()> {
         inflight: d.ctx.inflight.clone(),
         clock: d.ctx.clock.clone(),
         assignments: d.ctx.assignments.clone(),
-        resources: d.configs_tx.borrow().clone(),
+        resources: d.resources.configs(),
         events: d.events.clone(),
     };
     d.shutdown().await;
@@ -259,10 +240,11 @@ impl Daemon {
             ..HostPaths::default()
         }
         .judged();
-        let observer = MetricsAndEvents::new(metrics.clone(), events.clone());
+        let observer: Arc<dyn Observer> =
+            Arc::new(MetricsAndEvents::new(metrics.clone(), events.clone()));
         let ctx = ServerContext {
             host: Arc::new(SharedHost::new(KERNEL, paths.clone())),
-            observer: Arc::new(observer.clone()),
+            observer: observer.clone(),
             streams: streams_tx,
             clock: AllocationClock::default(),
             assignments: Assignments::persisted(record_file::path_in(&plugin_dir)),
@@ -273,41 +255,55 @@ impl Daemon {
         tasks.push(spawn_reclaim(
             &opts,
             &ctx,
-            ctx.observer.clone(),
+            observer.clone(),
             configs_rx,
             paths,
             tap_gone,
         ));
         let (reg_tx, reg_rx) = mpsc::unbounded_channel();
-        let discovery = Discovery::new(opts.discover_kinds.clone());
+        let resources = Resources::new(
+            resources::Start {
+                resolved: loaded.resolved,
+                file_text: loaded.file_text,
+                links,
+                discovery: Discovery::new(opts.discover_kinds.clone()),
+                configs: configs_tx,
+                sysfs: opts.sysfs.clone(),
+            },
+            metrics.clone(),
+            events.clone(),
+            observer,
+        );
+        let watches = Watches::new(
+            fs,
+            plugin_dir.clone(),
+            plugin_wd,
+            loaded.config_wd,
+            tap_nodes,
+        );
+        let registrations = Registrations::new(
+            ctx.clone(),
+            plugin_dir,
+            opts.register_timeout,
+            reg_tx,
+            metrics,
+            events.clone(),
+        );
         let mut d = Daemon {
             opts,
             ctx,
-            metrics,
             events,
-            plugins: BTreeMap::new(),
-            resolved: loaded.resolved,
-            file_text: loaded.file_text,
-            links,
-            configs_tx,
-            registrations: reg_tx,
-            next_attempt: 0,
-            background: Vec::new(),
-            discovery,
-            health: HealthLog::default(),
-            observer,
-            fs,
-            plugin_wd,
-            config_wd: loaded.config_wd,
-            tap_nodes,
-            next_socket_check: Instant::now() + SOCKET_CHECK,
+            resources,
+            watches,
+            registrations,
             tasks,
             liveness,
             _http: http,
             uninstall,
         };
-        d.reconcile();
-        d.start_due_registrations();
+        let served = d.resources.reconcile();
+        d.registrations.serve(served);
+        d.registrations.start_due_registrations();
         let inputs = Inputs {
             sigterm,
             sigint,
@@ -322,114 +318,69 @@ impl Daemon {
     /// When the loop must wake at the latest: the earliest registration
     /// retry, stream deadline or socket check.
     fn next_wake(&self) -> Instant {
-        self.plugins
-            .values()
-            .filter_map(|p| p.registration.wake_at())
-            .fold(self.next_socket_check, Instant::min)
+        let check = self.watches.next_socket_check();
+        self.registrations
+            .wake_at()
+            .map_or(check, |at| at.min(check))
     }
 
-    /// Hands `input` to its handler, then runs the timers (an input can
-    /// make a registration due at once). Breaks on a signal.
+    /// Routes `input` to the part it is for, and what that part answers to
+    /// the part it concerns; then runs the timers (an input can make a
+    /// registration due at once). Breaks on a signal.
     fn handle(&mut self, input: Input) -> ControlFlow<()> {
         match input {
-            Input::Signal(name) => return self.on_signal(name),
-            Input::Links(links) => self.on_links(links),
+            Input::Signal(name) => {
+                info!(signal = name, "shutting down");
+                return ControlFlow::Break(());
+            }
+            Input::Links(update) => {
+                let served = self.resources.on_links(update);
+                self.registrations.serve(served);
+            }
             Input::Fs(batch) => self.on_fs_events(&batch),
-            Input::Stream(ev) => self.on_stream_event(ev),
-            Input::Registered(done) => self.on_registration_done(done),
+            Input::Stream(ev) => self.registrations.on_stream_event(ev),
+            Input::Registered(done) => self.registrations.on_registration_done(done),
             Input::Timer => {}
         }
         self.on_timer(Instant::now());
         ControlFlow::Continue(())
     }
 
-    /// SIGTERM or SIGINT: the loop ends and [`Daemon::shutdown`] follows.
-    fn on_signal(&mut self, name: &str) -> ControlFlow<()> {
-        info!(signal = name, "shutting down");
-        ControlFlow::Break(())
-    }
-
-    /// Inotify events: the device-plugins directory's go to
-    /// [`Daemon::plugin_dir_event`]; any in the config file's directory
+    /// Inotify events, each as the watches say: a queue overflow is taken
+    /// for a kubelet restart, an event in the device-plugins directory
+    /// goes to the registrations; any in the config file's directory
     /// reloads the configuration (once per batch); a tap node deleted in
-    /// `/dev` starts a reclaim round (once per batch). A queue overflow
-    /// stands for every watch's lost events.
+    /// `/dev` starts a reclaim round (once per batch).
     fn on_fs_events(&mut self, batch: &[FsEvent]) {
         let mut config_touched = false;
-        let mut tap_gone = false;
         for ev in batch {
-            let to = Concerns::of(
-                ev,
-                self.plugin_wd,
-                self.config_wd,
-                self.tap_nodes.as_ref().map(|(wd, _)| *wd),
-            );
-            if to.overflow {
-                warn!(
-                    "inotify queue overflowed: events were lost; checking sockets, registering again, \
-                     re-reading the config and looking for lost links"
-                );
-                self.kubelet_restarted();
+            let seen = self.watches.see(ev);
+            if seen.overflow {
+                self.registrations.kubelet_restarted();
             }
-            if to.plugin_dir {
-                self.plugin_dir_event(ev);
-                if ev.watch_ended() {
-                    warn!(dir = %self.opts.plugin_dir().display(), "the device-plugins directory went away; waiting for it to come back");
-                    self.plugin_wd = None;
-                }
+            if seen.plugin_dir {
+                self.registrations.plugin_dir_event(ev);
             }
-            if to.config {
-                if ev.watch_ended() {
-                    warn!("the config file's directory went away; live reload stops");
-                    self.config_wd = None;
-                } else {
-                    config_touched = true;
-                }
-            }
-            if to.tap_nodes {
-                if ev.watch_ended() {
-                    debug!(
-                        "the watch of tap nodes ended; lost links are healed at each reclaim interval only"
-                    );
-                    self.tap_nodes = None;
-                } else {
-                    tap_gone |= to.overflow || tap_node_deleted(ev);
-                }
-            }
+            config_touched |= seen.config;
         }
         if config_touched {
-            self.reload_config();
+            let served = self.resources.reload_config(&self.opts);
+            self.registrations.serve(served);
         }
-        if tap_gone
-            && let Some((_, reclaim)) = &self.tap_nodes
-            && reclaim.send(()).is_err()
-        {
-            self.tap_nodes = None;
-        }
+        self.watches.tell_reclaim();
     }
 
-    /// Whatever is due at `now`: the socket check (and a new watch of a
-    /// device-plugins directory that came back), stream deadlines, and
-    /// registrations.
+    /// Whatever is due at `now`: the socket check (and a device-plugins
+    /// directory that came back taken for a kubelet restart), then the
+    /// registrations' timers.
     fn on_timer(&mut self, now: Instant) {
-        if now >= self.next_socket_check {
-            self.next_socket_check = now + SOCKET_CHECK;
-            if self.plugin_wd.is_none() {
-                self.plugin_wd = rewatch(&self.fs, &self.opts.plugin_dir());
-                if self.plugin_wd.is_some() {
-                    self.kubelet_restarted();
-                }
+        if let Some(check) = self.watches.socket_check(now) {
+            if check.plugin_dir_back {
+                self.registrations.kubelet_restarted();
             }
-            self.check_sockets();
+            self.registrations.check_sockets();
         }
-        self.check_stream_deadlines(now);
-        self.start_due_registrations();
-        // Every registration change happens in a handler or a timer, so
-        // the gauge is right after each turn of the loop.
-        for p in self.plugins.values() {
-            self.metrics
-                .set_registered(&p.config().resource_name(), p.registration.is_registered());
-        }
+        self.registrations.on_timer(now);
     }
 
     /// Abandons registrations and stops every server at once, removing
@@ -438,22 +389,15 @@ impl Daemon {
         for t in &self.tasks {
             t.abort();
         }
-        if let Some(wd) = self.plugin_wd {
-            self.fs.unwatch(wd);
-        }
-        let mut stops = Vec::new();
-        for (_, p) in self.plugins {
-            p.registration.abandon();
-            for old in p.stopping {
-                old.abort();
-            }
-            if let Some(s) = p.server {
-                stops.push(tokio::spawn(s.stop(true, SHUTDOWN_WAIT)));
-            }
-        }
-        for b in self.background {
-            b.abort();
-        }
+        let Daemon {
+            mut watches,
+            registrations,
+            resources,
+            ..
+        } = self;
+        watches.unwatch_plugin_dir();
+        let stops = registrations.stop_all();
+        drop(resources);
         for s in stops {
             let _ = s.await;
         }
@@ -511,151 +455,9 @@ fn spawn_reclaim(
     ))
 }
 
-/// Which of the daemon's watches one inotify event concerns.
-#[derive(Debug, Default, PartialEq, Eq)]
-struct Concerns {
-    /// The kernel's queue overflowed: the event belongs to no watch and
-    /// every watch may have lost events, so it concerns them all.
-    overflow: bool,
-    /// The device-plugins directory.
-    plugin_dir: bool,
-    /// The config file's directory.
-    config: bool,
-    /// `/dev`, for deleted tap nodes.
-    tap_nodes: bool,
-}
-
-impl Concerns {
-    /// Routes `ev` by its watch. Not either-or: inotify gives a directory
-    /// one watch descriptor per instance, so a config file kept in the
-    /// device-plugins directory shares that directory's watch.
-    fn of(
-        ev: &FsEvent,
-        plugin_dir: Option<WatchDescriptor>,
-        config: Option<WatchDescriptor>,
-        tap_nodes: Option<WatchDescriptor>,
-    ) -> Self {
-        if ev.overflowed() {
-            // IN_Q_OVERFLOW comes with watch descriptor -1, which is no watch.
-            return Concerns {
-                overflow: true,
-                plugin_dir: false,
-                config: config.is_some(),
-                tap_nodes: tap_nodes.is_some(),
-            };
-        }
-        let is = |wd: Option<WatchDescriptor>| wd == Some(ev.wd);
-        Concerns {
-            overflow: false,
-            plugin_dir: is(plugin_dir),
-            config: is(config),
-            tap_nodes: is(tap_nodes),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nix::sys::inotify::AddWatchFlags;
-
-    fn event(wd: WatchDescriptor, mask: AddWatchFlags) -> FsEvent {
-        FsEvent {
-            wd,
-            name: Some("x".into()),
-            mask,
-        }
-    }
-
-    /// Three real watches (and a fourth that none of the daemon's is).
-    fn watches() -> (tempfile::TempDir, [WatchDescriptor; 4]) {
-        let dir = tempfile::tempdir().unwrap();
-        let (fs, _rx) = DirWatcher::new().unwrap();
-        let wds = ["plugins", "config", "dev", "other"].map(|d| {
-            std::fs::create_dir(dir.path().join(d)).unwrap();
-            fs.watch_dir(&dir.path().join(d)).unwrap()
-        });
-        (dir, wds)
-    }
-
-    #[test]
-    fn each_watch_routes_its_own_events() {
-        let (_dir, [p, c, t, _]) = watches();
-        let of = |wd| {
-            Concerns::of(
-                &event(wd, AddWatchFlags::IN_CREATE),
-                Some(p),
-                Some(c),
-                Some(t),
-            )
-        };
-        assert_eq!(
-            of(p),
-            Concerns {
-                plugin_dir: true,
-                ..Default::default()
-            }
-        );
-        assert_eq!(
-            of(c),
-            Concerns {
-                config: true,
-                ..Default::default()
-            }
-        );
-        assert_eq!(
-            of(t),
-            Concerns {
-                tap_nodes: true,
-                ..Default::default()
-            }
-        );
-    }
-
-    #[test]
-    fn a_config_file_in_the_device_plugins_directory_is_reloaded() {
-        let (_dir, [p, _, t, _]) = watches();
-        let to = Concerns::of(
-            &event(p, AddWatchFlags::IN_MOVED_TO),
-            Some(p),
-            Some(p),
-            Some(t),
-        );
-        assert!(to.plugin_dir && to.config, "{to:?}");
-    }
-
-    #[test]
-    fn an_overflow_concerns_every_watch_though_it_names_none() {
-        let (_dir, [p, c, t, other]) = watches();
-        let to = Concerns::of(
-            &event(other, AddWatchFlags::IN_Q_OVERFLOW),
-            Some(p),
-            Some(c),
-            Some(t),
-        );
-        assert_eq!(
-            to,
-            Concerns {
-                overflow: true,
-                plugin_dir: false,
-                config: true,
-                tap_nodes: true
-            }
-        );
-        let none = Concerns::of(
-            &event(other, AddWatchFlags::IN_Q_OVERFLOW),
-            Some(p),
-            None,
-            None,
-        );
-        assert_eq!(
-            none,
-            Concerns {
-                overflow: true,
-                ..Default::default()
-            }
-        );
-    }
 
     #[test]
     fn without_the_hosts_dev_the_start_says_so_once_and_watches_nothing() {

@@ -1,5 +1,5 @@
-//! One resource's plugin: what the kubelet sees of it, the server of its
-//! socket, and its registration.
+//! One resource's plugin: what the kubelet sees of it (published by the
+//! daemon's resources), the server of its socket, and its registration.
 
 use super::RESTART_WAIT;
 use super::registration::Registration;
@@ -12,29 +12,27 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::error;
 
-/// One resource's plugin, owned by the daemon loop.
+/// One resource's plugin, owned by the daemon's kubelet registrations.
 pub(super) struct Plugin {
-    /// Devices and config as ListAndWatch streams them.
-    pub(super) state: watch::Sender<ResourceState>,
+    /// Devices and config as ListAndWatch streams them, kept current by
+    /// the daemon's resources.
+    pub(super) state: watch::Receiver<ResourceState>,
     /// The server of the plugin's socket; `None` while it cannot serve.
     pub(super) server: Option<PluginServer>,
     /// Stops of replaced servers; the next Register waits for them.
     pub(super) stopping: Vec<JoinHandle<()>>,
-    /// Made by auto-discovery (kept, unhealthy, when its NIC vanishes).
-    pub(super) discovered: bool,
     /// Where its registration with the kubelet stands.
     pub(super) registration: Registration,
 }
 
 impl Plugin {
-    /// A new resource's plugin, not served yet, to register at `now`.
-    pub(super) fn new(state: ResourceState, discovered: bool, now: Instant) -> Self {
-        let (tx, _) = watch::channel(state);
+    /// A new resource's plugin of `state`, not served yet, to register
+    /// at `now`.
+    pub(super) fn new(state: watch::Receiver<ResourceState>, now: Instant) -> Self {
         Self {
-            state: tx,
+            state,
             server: None,
             stopping: Vec::new(),
-            discovered,
             registration: Registration::new(now),
         }
     }
@@ -54,7 +52,7 @@ impl Plugin {
                 .push(tokio::spawn(old.stop(false, RESTART_WAIT)));
         }
         self.registration.server_replaced();
-        match PluginServer::start(&path, self.state.subscribe(), ctx.clone()) {
+        match PluginServer::start(&path, self.state.clone(), ctx.clone()) {
             Ok(s) => self.server = Some(s),
             Err(e) => {
                 error!(resource = %cfg.resource_name(), error = %e, "cannot serve the plugin socket; trying again later")

@@ -3,7 +3,7 @@
 //! event; each change is resolved again ([`change`]) and applied, or
 //! refused with the running configuration kept.
 
-use super::Daemon;
+use super::resources::{Resources, Served};
 use crate::config::{self, Resolved, Source};
 use crate::error::{Error, Result};
 use crate::fswatch::DirWatcher;
@@ -72,12 +72,13 @@ pub(super) fn change(opts: &Options, last: Option<&str>, now: Option<&str>) -> C
     }
 }
 
-impl Daemon {
-    /// Something changed in the config file's directory: reads the file and
-    /// applies what changed.
-    pub(super) fn reload_config(&mut self) {
-        let Some(path) = self.opts.config_file.clone() else {
-            return;
+impl Resources {
+    /// Something changed in the config file's directory: reads the file
+    /// that `opts` name and applies what changed; the answer is which
+    /// resources came and went.
+    pub(super) fn reload_config(&mut self, opts: &Options) -> Vec<Served> {
+        let Some(path) = opts.config_file.clone() else {
+            return Vec::new();
         };
         // A file that is gone is no source: the configuration falls back to
         // DP_MACVTAP_CONF or auto-discovery, as at a start without it.
@@ -85,43 +86,47 @@ impl Daemon {
             Ok(t) => t,
             Err(e) => {
                 debug!(error = %e, "config file not readable right now; keeping the current configuration");
-                return;
+                return Vec::new();
             }
         };
-        let change = change(&self.opts, self.file_text.as_deref(), text.as_deref());
+        let change = change(opts, self.file_text.as_deref(), text.as_deref());
         let gone = text.is_none();
         if !matches!(change, Change::Unchanged) {
             self.file_text = text;
         }
         match change {
-            Change::Unchanged => {}
+            Change::Unchanged => Vec::new(),
             Change::FlagsWin => {
                 info!(file = %path.display(), "config file changed, but --resource flags take precedence; nothing to apply");
+                Vec::new()
             }
             Change::Apply(r) if gone => {
                 info!(file = %path.display(), source = %r.source, resources = %r.resources, "config file removed; applying the next source");
-                self.apply_config(r);
+                let served = self.apply_config(r);
                 self.metrics.config_reload(true);
+                served
             }
             Change::Apply(r) => {
                 info!(file = %path.display(), resources = %r.resources, "config file changed; applying");
-                self.apply_config(r);
+                let served = self.apply_config(r);
                 self.metrics.config_reload(true);
+                served
             }
             Change::Invalid(e) => {
                 error!(error = %e, "config file changed but is invalid; keeping the current configuration");
                 self.metrics.config_reload(false);
+                Vec::new()
             }
         }
     }
 
     /// Serves what `resolved` asks for now, and logs and posts Events for
     /// the resources that came and went.
-    fn apply_config(&mut self, resolved: Resolved) {
-        let before: Vec<String> = self.plugins.keys().cloned().collect();
+    fn apply_config(&mut self, resolved: Resolved) -> Vec<Served> {
+        let before = self.names();
         self.resolved = resolved;
-        self.reconcile();
-        let after: Vec<String> = self.plugins.keys().cloned().collect();
+        let served = self.reconcile();
+        let after = self.names();
         let added: Vec<_> = after.iter().filter(|n| !before.contains(n)).collect();
         let removed: Vec<_> = before.iter().filter(|n| !after.contains(n)).collect();
         info!(
@@ -129,8 +134,7 @@ impl Daemon {
             removed = %names(&removed),
             "config change applied"
         );
-        for (_, p) in self.plugins.iter().filter(|(n, _)| added.contains(n)) {
-            let cfg = p.config();
+        for cfg in added.iter().filter_map(|n| self.config_of(n)) {
             self.events.post(NodeEvent::ResourceAdded {
                 resource: cfg.resource_name(),
                 nic: cfg.lower_device.clone(),
@@ -142,6 +146,7 @@ impl Daemon {
                 resource: format!("{}/{name}", macvtap_link::RESOURCE_PREFIX),
             });
         }
+        served
     }
 }
 

@@ -1,21 +1,27 @@
-//! What the daemon does about the kubelet: its restarts (a new
+//! The daemon's kubelet registrations, one of its three parts: each
+//! served resource's plugin (its server and its registration), and what
+//! the daemon does about the kubelet: its restarts (a new
 //! `kubelet.sock`), our sockets going missing, Register tasks and their
 //! outcomes, and the ListAndWatch streams it opens and ends. The decisions
 //! are the [`Registration`](super::registration::Registration) state
 //! machine's; here they are logged, counted, posted and carried out.
 
-use super::Daemon;
+use super::plugin::Plugin;
 use super::registration::{Done, Lost, Opened, RETRY_MAX, STREAM_WAIT};
+use super::resources::Served;
+use super::{RESTART_WAIT, SHUTDOWN_WAIT};
 use crate::config::ResourceConfig;
 use crate::error::Result;
-use crate::fswatch::{DirWatcher, FsEvent};
-use crate::kubelet::context::StreamEvent;
+use crate::fswatch::FsEvent;
+use crate::kubelet::context::{ServerContext, StreamEvent};
 use crate::kubelet::register::register;
-use crate::operator::events::NodeEvent;
+use crate::operator::events::{EventSink, NodeEvent};
+use crate::operator::metrics::Metrics;
 use kubelet_proto::v1beta1::KUBELET_SOCKET;
-use nix::sys::inotify::WatchDescriptor;
+use std::collections::BTreeMap;
 use std::ffi::OsStr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -29,7 +35,127 @@ pub(super) struct RegistrationDone {
     result: Result<()>,
 }
 
-impl Daemon {
+/// Each served resource's plugin with the kubelet: its server and its
+/// registration, and the Register tasks under way.
+pub(super) struct Registrations {
+    /// Each served resource's plugin, by name.
+    plugins: BTreeMap<String, Plugin>,
+    /// What the servers share with the rest of the daemon.
+    ctx: ServerContext,
+    /// The device-plugins directory: our sockets and `kubelet.sock`.
+    plugin_dir: PathBuf,
+    /// How long a Register call may take.
+    register_timeout: Duration,
+    /// Where Register tasks report.
+    done: mpsc::UnboundedSender<RegistrationDone>,
+    /// The last Register attempt's number.
+    next_attempt: u64,
+    /// Stops of removed resources' servers, awaited (briefly) at shutdown.
+    background: Vec<JoinHandle<()>>,
+    /// Counters: registrations, and whether each resource is registered.
+    metrics: Arc<Metrics>,
+    /// Kubernetes Events on the Node: registrations failing.
+    events: EventSink,
+}
+
+impl Registrations {
+    /// No plugin yet; servers share `ctx` and serve in `plugin_dir`,
+    /// Register calls last at most `register_timeout` and report to
+    /// `done`; registrations are counted in `metrics` and their repeated
+    /// failures posted on `events`.
+    pub(super) fn new(
+        ctx: ServerContext,
+        plugin_dir: PathBuf,
+        register_timeout: Duration,
+        done: mpsc::UnboundedSender<RegistrationDone>,
+        metrics: Arc<Metrics>,
+        events: EventSink,
+    ) -> Self {
+        Self {
+            plugins: BTreeMap::new(),
+            ctx,
+            plugin_dir,
+            register_timeout,
+            done,
+            next_attempt: 0,
+            background: Vec::new(),
+            metrics,
+            events,
+        }
+    }
+
+    /// Follows a change of the served resources: a new one gets its
+    /// plugin (served and registered when due), a removed one's is
+    /// abandoned and its server stopped in the background.
+    pub(super) fn serve(&mut self, changes: Vec<Served>) {
+        let now = Instant::now();
+        for change in changes {
+            match change {
+                Served::New { name, state } => {
+                    self.plugins.insert(name, Plugin::new(state, now));
+                }
+                Served::Gone { name } => self.remove(&name),
+            }
+        }
+    }
+
+    /// Stops serving and registering resource `name`.
+    fn remove(&mut self, name: &str) {
+        let Some(p) = self.plugins.remove(name) else {
+            return;
+        };
+        p.registration.abandon();
+        if let Some(s) = p.server {
+            // Forget stops already done: a long-lived daemon whose config
+            // keeps changing must not collect their handles for ever.
+            self.background.retain(|h| !h.is_finished());
+            self.background
+                .push(tokio::spawn(s.stop(true, RESTART_WAIT)));
+        }
+    }
+
+    /// When the loop must wake for the registrations at the latest: the
+    /// earliest registration retry or stream deadline.
+    pub(super) fn wake_at(&self) -> Option<Instant> {
+        self.plugins
+            .values()
+            .filter_map(|p| p.registration.wake_at())
+            .min()
+    }
+
+    /// At shutdown: every registration abandoned and every server stopped
+    /// at once, its socket removed; the stops to await, each bounded by
+    /// [`SHUTDOWN_WAIT`] (plus the socket's removal).
+    pub(super) fn stop_all(self) -> Vec<JoinHandle<()>> {
+        let mut stops = Vec::new();
+        for (_, p) in self.plugins {
+            p.registration.abandon();
+            for old in p.stopping {
+                old.abort();
+            }
+            if let Some(s) = p.server {
+                stops.push(tokio::spawn(s.stop(true, SHUTDOWN_WAIT)));
+            }
+        }
+        for b in self.background {
+            b.abort();
+        }
+        stops
+    }
+
+    /// Whatever is due at `now`: stream deadlines and registrations; then
+    /// each resource's registration gauge.
+    pub(super) fn on_timer(&mut self, now: Instant) {
+        self.check_stream_deadlines(now);
+        self.start_due_registrations();
+        // Every registration change happens in a handler or a timer, so
+        // the gauge is right after each turn of the loop.
+        for p in self.plugins.values() {
+            self.metrics
+                .set_registered(&p.config().resource_name(), p.registration.is_registered());
+        }
+    }
+
     /// An inotify event in the device-plugins directory: a new
     /// `kubelet.sock` is a restarted kubelet; a deleted socket of ours may
     /// need serving again.
@@ -63,7 +189,7 @@ impl Daemon {
     /// Restarts servers whose socket file is missing or replaced.
     pub(super) fn check_sockets(&mut self) {
         let now = Instant::now();
-        let dir = self.opts.plugin_dir();
+        let dir = self.plugin_dir.clone();
         for p in self.plugins.values_mut() {
             let lost = p.server.as_ref().is_some_and(|s| !s.socket_is_ours());
             if lost {
@@ -79,7 +205,7 @@ impl Daemon {
     /// replaced servers of the resource to stop.
     pub(super) fn start_due_registrations(&mut self) {
         let now = Instant::now();
-        let dir = self.opts.plugin_dir();
+        let dir = self.plugin_dir.clone();
         let kubelet_sock = dir.join(KUBELET_SOCKET);
         for (name, p) in self.plugins.iter_mut() {
             if !p.registration.is_due(now) {
@@ -111,8 +237,8 @@ impl Daemon {
                     name.clone(),
                     attempt,
                     kubelet_sock.clone(),
-                    self.opts.register_timeout,
-                    self.registrations.clone(),
+                    self.register_timeout,
+                    self.done.clone(),
                 )
             });
         }
@@ -163,7 +289,7 @@ impl Daemon {
     /// registers again when a registered resource has none left.
     pub(super) fn on_stream_event(&mut self, ev: StreamEvent) {
         let now = Instant::now();
-        let dir = self.opts.plugin_dir();
+        let dir = self.plugin_dir.clone();
         let Some(p) = self
             .plugins
             .values_mut()
@@ -226,21 +352,4 @@ fn spawn_register(
             result,
         });
     })
-}
-
-/// Watches the device-plugins directory `dir` again once it exists.
-pub(super) fn rewatch(fs: &DirWatcher, dir: &Path) -> Option<WatchDescriptor> {
-    if !dir.is_dir() {
-        return None;
-    }
-    match fs.watch_dir(dir) {
-        Ok(wd) => {
-            info!(dir = %dir.display(), "watching the device-plugins directory again");
-            Some(wd)
-        }
-        Err(e) => {
-            debug!(error = %e, "device-plugins directory not watchable yet");
-            None
-        }
-    }
 }
