@@ -6,9 +6,9 @@
 //! with its old MAC and MTU, so that a retry starts from the same state.
 
 use crate::config::NetConf;
-use crate::del;
 use crate::env::{CniEnv, Command};
 use crate::error::{CODE_IPAM_NO_ERROR_JSON, Error, Result};
+use crate::give_back::{back_with_index, host_name_alias};
 use crate::ipam;
 use crate::podresources;
 use crate::result::{CniResult, Interface, parse_cidr};
@@ -212,7 +212,7 @@ fn configure(
         promisc: Some(conf.promisc_mode),
         name: None,
         // DEL gives the link back under this name, even without deviceID.
-        alias: Some(del::host_name_alias(&link.name)),
+        alias: Some(host_name_alias(&link.name)),
     };
     if ipam_type.is_none() {
         silence(kernel, pod_ns, &env.ifname)?;
@@ -468,7 +468,7 @@ impl Undo<'_> {
             problems.push(e.to_string());
             return problems;
         }
-        let back = match del::back_with_index(self.host, &orig.name, orig.index, &self.env.netns) {
+        let back = match back_with_index(self.host, &orig.name, orig.index, &self.env.netns) {
             Ok(Some(back)) => back,
             Ok(None) => return problems,
             Err(e) => {

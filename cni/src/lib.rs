@@ -20,6 +20,7 @@ pub(crate) mod del;
 pub(crate) mod env;
 pub mod error;
 pub mod escape;
+pub(crate) mod give_back;
 pub(crate) mod ipam;
 pub mod logfile;
 pub mod podresources;
