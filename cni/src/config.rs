@@ -1,4 +1,4 @@
-//! The network configuration (NetConf) read from stdin.
+//! The network configuration (NetConf) read from stdin (`crate::stdin`).
 
 use crate::args::CniArgs;
 use crate::error::{Error, Result};
@@ -6,17 +6,6 @@ use crate::version::Version;
 use macvtap_link::link::parse_mac;
 use serde::Deserialize;
 use serde_json::Value;
-
-/// The NetConf's `logFile` as written, read leniently so that logging works
-/// even for a config that is otherwise invalid. It is a request, not a path
-/// to open: `logfile::open_log_file` confines it to the node's log directory.
-pub fn log_file(stdin: &[u8]) -> Option<String> {
-    let v: Value = serde_json::from_slice(stdin).ok()?;
-    v.get("logFile")?
-        .as_str()
-        .filter(|p| !p.is_empty())
-        .map(str::to_string)
-}
 
 /// The uid and gid `/dev/tapN` is given by default: the qemu user of virt-launcher.
 pub(crate) const DEFAULT_OWNER: u32 = 107;
@@ -254,16 +243,6 @@ mod tests {
         assert_eq!(code(r#"{"cniVersion":"0.0.9"}"#), 1);
         assert_eq!(code(r#"{"cniVersion":"1.0.0","ipam":{}}"#), 7);
         assert_eq!(code(r#"{"cniVersion":"1.0.0","ipam":{"type":"../x"}}"#), 7);
-    }
-
-    #[test]
-    fn log_file_is_read_even_from_an_invalid_config() {
-        assert_eq!(
-            log_file(br#"{"cniVersion":"9","logFile":"/var/log/macvtap.log"}"#),
-            Some("/var/log/macvtap.log".to_string())
-        );
-        assert_eq!(log_file(br#"{"logFile":""}"#), None);
-        assert_eq!(log_file(b"not json"), None);
     }
 
     #[test]

@@ -29,16 +29,17 @@ pub(crate) mod result;
 mod rollback_tests;
 pub mod settings;
 pub(crate) mod status;
+pub mod stdin;
 pub(crate) mod tap;
 pub mod version;
 
-use config::NetConf;
 use env::{CniEnv, Command};
 use error::{Error, Result};
 use macvtap_link::Kernel;
 use serde_json::{Value, json};
 use settings::NodeSettings;
 use std::collections::HashMap;
+use stdin::Stdin;
 use version::{LATEST, SUPPORTED_VERSIONS, Version};
 
 /// What the process prints and how it exits.
@@ -53,20 +54,31 @@ pub struct Outcome {
 /// Runs one plugin invocation with environment `vars` and `stdin`, with the
 /// node settings found from `vars` (see [`settings`]).
 pub fn run(vars: &HashMap<String, String>, stdin: &[u8]) -> Outcome {
-    run_with(&settings::load(vars), vars, stdin)
+    run_with(&settings::load(vars), vars, &Stdin::decode(stdin))
 }
 
-/// [`run`] with node settings already loaded.
-pub fn run_with(settings: &NodeSettings, vars: &HashMap<String, String>, stdin: &[u8]) -> Outcome {
-    run_on(&macvtap_link::Linux, settings, vars, stdin)
+/// [`run`] with node settings already loaded and stdin decoded.
+pub fn run_with(settings: &NodeSettings, vars: &HashMap<String, String>, stdin: &Stdin) -> Outcome {
+    run_decoded_on(&macvtap_link::Linux, settings, vars, stdin)
 }
 
-/// [`run_with`] against `kernel`: the real one, or the fake in unit tests.
+/// [`run_with`] against `kernel` (the real one, or the fake in unit
+/// tests), with stdin as read.
 pub fn run_on(
     kernel: &dyn Kernel,
     settings: &NodeSettings,
     vars: &HashMap<String, String>,
     stdin: &[u8],
+) -> Outcome {
+    run_decoded_on(kernel, settings, vars, &Stdin::decode(stdin))
+}
+
+/// [`run_on`] with stdin decoded.
+fn run_decoded_on(
+    kernel: &dyn Kernel,
+    settings: &NodeSettings,
+    vars: &HashMap<String, String>,
+    stdin: &Stdin,
 ) -> Outcome {
     match dispatch(kernel, settings, vars, stdin) {
         Ok(stdout) => Outcome {
@@ -87,13 +99,13 @@ fn dispatch(
     kernel: &dyn Kernel,
     settings: &NodeSettings,
     vars: &HashMap<String, String>,
-    stdin: &[u8],
+    stdin: &Stdin,
 ) -> Result<Option<String>> {
     if vars.get("CNI_COMMAND").map(String::as_str) == Some("VERSION") {
         return Ok(Some(version_report(stdin).to_string()));
     }
     let env = CniEnv::from_vars(vars)?;
-    let conf = NetConf::parse(stdin)?;
+    let conf = stdin.net_conf()?;
     tracing::debug!(
         command = env.command.as_str(),
         container = %env.container_id,
@@ -109,15 +121,17 @@ fn dispatch(
         }
         tracing::warn!("{problem}; using the defaults");
     }
+    // Delegated IPAM plugins get the configuration as it was written.
+    let bytes = stdin.bytes();
     match env.command {
         Command::Add => {
-            let result = add::add(kernel, &env, &conf, settings, stdin)?;
+            let result = add::add(kernel, &env, &conf, settings, bytes)?;
             Ok(Some(result.to_value(conf.version).to_string()))
         }
-        Command::Del => del::del(kernel, &env, &conf, stdin).map(|()| None),
-        Command::Check => check::check(kernel, &env, &conf, stdin).map(|()| None),
+        Command::Del => del::del(kernel, &env, &conf, bytes).map(|()| None),
+        Command::Check => check::check(kernel, &env, &conf, bytes).map(|()| None),
         Command::Status => {
-            status::status(&env, &conf, settings.problem.as_deref(), stdin).map(|()| None)
+            status::status(&env, &conf, settings.problem.as_deref(), bytes).map(|()| None)
         }
         Command::Gc => status::gc(&env, &conf, stdin).map(|()| None),
         Command::Version => Ok(Some(version_report(stdin).to_string())),
@@ -125,26 +139,24 @@ fn dispatch(
 }
 
 /// The VERSION answer, in the requested version when we speak it.
-fn version_report(stdin: &[u8]) -> Value {
-    let asked = requested_version(stdin).filter(|v| Version::parse(v).is_ok());
+fn version_report(stdin: &Stdin) -> Value {
+    let asked = stdin
+        .requested_version()
+        .filter(|v| Version::parse(v).is_ok());
     json!({
-        "cniVersion": asked.as_deref().unwrap_or(LATEST),
+        "cniVersion": asked.unwrap_or(LATEST),
         "supportedVersions": SUPPORTED_VERSIONS,
     })
 }
 
-fn requested_version(stdin: &[u8]) -> Option<String> {
-    let v: Value = serde_json::from_slice(stdin).ok()?;
-    v.get("cniVersion")?.as_str().map(str::to_string)
-}
-
-/// The spec's error object for `e`.
-pub fn error_json(e: &Error, stdin: &[u8]) -> Value {
+/// The spec's error object for `e`, answering a request of `stdin`.
+pub fn error_json(e: &Error, stdin: &Stdin) -> Value {
     // Echo the request's version only when it is one we know: an error must
     // not carry arbitrary input in a field its reader trusts.
-    let version = requested_version(stdin)
+    let version = stdin
+        .requested_version()
         .filter(|v| Version::parse(v).is_ok())
-        .unwrap_or_else(|| LATEST.to_string());
+        .unwrap_or(LATEST);
     let msg = match e {
         Error::TryAgain(inner) => inner.to_string(),
         other => other.to_string(),
@@ -234,7 +246,7 @@ mod tests {
         let out = run_with(
             &settings,
             &env,
-            br#"{"cniVersion":"1.1.0","name":"n","type":"macvtap"}"#,
+            &Stdin::decode(br#"{"cniVersion":"1.1.0","name":"n","type":"macvtap"}"#),
         );
         assert_eq!(out.exit_code, 1);
         let v: Value = serde_json::from_str(&out.stdout.unwrap()).unwrap();

@@ -5,6 +5,7 @@
 use macvtap_cni::escape::EscapingWriter;
 use macvtap_cni::logfile;
 use macvtap_cni::settings::{self, NodeSettings};
+use macvtap_cni::stdin::Stdin;
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use tracing_subscriber::filter::LevelFilter;
@@ -32,6 +33,7 @@ fn main() {
         })
         .collect();
     let settings = settings::load(&vars);
+    let stdin = Stdin::decode(&stdin);
     init_logging(&vars, &settings, &stdin);
     if let Err(e) = read {
         tracing::warn!("reading stdin: {e}");
@@ -51,13 +53,13 @@ fn main() {
 /// too; a `logFile` that is refused gets one warning on stderr and no file.
 /// Every line is escaped as it is written (see `escape`). The level comes
 /// from `MACVTAP_CNI_LOG_LEVEL` (error, warn, info, debug, trace; default info).
-fn init_logging(vars: &HashMap<String, String>, settings: &NodeSettings, stdin: &[u8]) {
+fn init_logging(vars: &HashMap<String, String>, settings: &NodeSettings, stdin: &Stdin) {
     let level = vars
         .get("MACVTAP_CNI_LOG_LEVEL")
         .and_then(|l| l.parse::<tracing::Level>().ok())
         .unwrap_or(tracing::Level::INFO);
     let mut refused = None;
-    let file = macvtap_cni::config::log_file(stdin).and_then(|requested| {
+    let file = stdin.log_file().and_then(|requested| {
         match logfile::open_log_file(&settings.log_dir, &requested) {
             Ok(f) => Some(f),
             Err(e) => {

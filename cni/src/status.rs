@@ -6,8 +6,8 @@ use crate::config::NetConf;
 use crate::env::{CniEnv, Command};
 use crate::error::{Error, Result};
 use crate::ipam;
+use crate::stdin::Stdin;
 use crate::version::Version;
-use serde_json::Value;
 
 /// Runs STATUS: ready unless the node settings file is unusable
 /// (`settings_problem`, which every ADD would fail on: the spec's code 50)
@@ -29,13 +29,18 @@ pub(crate) fn status(
 }
 
 /// Runs GC, handing IPAM the valid attachments under the spec's current key
-/// `cni.dev/valid-attachments` even when they came as `cni.dev/attachments`.
-pub(crate) fn gc(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
+/// `cni.dev/valid-attachments` even when they came as `cni.dev/attachments`
+/// (in the configuration `conf` was read from, `stdin`).
+pub(crate) fn gc(env: &CniEnv, conf: &NetConf, stdin: &Stdin) -> Result<()> {
     conf.version.require(Version::V1_1_0, "GC")?;
     let Some(plugin) = conf.ipam_type()? else {
         return Ok(());
     };
-    let mut raw: Value = serde_json::from_slice(stdin).map_err(|e| Error::Decode(e.to_string()))?;
+    // `conf` was read from it, so stdin is JSON.
+    let mut raw = stdin
+        .json()
+        .cloned()
+        .ok_or_else(|| Error::Decode("stdin is not JSON".into()))?;
     if let Some(obj) = raw.as_object_mut() {
         if !obj.contains_key("cni.dev/valid-attachments") {
             // Without any list, IPAM would free every address: refuse instead.
