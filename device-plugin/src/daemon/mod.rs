@@ -29,7 +29,7 @@
 //!   remove our sockets, return).
 //!
 //! The loop beats its [`Liveness`] after each input (timers included, so an
-//! idle loop beats at least every `SOCKET_CHECK`); `/healthz`, served on
+//! idle loop beats at least every `watches::SOCKET_CHECK`); `/healthz`, served on
 //! a thread of its own, reports a loop that stopped beating.
 //!
 //! Each resource's registration is a state machine of plain transitions
@@ -73,7 +73,6 @@ use registrations::{RegistrationDone, Registrations};
 use resources::Resources;
 use std::ops::ControlFlow;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -83,14 +82,6 @@ use watches::Watches;
 
 /// The kernel the daemon works on: Allocate, reclaim and heal.
 const KERNEL: &macvtap_link::Linux = &macvtap_link::Linux;
-
-/// How often the plugin checks that its sockets still exist, in case an
-/// inotify event was missed.
-const SOCKET_CHECK: Duration = Duration::from_secs(5);
-/// How long a replaced server's connections get to finish.
-const RESTART_WAIT: Duration = Duration::from_secs(2);
-/// How long the servers' connections get to finish at shutdown.
-const SHUTDOWN_WAIT: Duration = Duration::from_millis(300);
 
 /// Where the daemon's inputs arrive; [`Inputs::next`] waits for one.
 struct Inputs {
@@ -384,7 +375,8 @@ impl Daemon {
     }
 
     /// Abandons registrations and stops every server at once, removing
-    /// our sockets; bounded by [`SHUTDOWN_WAIT`] (plus the socket removals).
+    /// our sockets; bounded by `registrations::SHUTDOWN_WAIT` (plus the
+    /// socket removals).
     async fn shutdown(self) {
         for t in &self.tasks {
             t.abort();

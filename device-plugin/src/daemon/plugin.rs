@@ -1,16 +1,19 @@
 //! One resource's plugin: what the kubelet sees of it (published by the
 //! daemon's resources), the server of its socket, and its registration.
 
-use super::RESTART_WAIT;
 use super::registration::Registration;
 use crate::config::ResourceConfig;
 use crate::kubelet::context::ServerContext;
 use crate::kubelet::server::{PluginServer, ResourceState};
 use std::path::Path;
+use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::error;
+
+/// How long a replaced server's connections get to finish.
+pub(super) const RESTART_WAIT: Duration = Duration::from_secs(2);
 
 /// One resource's plugin, owned by the daemon's kubelet registrations.
 pub(super) struct Plugin {

@@ -6,10 +6,9 @@
 //! are the [`Registration`](super::registration::Registration) state
 //! machine's; here they are logged, counted, posted and carried out.
 
-use super::plugin::Plugin;
+use super::plugin::{Plugin, RESTART_WAIT};
 use super::registration::{Done, Lost, Opened, RETRY_MAX, STREAM_WAIT};
 use super::resources::Served;
-use super::{RESTART_WAIT, SHUTDOWN_WAIT};
 use crate::config::ResourceConfig;
 use crate::error::Result;
 use crate::fswatch::FsEvent;
@@ -27,6 +26,9 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
+
+/// How long the servers' connections get to finish at shutdown.
+const SHUTDOWN_WAIT: Duration = Duration::from_millis(300);
 
 /// The outcome of one Register task.
 pub(super) struct RegistrationDone {

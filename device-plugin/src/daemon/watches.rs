@@ -5,14 +5,18 @@
 //! the socket check. It says what each event concerns ([`Watches::see`]);
 //! the daemon hands that to the part it is for.
 
-use super::SOCKET_CHECK;
 use crate::core::reclaim::tap_node_deleted;
 use crate::fswatch::{DirWatcher, FsEvent};
 use nix::sys::inotify::WatchDescriptor;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
+
+/// How often the plugin checks that its sockets still exist, in case an
+/// inotify event was missed.
+const SOCKET_CHECK: Duration = Duration::from_secs(5);
 
 /// The daemon's inotify watches and the socket check's timer.
 pub(super) struct Watches {
