@@ -5,6 +5,7 @@
 
 use crate::config::ResourceConfig;
 use crate::core::degraded::Degraded;
+use crate::core::ledger::record_file::Planted;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
@@ -20,8 +21,8 @@ pub(crate) enum RoundOutcome {
 }
 
 /// Where the core reports what it did and what it found: health changes,
-/// reclaim rounds, links healed and removed, and what a missing mount
-/// leaves undone.
+/// reclaim rounds, links healed and removed, what a missing mount leaves
+/// undone, and what was planted where the record keeps its files.
 pub(crate) trait Observer: Send + Sync {
     /// A resource's devices turned Unhealthy for `reason` (a
     /// [`NicHealth::reason`](crate::core::nic::health::NicHealth::reason)).
@@ -51,6 +52,11 @@ pub(crate) trait Observer: Send + Sync {
     /// A mount of the host's is missing and `gap` is what that leaves
     /// undone (said once per outage).
     fn degraded(&self, gap: &Degraded);
+
+    /// Something else on the node had put `planted` where the record of
+    /// handed-out devices keeps a file, and it was removed (said once per
+    /// removal).
+    fn planted_removed(&self, planted: &Planted);
 }
 
 /// An observer that tells no one (the default of a reclaimer).
@@ -71,6 +77,7 @@ impl Observer for Silent {
     fn leaked_link_removed(&self, _: &str, _: u32) {}
     fn reclaim_round(&self, _: RoundOutcome) {}
     fn degraded(&self, _: &Degraded) {}
+    fn planted_removed(&self, _: &Planted) {}
 }
 
 /// An observer that records what it was told, for unit tests.
@@ -121,5 +128,12 @@ impl Observer for Recorder {
     fn degraded(&self, gap: &Degraded) {
         self.say(format!("degraded {gap}"));
         self.gaps.lock().unwrap().push(gap.clone());
+    }
+    fn planted_removed(&self, planted: &Planted) {
+        self.say(format!(
+            "planted {} {}",
+            planted.path.display(),
+            planted.what
+        ));
     }
 }

@@ -49,7 +49,6 @@ use crate::core::degraded::Degraded;
 use crate::core::host::{HostPaths, SharedHost};
 use crate::core::ledger::AllocationClock;
 use crate::core::ledger::Assignments;
-use crate::core::ledger::record_file;
 use crate::core::link_table::{LinkTable, LinkUpdate, spawn_link_watcher};
 use crate::core::nic::discovery::Discovery;
 use crate::core::nic::health::HealthLog;
@@ -246,17 +245,17 @@ impl Daemon {
             ..HostPaths::default()
         }
         .judged();
+        let observer = MetricsAndEvents::new(metrics.clone(), events.clone());
         let ctx = ServerContext {
             host: Arc::new(SharedHost::new(KERNEL, paths.clone())),
             metrics,
             events,
             streams: streams_tx,
             clock: AllocationClock::default(),
-            assignments: Assignments::persisted(record_file::path_in(&plugin_dir)),
+            assignments: Assignments::persisted(&plugin_dir, Arc::new(observer.clone())),
         };
         let (tap_gone_tx, tap_gone) = mpsc::unbounded_channel();
         let tap_nodes = watch_or_say(&fs, &paths, &ctx.events, tap_gone_tx);
-        let observer = MetricsAndEvents::new(ctx.metrics.clone(), ctx.events.clone());
         tasks.push(spawn_reclaim(
             &opts,
             &ctx,

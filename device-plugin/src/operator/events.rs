@@ -2,7 +2,8 @@
 //! says what the device plugin knows first: a NIC went down or came back,
 //! a config reload added or removed a resource, registration keeps
 //! failing, a leaked link was removed, an Allocate was refused, a mount of
-//! the host's is missing (what that leaves undone).
+//! the host's is missing (what that leaves undone), something planted where
+//! the daemon keeps its record was removed.
 //!
 //! Events are posted by `kube::runtime::events::Recorder` (events.k8s.io/v1,
 //! in namespace `default` as for every Node event), which aggregates a
@@ -45,6 +46,10 @@ pub(crate) const ALLOCATE_FAILED: &str = "MacvtapAllocateFailed";
 pub(crate) const HOST_DEV_MISSING: &str = "MacvtapHostDevMissing";
 /// Event reason: the kubelet's PodResources API cannot be read.
 pub(crate) const POD_RESOURCES_UNREADABLE: &str = "MacvtapPodResourcesUnreadable";
+/// Event reason: something else on the node had put a link, FIFO, device
+/// node, directory or hard link where the record keeps a file, and it was
+/// removed.
+pub(crate) const RECORD_FILE_PLANTED: &str = "MacvtapRecordFilePlanted";
 /// Every reason of our Events, in [`NodeEvent`]'s order.
 pub const REASONS: &[&str] = &[
     NIC_DOWN,
@@ -57,6 +62,7 @@ pub const REASONS: &[&str] = &[
     ALLOCATE_FAILED,
     HOST_DEV_MISSING,
     POD_RESOURCES_UNREADABLE,
+    RECORD_FILE_PLANTED,
 ];
 /// How many Events may wait for the publisher before new ones are dropped.
 const QUEUE: usize = 256;
@@ -151,6 +157,16 @@ pub enum NodeEvent {
         /// The sentence.
         what: String,
     },
+    /// Something else on the node had put a link, FIFO, device node,
+    /// directory or hard link where the record of handed-out devices keeps
+    /// a file (in the device-plugins directory, which every device plugin
+    /// mounts), and the daemon removed it.
+    RecordFilePlanted {
+        /// Where it was.
+        path: String,
+        /// What it was, e.g. `a symbolic link to "/host/cni-bin/multus-shim"`.
+        what: String,
+    },
 }
 
 impl From<&crate::core::degraded::Degraded> for NodeEvent {
@@ -179,6 +195,7 @@ impl NodeEvent {
             Self::AllocateRefused { .. } => ALLOCATE_FAILED,
             Self::HostDevMissing { .. } => HOST_DEV_MISSING,
             Self::PodResourcesUnreadable { .. } => POD_RESOURCES_UNREADABLE,
+            Self::RecordFilePlanted { .. } => RECORD_FILE_PLANTED,
         }
     }
 
@@ -249,6 +266,15 @@ impl NodeEvent {
             ),
             Self::HostDevMissing { what } => (EventType::Warning, "Start", capital(what)),
             Self::PodResourcesUnreadable { what } => (EventType::Warning, "Reclaim", capital(what)),
+            Self::RecordFilePlanted { path, what } => (
+                EventType::Warning,
+                "Record",
+                format!(
+                    "Removed {what} at {path}, where the device plugin keeps its record: something \
+                     else on the node put it there (a pod that mounts the device-plugins directory); \
+                     the record is written afresh"
+                ),
+            ),
         };
         Event {
             type_,
@@ -519,6 +545,10 @@ mod tests {
             },
             NodeEvent::HostDevMissing { what: "w".into() },
             NodeEvent::PodResourcesUnreadable { what: "w".into() },
+            NodeEvent::RecordFilePlanted {
+                path: "/p".into(),
+                what: "a FIFO".into(),
+            },
         ];
         for ev in &all {
             match ev {
@@ -531,7 +561,8 @@ mod tests {
                 | NodeEvent::LeakedLinkRemoved { .. }
                 | NodeEvent::AllocateRefused { .. }
                 | NodeEvent::HostDevMissing { .. }
-                | NodeEvent::PodResourcesUnreadable { .. } => {}
+                | NodeEvent::PodResourcesUnreadable { .. }
+                | NodeEvent::RecordFilePlanted { .. } => {}
             }
         }
         all
