@@ -1374,12 +1374,31 @@ fn scenario(run: &mut Run) -> Result<()> {
             )
         })?
         .to_string();
+    for l in daemon_log
+        .lines()
+        .filter(|l| l.contains("uninstall: cleaning this node"))
+    {
+        run.steps.say(format!("{daemon_name}: {l}"));
+    }
     run.steps.say(format!("{daemon_name}: {kept}"));
-    let event = c.wait("a MacvtapUninstallKept Event on the Node", WAIT, || {
-        new_node_event(c, "MacvtapUninstallKept", &kept_events_before)
-    })?;
-    run.steps
-        .say(format!("Event MacvtapUninstallKept: {event}"));
+    // The same in an Event on the Node, which `kubectl delete -k` often
+    // cannot get: it deletes our service account and RBAC before the
+    // DaemonSet, and the daemon then says the API server refused it.
+    match daemon_log
+        .lines()
+        .find(|l| l.contains("the API server refused the exit's last Event"))
+    {
+        Some(refused) => run.steps.say(format!(
+            "the Event could not be posted, and {daemon_name} said so: {refused}"
+        )),
+        None => {
+            let event = c.wait("a MacvtapUninstallKept Event on the Node", WAIT, || {
+                new_node_event(c, "MacvtapUninstallKept", &kept_events_before)
+            })?;
+            run.steps
+                .say(format!("Event MacvtapUninstallKept: {event}"));
+        }
+    }
 
     c.kubectl_stdin(&["apply", "-f", "-"], Some(&nad))?;
     // The kubelet starts a container of a device plugin's resource only

@@ -312,13 +312,17 @@ pub(crate) fn node_reference(node: &str) -> ObjectReference {
     }
 }
 
+/// A last Event (or none) and where to say that it and every Event queued
+/// before it were handled.
+type LastEvent = (Option<NodeEvent>, oneshot::Sender<()>);
+
 /// Where the daemon posts Events; a cheap handle that never blocks.
 #[derive(Clone, Default)]
 pub struct EventSink {
     tx: Option<mpsc::Sender<NodeEvent>>,
-    /// Where [`EventSink::flush`] asks the publisher to say when it has
-    /// handled every Event queued before.
-    flush: Option<mpsc::Sender<oneshot::Sender<()>>>,
+    /// Where [`EventSink::post_last`] hands the publisher a last Event and
+    /// asks it to say when it has handled it and every Event queued before.
+    flush: Option<mpsc::Sender<LastEvent>>,
 }
 
 impl fmt::Debug for EventSink {
@@ -389,19 +393,21 @@ impl EventSink {
         )
     }
 
-    /// Waits up to `bound` until the publisher has handled (posted, or
-    /// dropped after a refusal) every Event queued before this call: what
-    /// an exiting daemon posts last is not lost with the process.
-    pub async fn flush(&self, bound: Duration) {
+    /// Posts `last` as an exiting daemon's last Event: the publisher first
+    /// handles every Event queued before, then tries `last` even during the
+    /// pause after a refusal (once: the process is about to end), logging
+    /// a warning when it cannot be posted; waits up to `bound` for all of
+    /// it, so what an exit posts is not lost with the process.
+    pub async fn post_last(&self, last: NodeEvent, bound: Duration) {
         let Some(flush) = &self.flush else { return };
         let (done, handled) = oneshot::channel();
         let asked = async {
-            if flush.send(done).await.is_ok() {
+            if flush.send((Some(last), done)).await.is_ok() {
                 let _ = handled.await;
             }
         };
         if tokio::time::timeout(bound, asked).await.is_err() {
-            debug!(bound = ?bound, "Events queued at exit may not all be posted");
+            warn!(bound = ?bound, "the exit's last Event was not handled within the wait; it may be lost");
         }
     }
 
@@ -456,10 +462,7 @@ async fn publish(
     client: kube::Client,
     reporter: Reporter,
     reference: ObjectReference,
-    (mut rx, mut flushes): (
-        mpsc::Receiver<NodeEvent>,
-        mpsc::Receiver<oneshot::Sender<()>>,
-    ),
+    (mut rx, mut flushes): (mpsc::Receiver<NodeEvent>, mpsc::Receiver<LastEvent>),
     pause: Duration,
 ) {
     let mut p = Publisher {
@@ -480,9 +483,12 @@ async fn publish(
                 Some(ev) => p.handle(ev).await,
                 None => break,
             },
-            Some(done) = flushes.recv() => {
+            Some((last, done)) = flushes.recv() => {
                 while let Ok(ev) = rx.try_recv() {
                     p.handle(ev).await;
+                }
+                if let Some(last) = last {
+                    p.last(last).await;
                 }
                 let _ = done.send(());
             }
@@ -491,6 +497,22 @@ async fn publish(
 }
 
 impl Publisher {
+    /// Tries `ev` whatever the pause, as the last Event of an exit, and
+    /// says when it cannot be posted.
+    async fn last(&mut self, ev: NodeEvent) {
+        let reason = ev.reason();
+        match self.post(&ev).await {
+            Ok(()) => {}
+            Err(kube::Error::Api(status)) if status.code == 401 || status.code == 403 => warn!(
+                reason,
+                code = status.code,
+                error = %status.message,
+                "the API server refused the exit's last Event (an uninstall removes our service account and RBAC first); it says what the log says"
+            ),
+            Err(e) => warn!(reason, error = %e, "the exit's last Event could not be posted"),
+        }
+    }
+
     /// Posts `ev`, or drops it during the pause after a refusal.
     async fn handle(&mut self, ev: NodeEvent) {
         if self.refused_until.is_some_and(|t| Instant::now() < t) {
@@ -500,6 +522,13 @@ impl Publisher {
             );
             return;
         }
+        let result = self.post(&ev).await;
+        self.judge(result);
+    }
+
+    /// Publishes `ev` with its kind's recorder (a new recorder when the
+    /// Event a repeat would patch is gone).
+    async fn post(&mut self, ev: &NodeEvent) -> Result<(), kube::Error> {
         let event = ev.to_event();
         let recorder = self
             .recorders
@@ -518,6 +547,11 @@ impl Publisher {
             *recorder = Recorder::new(self.client.clone(), self.reporter.clone());
             result = recorder.publish(&event, &self.reference).await;
         }
+        result
+    }
+
+    /// Keeps track of whether posting works, from one post's `result`.
+    fn judge(&mut self, result: Result<(), kube::Error>) {
         match result {
             Ok(()) => {
                 if self.failing || self.refused_until.is_some() {
