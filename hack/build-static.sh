@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 target=${1:-}
 out=${2:-target/static}
 if [ -z "$target" ]; then
-  if rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-linux-musl; then
+  if rustup target list --installed 2>/dev/null | grep -x x86_64-unknown-linux-musl >/dev/null; then
     target=x86_64-unknown-linux-musl
   else
     target=x86_64-unknown-linux-gnu

@@ -26,6 +26,9 @@
 # Needs root. Everything listens on loopback, or on the node address, a
 # TEST-NET address on a link the script makes.
 set -euo pipefail
+# Under pipefail, `producer | grep -q` fails at random: grep -q exits at its
+# first match and a producer still writing dies of SIGPIPE, which fails the
+# pipeline. Pipelines here use `grep ... >/dev/null`, which reads to the end.
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PEERS=$REPO/hack/peers
@@ -99,7 +102,10 @@ go_env() {
 # (a prefix of its own, so that neither builder takes the other's builds of
 # the same programs, Multus' for one, for stale ones), keyed (as
 # gopeers.rs does) by the Go version, the module's go.mod, go.sum and Go
-# files, the packages and the flags; sets VAR to that directory.
+# files, the packages and the flags; sets VAR to that directory. One build
+# of a program set at a time, as gopeers.rs does: a second (hack/test.sh
+# builds in the background while a user may run `up`) waits for the lock
+# cluster-<module>-<first binary>.lock beside it, then finds its binaries.
 BUILDER_VERSION=cluster-1
 build_peer() {
   local var=$1 dir=$2 tags=$3 ldflags=$4; shift 4
@@ -121,6 +127,15 @@ build_peer() {
   for p in "$@"; do [[ -x $out/${p##*/} ]] || all=0; done
   if (( all )); then printf -v "$var" %s "$out"; return; fi
   mkdir -p "$CACHE/go-peers"
+  local lock=$CACHE/go-peers/cluster-$module-$first.lock fd
+  exec {fd}>>"$lock"
+  if ! flock -n "$fd"; then
+    say "waiting for another build of $module ($lock)"
+    flock "$fd"
+  fi
+  all=1
+  for p in "$@"; do [[ -x $out/${p##*/} ]] || all=0; done
+  if (( all )); then exec {fd}>&-; printf -v "$var" %s "$out"; return; fi
   local tmp=$out.tmp t; rm -rf "$tmp"; mkdir -p "$tmp"; t=$(date +%s)
   say "building $module: $* (nice -n 19; a cold Kubernetes build takes minutes)"
   if ! (cd "$dir" && go_env nice -n 19 go build -mod=readonly -trimpath ${tags:+-tags "$tags"} \
@@ -133,6 +148,7 @@ build_peer() {
   for p in "$CACHE/go-peers/cluster-$module-$first-"*; do
     [[ $p != "$out" && $p =~ -[0-9a-f]{16}$ ]] && rm -rf "$p"
   done
+  exec {fd}>&-
   say "built $module in $(( $(date +%s) - t )) s into $out"
   printf -v "$var" %s "$out"
 }
@@ -476,7 +492,7 @@ node_link() {
     say "node address: made link $NODE_LINK (a bridge without ports)"
   fi
   ip link set "$NODE_LINK" up
-  ip addr show dev "$NODE_LINK" | grep -q "inet $NODE_IP/" || ip addr add "$NODE_IP/32" dev "$NODE_LINK"
+  ip addr show dev "$NODE_LINK" | grep "inet $NODE_IP/" >/dev/null || ip addr add "$NODE_IP/32" dev "$NODE_LINK"
   # Service addresses go nowhere (a bridge without ports) rather than out of
   # the default route.
   ip route replace "$SERVICE_CIDR" dev "$NODE_LINK"
@@ -720,8 +736,8 @@ restore_iptables() {
   for fam in iptables ip6tables; do
     [[ $fam == iptables ]] && fam_nft=ip || fam_nft=ip6
     for table in $("$fam-save" 2>/dev/null | sed -n 's/^\*//p'); do
-      saved_tables "$fam" | grep -qx "\*$table" && continue
-      if "$fam-save" -t "$table" | grep -q '^-A\|^:[^ ]* - '; then
+      saved_tables "$fam" | grep -x "\*$table" >/dev/null && continue
+      if "$fam-save" -t "$table" | grep '^-A\|^:[^ ]* - ' >/dev/null; then
         say "iptables: the $fam table $table did not exist before up and holds rules of others now: kept"
       elif command -v nft >/dev/null; then
         nft delete table "$fam_nft" "$table" && say "iptables: removed the $fam table $table (empty; it did not exist before up)"

@@ -32,13 +32,13 @@ packages=(
 )
 missing=()
 for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep "install ok installed" >/dev/null || missing+=("$p")
 done
 # QEMU's packages must come from one release: a machine that already has
 # qemu-utils from bookworm-backports (it Breaks bookworm's qemu-system-common)
 # gets qemu-system-x86 from bookworm-backports too, in an install of its own
 # so that nothing else is taken from there.
-if dpkg-query -W -f='${Status} ${Version}\n' qemu-utils 2>/dev/null | grep -q 'install ok installed.*bpo12' \
+if dpkg-query -W -f='${Status} ${Version}\n' qemu-utils 2>/dev/null | grep 'install ok installed.*bpo12' >/dev/null \
   && [[ " ${missing[*]} " == *" qemu-system-x86 "* ]]; then
   echo "==> installing qemu-system-x86 from bookworm-backports (qemu-utils is from there)"
   apt-get update -qq

@@ -111,6 +111,12 @@ pub struct Args {
     /// devices. Unset: they are left.
     #[arg(long, global = true, value_name = "DIR")]
     pub uninstall_cni_dir: Option<PathBuf>,
+
+    /// The CNI binary this image ships (what install-cni copied): an
+    /// uninstall removes the installed `macvtap` only when its bytes are
+    /// these, so it never removes a binary it cannot prove it installed.
+    #[arg(long, global = true, value_name = "FILE", default_value = "/macvtap")]
+    pub uninstall_cni_source: PathBuf,
 }
 
 /// One-off tasks of the binary.
@@ -271,6 +277,7 @@ impl Args {
                 _ => None,
             },
             uninstall_cni_dir: self.uninstall_cni_dir.clone(),
+            uninstall_cni_source: self.uninstall_cni_source.clone(),
         })
     }
 }
@@ -418,6 +425,7 @@ mod tests {
         let o = a.options().unwrap();
         assert_eq!(o.metrics_addr, Some("0.0.0.0:9402".parse().unwrap()));
         assert_eq!(o.reclaim_interval, Duration::from_secs(60));
+        assert_eq!(o.reclaim_grace, Duration::from_secs(120));
         let a = Args::try_parse_from([
             "x",
             "--resource",

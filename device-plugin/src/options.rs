@@ -41,6 +41,9 @@ pub struct Options {
     /// The host's CNI bin dir as mounted, whose CNI binary and settings an
     /// uninstall removes; `None` leaves them.
     pub uninstall_cni_dir: Option<PathBuf>,
+    /// The CNI binary this image ships: the installed one is removed at an
+    /// uninstall only when its bytes are these.
+    pub uninstall_cni_source: PathBuf,
 }
 
 impl Options {
@@ -115,6 +118,7 @@ impl Options {
             node_name: None,
             owner: None,
             uninstall_cni_dir: None,
+            uninstall_cni_source: PathBuf::from("/macvtap"),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The real single-node cluster of `hack/cluster.sh` as the cluster e2e
 //! drives it: bring it up (or use the one that runs), `kubectl` with its
-//! admin kubeconfig, images imported into its containerd, and the VM pod's
+//! admin kubeconfig (a container's log followed in the background too),
+//! images imported into its containerd, and the VM pod's
 //! image (Debian's QEMU, its libraries and firmware, the test guest and a
 //! busybox `sh` that starts QEMU on the pod's `/dev/tapN`).
 
@@ -9,9 +10,10 @@ use crate::runtime::repo_root;
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 use std::collections::BTreeSet;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// The cluster's node name (`hack/cluster.sh`'s `NODE_NAME`).
@@ -170,12 +172,17 @@ impl Cluster {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// `kubectl` with the admin kubeconfig and `args`, not started.
+    fn kubectl_command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(test_kubelet::tools::venv_tool("kubectl"));
+        cmd.arg("--kubeconfig").arg(&self.env.kubeconfig).args(args);
+        cmd
+    }
+
     /// `kubectl ARGS` whatever its exit status.
     pub fn kubectl_output(&self, args: &[&str], input: Option<&str>) -> Result<Output> {
-        let mut child = Command::new(test_kubelet::tools::venv_tool("kubectl"))
-            .arg("--kubeconfig")
-            .arg(&self.env.kubeconfig)
-            .args(args)
+        let mut child = self
+            .kubectl_command(args)
             .stdin(if input.is_some() {
                 Stdio::piped()
             } else {
@@ -189,6 +196,56 @@ impl Cluster {
             stdin.write_all(text.as_bytes())?;
         }
         child.wait_with_output().context("waiting for kubectl")
+    }
+
+    /// Starts `kubectl logs -f ARGS` in the background (`what` names the
+    /// log in messages); [`Self::log_to_end`] gives all it printed once the
+    /// container's log ended.
+    pub fn follow_logs(&self, what: &str, args: &[&str]) -> Result<LogFollower> {
+        let mut a = vec!["logs", "-f"];
+        a.extend_from_slice(args);
+        let mut child = self
+            .kubectl_command(&a)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting kubectl (hack/setup.sh installs it into the project's venv)")?;
+        let out = child.stdout.take().map(read_all_in_thread);
+        let err = child.stderr.take().map(read_all_in_thread);
+        Ok(LogFollower {
+            what: what.to_string(),
+            child,
+            out,
+            err,
+        })
+    }
+
+    /// Waits up to `timeout` for `log`'s `kubectl logs -f` to end (the
+    /// container stopped) and returns all it printed; fails when it does
+    /// not end in time or exits with an error, with what it printed.
+    pub fn log_to_end(&self, mut log: LogFollower, timeout: Duration) -> Result<String> {
+        let ended = self.wait(&format!("the log of {} ending", log.what), timeout, || {
+            Ok(log.child.try_wait()?)
+        });
+        let status = match ended {
+            Ok(status) => status,
+            Err(e) => {
+                log.stop();
+                let (text, _) = log.collected();
+                return Err(e.context(format!("its log so far ends:\n{}", last_lines(&text, 20))));
+            }
+        };
+        let (text, stderr) = log.collected();
+        if !status.success() {
+            bail!(
+                "kubectl logs -f of {} failed ({status}): {}; its log so far ends:\n{}",
+                log.what,
+                stderr.trim(),
+                last_lines(&text, 20)
+            );
+        }
+        Ok(text)
     }
 
     /// `kubectl get ARGS -o json`, parsed.
@@ -252,6 +309,53 @@ impl Drop for Cluster {
             eprintln!("bringing the cluster down: {e:#}");
         }
     }
+}
+
+/// A `kubectl logs -f` of [`Cluster::follow_logs`]; dropping it ends
+/// kubectl.
+pub struct LogFollower {
+    what: String,
+    child: Child,
+    out: Option<JoinHandle<String>>,
+    err: Option<JoinHandle<String>>,
+}
+
+impl LogFollower {
+    fn stop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    /// Its stdout and stderr, once kubectl exited.
+    fn collected(&mut self) -> (String, String) {
+        let join =
+            |h: Option<JoinHandle<String>>| h.and_then(|h| h.join().ok()).unwrap_or_default();
+        (join(self.out.take()), join(self.err.take()))
+    }
+}
+
+impl Drop for LogFollower {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Reads `pipe` to its end in a thread of its own, so that a full pipe
+/// never stalls the process writing it.
+fn read_all_in_thread(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = pipe.read_to_end(&mut bytes);
+        String::from_utf8_lossy(&bytes).into_owned()
+    })
+}
+
+/// The last `n` lines of `text`, for messages.
+pub fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// The VM pod's image: QEMU, its libraries and firmware, the guest's kernel
@@ -402,5 +506,12 @@ mod tests {
         assert_eq!(env.kubeconfig, PathBuf::from("/s/admin.kubeconfig"));
         assert_eq!(env.logs, PathBuf::from("/s/logs"));
         assert!(parse_env("export KUBECONFIG=/k\n").is_err());
+    }
+
+    #[test]
+    fn last_lines_keeps_the_end() {
+        assert_eq!(last_lines("a\nb\nc\n", 2), "b\nc");
+        assert_eq!(last_lines("a", 5), "a");
+        assert_eq!(last_lines("", 3), "");
     }
 }

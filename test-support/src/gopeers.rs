@@ -133,6 +133,11 @@ const BUILD_FLAGS: &[&str] = &["-mod=readonly", "-trimpath"];
 /// The environment variable that moves the cache ([`cache_root`]).
 pub const CACHE_ENV: &str = "MACVTAP_CACHE_DIR";
 
+/// The environment variable naming a file to which each build appends
+/// `<what>\t<seconds>\n`: how `hack/test.sh` reports the builds its tests
+/// did, whose own output shows only when a test fails.
+pub const TIMES_ENV: &str = "MACVTAP_GO_PEER_TIMES";
+
 /// The workspace root (this crate's parent directory).
 fn workspace() -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -394,13 +399,34 @@ pub fn build(peer: &GoPeer) -> Result<Vec<PathBuf>> {
             }
         }
     }
+    let secs = started.elapsed().as_secs_f64();
     eprintln!(
-        "built {} with {have} in {:.1} s into {}",
+        "built {} with {have} in {secs:.1} s into {}",
         peer.what,
-        started.elapsed().as_secs_f64(),
         out_dir.display()
     );
+    record_time(peer.what, secs);
     Ok(bins)
+}
+
+/// Appends a build's time to the file [`TIMES_ENV`] names, if it is set.
+/// A report only: a file that cannot be written fails nothing.
+fn record_time(what: &str, secs: f64) {
+    if let Some(path) = std::env::var_os(TIMES_ENV).filter(|p| !p.is_empty()) {
+        let _ = append_time(Path::new(&path), what, secs);
+    }
+}
+
+/// Appends `<what>\t<seconds>\n` to `path` in one write, so that builds
+/// in other test processes can append theirs to the same file.
+fn append_time(path: &Path, what: &str, secs: f64) -> std::io::Result<()> {
+    use std::io::Write;
+    let line = format!("{what}\t{secs:.1}\n");
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?
+        .write_all(line.as_bytes())
 }
 
 /// Removes a directory if it exists.
@@ -511,6 +537,20 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn build_times_are_appended_one_line_each() {
+        let path = std::env::temp_dir().join(format!("go-peer-times-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        append_time(&path, "Multus v4.2.2 (thin plugin)", 3.24).unwrap();
+        append_time(&path, "Helm v4.3.2", 61.0).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(
+            text,
+            "Multus v4.2.2 (thin plugin)\t3.2\nHelm v4.3.2\t61.0\n"
+        );
     }
 
     #[test]

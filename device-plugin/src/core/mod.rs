@@ -6,7 +6,8 @@
 //! what was handed out ([`ledger`]), brings a held device's lost link
 //! back ([`heal`]) and removes leaked ones ([`reclaim`]), and says what
 //! is left undone without a mount of the host's (`degraded`), and
-//! removes what is ours from the node at an uninstall (`cleanup`).
+//! removes what is ours from the node at an uninstall (`cleanup`), once the
+//! work under way that changes the node has finished ([`inflight`]).
 //! What it does and finds it reports through one trait a front implements
 //! (`report`), so it imports no front.
 //! The fronts only translate: the kubelet's device plugin API
@@ -17,6 +18,7 @@ pub(crate) mod cleanup;
 pub(crate) mod degraded;
 pub mod heal;
 pub mod host;
+pub mod inflight;
 pub mod ledger;
 pub mod link;
 pub(crate) mod link_table;

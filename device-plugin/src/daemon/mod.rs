@@ -47,6 +47,7 @@ mod uninstall;
 use crate::config::{Resolved, ResourceConfig};
 use crate::core::degraded::Degraded;
 use crate::core::host::{HostPaths, SharedHost};
+use crate::core::inflight::InFlight;
 use crate::core::ledger::AllocationClock;
 use crate::core::ledger::Assignments;
 use crate::core::link_table::{LinkTable, LinkUpdate, spawn_link_watcher};
@@ -190,9 +191,17 @@ pub async fn run(opts: Options) -> Result<()> {
         }
         d.liveness.beat(std::time::Instant::now());
     }
-    let (opts, uninstall) = (d.opts.clone(), d.uninstall.clone());
+    let exit = uninstall::Exit {
+        opts: d.opts.clone(),
+        uninstall: d.uninstall.clone(),
+        inflight: d.ctx.inflight.clone(),
+        clock: d.ctx.clock.clone(),
+        assignments: d.ctx.assignments.clone(),
+        resources: d.configs_tx.borrow().clone(),
+        events: d.ctx.events.clone(),
+    };
     d.shutdown().await;
-    uninstall::clean_if_uninstalled(&opts, &uninstall).await;
+    uninstall::clean_if_uninstalled(exit).await;
     Ok(())
 }
 
@@ -253,6 +262,7 @@ impl Daemon {
             streams: streams_tx,
             clock: AllocationClock::default(),
             assignments: Assignments::persisted(&plugin_dir, Arc::new(observer.clone())),
+            inflight: InFlight::default(),
         };
         let (tap_gone_tx, tap_gone) = mpsc::unbounded_channel();
         let tap_nodes = watch_or_say(&fs, &paths, &ctx.events, tap_gone_tx);
@@ -486,7 +496,8 @@ fn spawn_reclaim(
         ctx.clock.clone(),
     )
     .with_healing(ctx.assignments.clone(), paths)
-    .with_observer(observer);
+    .with_observer(observer)
+    .with_inflight(ctx.inflight.clone());
     tokio::spawn(reclaim_loop(
         reclaimer,
         opts.reclaim_interval,

@@ -80,10 +80,19 @@ pub(crate) async fn answer(
     let device_ids: Vec<String> = ids(&req).into_iter().map(str::to_string).collect();
     let (clock, assignments) = (ctx.clock.clone(), ctx.assignments.clone());
     let host = ctx.host.clone();
-    let res = tokio::task::spawn_blocking(move || serve(&host, &req, &cfg, &clock, &assignments))
-        .await
-        .map_err(|e| Error::Task(format!("the Allocate task failed: {e}")))
-        .and_then(|r| r);
+    let Some(pass) = ctx.inflight.enter().await else {
+        warn!(%resource, "Allocate refused: the daemon is exiting");
+        return Err(tonic::Status::unavailable(format!(
+            "the macvtap device plugin for {resource} is exiting; no device is made"
+        )));
+    };
+    let res = tokio::task::spawn_blocking(move || {
+        let _pass = pass;
+        serve(&host, &req, &cfg, &clock, &assignments)
+    })
+    .await
+    .map_err(|e| Error::Task(format!("the Allocate task failed: {e}")))
+    .and_then(|r| r);
     ctx.metrics
         .allocation(&resource, res.is_ok(), started.elapsed());
     match res {

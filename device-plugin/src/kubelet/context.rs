@@ -4,6 +4,7 @@
 //! and the server both read it without importing each other.
 
 use crate::core::host::SharedHost;
+use crate::core::inflight::InFlight;
 use crate::core::ledger::AllocationClock;
 use crate::core::ledger::Assignments;
 use crate::operator::events::EventSink;
@@ -36,4 +37,7 @@ pub(crate) struct ServerContext {
     /// The host Allocate works on: its kernel (the real one in the daemon)
     /// and where its sysfs, tap nodes and procfs are.
     pub host: Arc<SharedHost<'static>>,
+    /// The gate each Allocate passes for its whole length (its blocking
+    /// half included), which a clean exit closes.
+    pub inflight: InFlight,
 }

@@ -18,7 +18,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
@@ -50,6 +50,9 @@ pub(crate) const POD_RESOURCES_UNREADABLE: &str = "MacvtapPodResourcesUnreadable
 /// node, directory or hard link where the record keeps a file, and it was
 /// removed.
 pub(crate) const RECORD_FILE_PLANTED: &str = "MacvtapRecordFilePlanted";
+/// Event reason: an uninstall's clean-up left things on the node that are
+/// still in use (devices pods hold, links just handed out).
+pub(crate) const UNINSTALL_KEPT: &str = "MacvtapUninstallKept";
 /// Every reason of our Events, in [`NodeEvent`]'s order.
 pub const REASONS: &[&str] = &[
     NIC_DOWN,
@@ -63,6 +66,7 @@ pub const REASONS: &[&str] = &[
     HOST_DEV_MISSING,
     POD_RESOURCES_UNREADABLE,
     RECORD_FILE_PLANTED,
+    UNINSTALL_KEPT,
 ];
 /// How many Events may wait for the publisher before new ones are dropped.
 const QUEUE: usize = 256;
@@ -167,6 +171,11 @@ pub enum NodeEvent {
         /// What it was, e.g. `a symbolic link to "/host/cni-bin/multus-shim"`.
         what: String,
     },
+    /// An uninstall's clean-up kept what is still in use, and why.
+    UninstallKept {
+        /// What was kept and why, as the log line says it.
+        kept: String,
+    },
 }
 
 impl From<&crate::core::degraded::Degraded> for NodeEvent {
@@ -196,6 +205,7 @@ impl NodeEvent {
             Self::HostDevMissing { .. } => HOST_DEV_MISSING,
             Self::PodResourcesUnreadable { .. } => POD_RESOURCES_UNREADABLE,
             Self::RecordFilePlanted { .. } => RECORD_FILE_PLANTED,
+            Self::UninstallKept { .. } => UNINSTALL_KEPT,
         }
     }
 
@@ -275,6 +285,11 @@ impl NodeEvent {
                      the record is written afresh"
                 ),
             ),
+            Self::UninstallKept { kept } => (
+                EventType::Warning,
+                "Uninstall",
+                format!("Uninstall kept on this node what is still in use: {kept}"),
+            ),
         };
         Event {
             type_,
@@ -323,10 +338,17 @@ pub(crate) fn node_reference(node: &str) -> ObjectReference {
     }
 }
 
+/// A last Event (or none) and where to say that it and every Event queued
+/// before it were handled.
+type LastEvent = (Option<NodeEvent>, oneshot::Sender<()>);
+
 /// Where the daemon posts Events; a cheap handle that never blocks.
 #[derive(Clone, Default)]
 pub struct EventSink {
     tx: Option<mpsc::Sender<NodeEvent>>,
+    /// Where [`EventSink::post_last`] hands the publisher a last Event and
+    /// asks it to say when it has handled it and every Event queued before.
+    flush: Option<mpsc::Sender<LastEvent>>,
 }
 
 impl fmt::Debug for EventSink {
@@ -349,7 +371,13 @@ impl EventSink {
     #[cfg(test)]
     pub(crate) fn queue() -> (Self, mpsc::Receiver<NodeEvent>) {
         let (tx, rx) = mpsc::channel(QUEUE);
-        (Self { tx: Some(tx) }, rx)
+        (
+            Self {
+                tx: Some(tx),
+                flush: None,
+            },
+            rx,
+        )
     }
 
     /// Queues `ev` for the publisher; dropped when Events are off or the
@@ -380,8 +408,33 @@ impl EventSink {
         };
         let reference = node_reference(node);
         let (tx, rx) = mpsc::channel(QUEUE);
-        let task = tokio::spawn(publish(client, reporter, reference, rx, pause));
-        (Self { tx: Some(tx) }, task)
+        let (flush, flushes) = mpsc::channel(1);
+        let task = tokio::spawn(publish(client, reporter, reference, (rx, flushes), pause));
+        (
+            Self {
+                tx: Some(tx),
+                flush: Some(flush),
+            },
+            task,
+        )
+    }
+
+    /// Posts `last` as an exiting daemon's last Event: the publisher first
+    /// handles every Event queued before, then tries `last` even during the
+    /// pause after a refusal (once: the process is about to end), logging
+    /// a warning when it cannot be posted; waits up to `bound` for all of
+    /// it, so what an exit posts is not lost with the process.
+    pub async fn post_last(&self, last: NodeEvent, bound: Duration) {
+        let Some(flush) = &self.flush else { return };
+        let (done, handled) = oneshot::channel();
+        let asked = async {
+            if flush.send((Some(last), done)).await.is_ok() {
+                let _ = handled.await;
+            }
+        };
+        if tokio::time::timeout(bound, asked).await.is_err() {
+            warn!(bound = ?bound, "the exit's last Event was not handled within the wait; it may be lost");
+        }
     }
 
     /// Events from the environment: on when `node_name` is set and API
@@ -414,34 +467,100 @@ impl EventSink {
     }
 }
 
+/// The publisher's state: one recorder per kind of Event, and whether
+/// posting fails or was refused.
+struct Publisher {
+    client: kube::Client,
+    reporter: Reporter,
+    reference: ObjectReference,
+    pause: Duration,
+    // One recorder per kind of Event, so that one can be started afresh
+    // without forgetting the others' series. The reason names the kind: each
+    // reason has one type and one action (see `NodeEvent::to_event`).
+    recorders: HashMap<&'static str, Recorder>,
+    failing: bool,
+    // Until when Events are dropped after a refusal; still set (and
+    // passed) when the next try is refused again.
+    refused_until: Option<Instant>,
+}
+
 async fn publish(
     client: kube::Client,
     reporter: Reporter,
     reference: ObjectReference,
-    mut rx: mpsc::Receiver<NodeEvent>,
+    (mut rx, mut flushes): (mpsc::Receiver<NodeEvent>, mpsc::Receiver<LastEvent>),
     pause: Duration,
 ) {
-    // One recorder per kind of Event, so that one can be started afresh
-    // without forgetting the others' series. The reason names the kind: each
-    // reason has one type and one action (see `NodeEvent::to_event`).
-    let mut recorders: HashMap<&'static str, Recorder> = HashMap::new();
-    let mut failing = false;
-    // Until when Events are dropped after a refusal; still set (and
-    // passed) when the next try is refused again.
-    let mut refused_until: Option<Instant> = None;
-    while let Some(ev) = rx.recv().await {
-        if refused_until.is_some_and(|t| Instant::now() < t) {
+    let mut p = Publisher {
+        client,
+        reporter,
+        reference,
+        pause,
+        recorders: HashMap::new(),
+        failing: false,
+        refused_until: None,
+    };
+    loop {
+        // Events before flushes: a flush is answered once every Event queued
+        // before it is handled.
+        tokio::select! {
+            biased;
+            ev = rx.recv() => match ev {
+                Some(ev) => p.handle(ev).await,
+                None => break,
+            },
+            Some((last, done)) = flushes.recv() => {
+                while let Ok(ev) = rx.try_recv() {
+                    p.handle(ev).await;
+                }
+                if let Some(last) = last {
+                    p.last(last).await;
+                }
+                let _ = done.send(());
+            }
+        }
+    }
+}
+
+impl Publisher {
+    /// Tries `ev` whatever the pause, as the last Event of an exit, and
+    /// says when it cannot be posted.
+    async fn last(&mut self, ev: NodeEvent) {
+        let reason = ev.reason();
+        match self.post(&ev).await {
+            Ok(()) => {}
+            Err(kube::Error::Api(status)) if status.code == 401 || status.code == 403 => warn!(
+                reason,
+                code = status.code,
+                error = %status.message,
+                "the API server refused the exit's last Event (an uninstall removes our service account and RBAC first); it says what the log says"
+            ),
+            Err(e) => warn!(reason, error = %e, "the exit's last Event could not be posted"),
+        }
+    }
+
+    /// Posts `ev`, or drops it during the pause after a refusal.
+    async fn handle(&mut self, ev: NodeEvent) {
+        if self.refused_until.is_some_and(|t| Instant::now() < t) {
             debug!(
                 reason = ev.reason(),
                 "dropping an Event: the API server refused the last one"
             );
-            continue;
+            return;
         }
+        let result = self.post(&ev).await;
+        self.judge(result);
+    }
+
+    /// Publishes `ev` with its kind's recorder (a new recorder when the
+    /// Event a repeat would patch is gone).
+    async fn post(&mut self, ev: &NodeEvent) -> Result<(), kube::Error> {
         let event = ev.to_event();
-        let recorder = recorders
+        let recorder = self
+            .recorders
             .entry(ev.reason())
-            .or_insert_with(|| Recorder::new(client.clone(), reporter.clone()));
-        let mut result = recorder.publish(&event, &reference).await;
+            .or_insert_with(|| Recorder::new(self.client.clone(), self.reporter.clone()));
+        let mut result = recorder.publish(&event, &self.reference).await;
         if let Err(kube::Error::Api(status)) = &result
             && status.code == 404
         {
@@ -451,32 +570,37 @@ async fn publish(
             // keeps patching the one in its cache, so a new recorder, with
             // an empty cache, creates it.
             debug!(reason = %event.reason, "the Event to patch is gone; creating it anew");
-            *recorder = Recorder::new(client.clone(), reporter.clone());
-            result = recorder.publish(&event, &reference).await;
+            *recorder = Recorder::new(self.client.clone(), self.reporter.clone());
+            result = recorder.publish(&event, &self.reference).await;
         }
+        result
+    }
+
+    /// Keeps track of whether posting works, from one post's `result`.
+    fn judge(&mut self, result: Result<(), kube::Error>) {
         match result {
             Ok(()) => {
-                if failing || refused_until.is_some() {
+                if self.failing || self.refused_until.is_some() {
                     info!("posting Kubernetes Events works again");
                 }
-                failing = false;
-                refused_until = None;
+                self.failing = false;
+                self.refused_until = None;
             }
             Err(kube::Error::Api(status)) if status.code == 401 || status.code == 403 => {
-                if refused_until.is_none() {
-                    warn!(error = %status.message, pause = ?pause, "Kubernetes Events are off: the API server refused to create an Event (the service account needs create and patch on events.k8s.io events); Events are dropped for the pause, then tried again");
+                if self.refused_until.is_none() {
+                    warn!(error = %status.message, pause = ?self.pause, "Kubernetes Events are off: the API server refused to create an Event (the service account needs create and patch on events.k8s.io events); Events are dropped for the pause, then tried again");
                 } else {
                     debug!(error = %status.message, "the API server refused an Event again");
                 }
-                refused_until = Some(Instant::now() + pause);
+                self.refused_until = Some(Instant::now() + self.pause);
             }
             Err(e) => {
-                if !failing {
+                if !self.failing {
                     warn!(error = %e, "posting a Kubernetes Event failed; the daemon carries on");
                 } else {
                     debug!(error = %e, "posting a Kubernetes Event failed again");
                 }
-                failing = true;
+                self.failing = true;
             }
         }
     }
@@ -549,6 +673,7 @@ mod tests {
                 path: "/p".into(),
                 what: "a FIFO".into(),
             },
+            NodeEvent::UninstallKept { kept: "k".into() },
         ];
         for ev in &all {
             match ev {
@@ -562,7 +687,8 @@ mod tests {
                 | NodeEvent::AllocateRefused { .. }
                 | NodeEvent::HostDevMissing { .. }
                 | NodeEvent::PodResourcesUnreadable { .. }
-                | NodeEvent::RecordFilePlanted { .. } => {}
+                | NodeEvent::RecordFilePlanted { .. }
+                | NodeEvent::UninstallKept { .. } => {}
             }
         }
         all
@@ -594,7 +720,10 @@ mod tests {
     async fn an_off_sink_drops_events() {
         // The measure sees a post: a sink with a publisher's queue holds it.
         let (tx, mut rx) = mpsc::channel(QUEUE);
-        let on = EventSink { tx: Some(tx) };
+        let on = EventSink {
+            tx: Some(tx),
+            flush: None,
+        };
         on.post(removed());
         assert_eq!(queued(&on), 1);
         assert_eq!(rx.try_recv().ok(), Some(removed()));

@@ -43,6 +43,8 @@ struct Files {
     dir: Option<Arc<RecordDir>>,
     /// Told of each planted file removed (an Event, in the daemon).
     report: Arc<dyn Observer>,
+    /// Closed ([`Assignments::close`]): nothing is written any more.
+    closed: bool,
 }
 
 impl fmt::Debug for Files {
@@ -120,6 +122,7 @@ impl Assignments {
             plugin_dir: plugin_dir.to_path_buf(),
             dir,
             report,
+            closed: false,
         }));
         Self {
             flush: spawn_flusher(inner.clone(), files.clone()),
@@ -154,6 +157,18 @@ impl Assignments {
                 warn!(error = %e, "cannot rewrite the record of handed-out devices; a restarted daemon may heal a forgotten device's link");
             }
             self.wake_flusher();
+        }
+    }
+
+    /// Stops writing the file: assignments from now on are kept in memory
+    /// only. Waits for an append or compaction under way, so once this
+    /// returns nothing of this daemon writes (or re-creates) the record: an
+    /// uninstall calls it before it removes the record.
+    pub(crate) fn close(&self) {
+        if let Some(files) = &self.files {
+            let mut files = files.lock().unwrap_or_else(|e| e.into_inner());
+            files.closed = true;
+            files.dir = None;
         }
     }
 
@@ -208,7 +223,7 @@ impl Assignments {
                     "encoding a journal line of handed-out devices",
                     files.record(),
                 )(e)),
-                None if lines.is_empty() => return,
+                None if lines.is_empty() || files.closed => return,
                 None => files
                     .dir()
                     .and_then(|dir| record_file::append(&dir, &lines, files.report.as_ref())),
@@ -232,6 +247,9 @@ impl Assignments {
 /// `inner` holds, then the journal emptied, with the files' lock held.
 fn compact(inner: &Mutex<Record>, files: &Mutex<Files>) -> Result<()> {
     let mut files = files.lock().unwrap_or_else(|e| e.into_inner());
+    if files.closed {
+        return Ok(());
+    }
     let text = {
         let r = inner.lock().unwrap_or_else(|e| e.into_inner());
         record_file::render(r.by_device.iter().map(|(id, at)| record_file::Entry {

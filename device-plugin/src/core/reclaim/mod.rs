@@ -45,6 +45,7 @@ use crate::config::ResourceConfig;
 use crate::core::degraded::Degraded;
 use crate::core::heal::{Lost, heal, lost_devices};
 use crate::core::host::{Host, HostPaths};
+use crate::core::inflight::InFlight;
 use crate::core::ledger::{AllocationClock, Assignments};
 use crate::core::report::{Observer, RoundOutcome, Silent};
 use crate::error::{Error, Result};
@@ -80,6 +81,9 @@ pub struct Reclaimer {
     /// PodResources could not be read at the last round (said once).
     unreadable: bool,
     observer: Arc<dyn Observer>,
+    /// The gate a round passes for its whole length, its blocking half
+    /// included, so a clean exit waits for it.
+    inflight: InFlight,
 }
 
 impl Reclaimer {
@@ -103,7 +107,16 @@ impl Reclaimer {
             paths: HostPaths::default(),
             unreadable: false,
             observer: Arc::new(Silent),
+            inflight: InFlight::default(),
         }
+    }
+
+    /// Runs each round through `gate` (the daemon's, which a clean exit
+    /// closes): a round holds a pass until its blocking half is done, and
+    /// none starts once it is closed.
+    pub(crate) fn with_inflight(mut self, gate: InFlight) -> Self {
+        self.inflight = gate;
+        self
     }
 
     /// Heals lost devices from `assignments` (what Allocate handed out),
@@ -169,6 +182,9 @@ impl Reclaimer {
     /// there (failed), it deletes and heals nothing and says so once
     /// ([`Reclaimer::cannot_read`]).
     pub(crate) async fn run_once(&mut self, resources: &[ResourceConfig]) -> Result<RoundOutcome> {
+        let Some(pass) = self.inflight.enter().await else {
+            return Ok(RoundOutcome::Skipped);
+        };
         if !self.socket.exists() {
             self.cannot_read("it does not exist".into());
             self.first_seen.clear();
@@ -197,6 +213,7 @@ impl Reclaimer {
         let current = resources.to_vec();
         // The rest of the round on one blocking thread.
         let done = tokio::task::spawn_blocking(move || {
+            let _pass = pass;
             forget_unconfigured(&assignments, &allocated, &current);
             work.carry_out(&plan, &current)
         })
