@@ -10,11 +10,11 @@
 //! before an uninstall removes our RBAC and service account: the API
 //! server authorizes a watch when it opens, and an open watch keeps
 //! delivering. An uninstall is a fact about one DaemonSet, its UID: the
-//! watch follows the UID it sees ([`Mark`]); that UID's deletion (or a
+//! watch follows the UID it sees (`Mark`); that UID's deletion (or a
 //! `deletionTimestamp` on it) marks the uninstall, and a DaemonSet seen
 //! without a `deletionTimestamp` (a new UID that replaced it, or the same
 //! one seen again) clears the mark. At exit a marked uninstall is checked
-//! once more with a GET ([`verdict`]): the node is cleaned only when the
+//! once more with a GET (`verdict`): the node is cleaned only when the
 //! UID is gone or being deleted and no DaemonSet of that name with another
 //! UID exists. Without API access, or when the DaemonSet is not found at
 //! start, it says so once and an exit never cleans.
