@@ -588,6 +588,9 @@ mod tests {
                 assignments_ref.handed_out("eth0", &[("eth0Mvp0", 40)]);
             });
             rt.block_on(async {
+                // Moved in, so a failure here drops it and the Allocate's
+                // thread ends instead of waiting for ever.
+                let go = go;
                 let closing = gate.close(Duration::from_secs(600));
                 tokio::pin!(closing);
                 tokio::select! {

@@ -336,6 +336,25 @@ mod tests {
             .map_or(0, |d| record_file::journal_len(&d))
     }
 
+    /// An uninstall closes the record before removing it: nothing of this
+    /// daemon writes it afterwards, not even where no directory was opened
+    /// yet (which a write would otherwise make).
+    #[test]
+    fn a_closed_record_is_kept_in_memory_only_and_makes_no_directory() {
+        let plugin = tempfile::tempdir().unwrap();
+        let a = persisted(plugin.path());
+        a.close();
+        a.handed_out("dp", &[("dpMvp0", 40)]);
+        a.retain(|_, _| false);
+        a.handed_out("dp", &[("dpMvp1", 41)]);
+        assert_eq!(a.get("dpMvp1").map(|at| at.ifindex), Some(41));
+        let record = record_file::path_in(plugin.path());
+        assert!(
+            !record.parent().unwrap().exists(),
+            "a closed record made its directory"
+        );
+    }
+
     #[test]
     fn a_persisted_record_is_what_the_next_daemon_starts_from() {
         let tmp = tempfile::tempdir().unwrap();
