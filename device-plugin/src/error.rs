@@ -88,6 +88,16 @@ pub enum Error {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The record directory in the device-plugins directory is refused: it
+    /// is not a directory the daemon made (a symbolic link, another kind of
+    /// file, another user's directory), so nothing is written through it.
+    #[error("the record directory {} {why}", path.display())]
+    RecordDir {
+        /// The directory.
+        path: PathBuf,
+        /// What it is, and what to do.
+        why: String,
+    },
     /// Installing the CNI binary was refused or failed.
     #[error("installing the CNI binary into {target_dir}: {msg}")]
     Install {

@@ -177,9 +177,11 @@ fn tap_of(resp: &kubelet_proto::v1beta1::AllocateResponse) -> String {
 async fn killed_between_the_link_and_the_answer_a_later_allocate_works() {
     let (mut node, _pr) = node("crasha", &[]).await;
     let name = link_name_for_device("dpMvp1");
-    // Its sysfs read follows the link's creation; the record's write (its
-    // `mkdir` of the record's directory) comes after the link too, and
-    // still before the answer.
+    // Its sysfs read follows the link's creation; the record's write (the
+    // journal's `openat` through the record directory's descriptor, which
+    // strace's -P matches by that descriptor's path; the directory itself
+    // is made and opened relative to the device-plugins directory's) comes
+    // after the link too, and still before the answer.
     let record_dir = record_file::path_in(&node.plugin_dir())
         .parent()
         .unwrap()

@@ -170,6 +170,7 @@ async fn a_healthy_node_is_all_ok() {
     one(&findings, "leaked-links", "ok");
     one(&findings, "kernel-module", "ok");
     one(&findings, "dev", "ok");
+    one(&findings, "record-dir", "ok");
     // With --metrics-addr it asks the daemon's /healthz too.
     let (code, findings) = s.doctor_with(&[RESOURCE, METRICS]).await;
     assert_eq!(code, 0, "{findings:#?}");

@@ -374,3 +374,40 @@ fn the_api_servers_event_validation_refuses_what_it_should() {
         assert!(errs.iter().any(|e| e.starts_with(want)), "{want}: {errs:?}");
     }
 }
+
+/// An exit's last Event (an uninstall's `MacvtapUninstallKept`) is tried
+/// even during the pause after a refusal, after every Event queued before
+/// it, and `post_last` returns once it was handled: it is not lost with the
+/// process.
+#[tokio::test]
+async fn an_exits_last_event_is_tried_in_a_refusal_pause_and_waited_for() {
+    let pause = Duration::from_secs(3600);
+    let (client, mut rx, status) = switchable_api_server(403);
+    let (sink, _task) = EventSink::start(client, NODE, pause);
+    sink.post(down());
+    assert_eq!(next(&mut rx).await.method, "POST");
+    // The refusal's pause now drops what is queued; the last Event is
+    // still tried.
+    status.store(201, Ordering::SeqCst);
+    sink.post(up());
+    let kept = NodeEvent::UninstallKept {
+        kept: "macvtap mvt0123456789ab on eth1 (device dataplaneMvp0, held by a pod)".into(),
+    };
+    tokio::time::timeout(DEADLINE, sink.post_last(kept, DEADLINE))
+        .await
+        .expect("post_last waits no longer than its bound");
+    let req = rx
+        .try_recv()
+        .expect("the last Event was sent before post_last returned");
+    assert_new_event(
+        &req,
+        "Warning",
+        "MacvtapUninstallKept",
+        "Uninstall",
+        "Uninstall kept on this node what is still in use: macvtap mvt0123456789ab on eth1 (device dataplaneMvp0, held by a pod)",
+    );
+    assert!(
+        rx.try_recv().is_err(),
+        "the Event queued in the pause was sent too"
+    );
+}

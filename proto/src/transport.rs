@@ -4,6 +4,9 @@
 //! test kubelet, so both speak the transport the same way.
 
 use hyper_util::rt::TokioIo;
+use nix::fcntl::OFlag;
+use nix::sys::stat::{Mode, SFlag};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -57,13 +60,17 @@ fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
 pub const SOCKET_MODE: u32 = 0o600;
 
 /// Binds a unix listener at `path` with mode 0600, first removing a stale
-/// socket file left by an earlier run.
+/// socket file left by an earlier run (an unlink, which never follows a
+/// link).
 ///
 /// Whoever can connect to a plugin socket can Allocate, that is create links
 /// on a host NIC, so only root may. The daemon runs with umask 077 (set in
 /// its `main`), so the socket never exists with wider permissions; the
 /// explicit chmod makes the mode independent of any umask for other callers
-/// too.
+/// too. The chmod follows no link (`restrict_socket`): the kubelet's
+/// device-plugins directory is shared with every device plugin of the node,
+/// and a link planted at `path` between the bind and the chmod must not
+/// hand the chmod another file.
 pub fn bind_unix(path: &Path) -> Result<UnixListener> {
     match std::fs::remove_file(path) {
         Ok(()) => {}
@@ -71,9 +78,45 @@ pub fn bind_unix(path: &Path) -> Result<UnixListener> {
         Err(e) => return Err(io("removing the stale socket", path)(e)),
     }
     let listener = UnixListener::bind(path).map_err(io("binding the socket", path))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))
-        .map_err(io("setting the mode of the socket", path))?;
+    restrict_socket(path)?;
     Ok(listener)
+}
+
+/// Sets the socket at `path` to [`SOCKET_MODE`] without following a link:
+/// `path` is opened `O_PATH|O_NOFOLLOW` (a symbolic link there is opened
+/// as itself), checked on that descriptor to be a socket, and chmodded
+/// through `/proc/self/fd/<n>`, which names exactly the opened inode
+/// (`fchmod` does not take an `O_PATH` descriptor, and `fchmodat` with
+/// `AT_SYMLINK_NOFOLLOW` needs Linux 6.6). Anything else at `path` (the
+/// socket replaced since the bind) is refused and left as it is.
+fn restrict_socket(path: &Path) -> Result<()> {
+    let op = "setting the mode of the socket";
+    let fd = nix::fcntl::open(
+        path,
+        OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| io(op, path)(e.into()))?;
+    let st = nix::sys::stat::fstat(&fd).map_err(|e| io(op, path)(e.into()))?;
+    let format = SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits());
+    if format != SFlag::S_IFSOCK {
+        let found = match format {
+            SFlag::S_IFLNK => "a symbolic link",
+            SFlag::S_IFREG => "a regular file",
+            SFlag::S_IFDIR => "a directory",
+            SFlag::S_IFIFO => "a FIFO",
+            _ => "a device node",
+        };
+        return Err(io(op, path)(std::io::Error::other(format!(
+            "it is {found}, not the socket just bound (something replaced it since the bind); \
+             refusing to change its mode"
+        ))));
+    }
+    std::fs::set_permissions(
+        format!("/proc/self/fd/{}", fd.as_raw_fd()),
+        std::fs::Permissions::from_mode(SOCKET_MODE),
+    )
+    .map_err(io(op, path))
 }
 
 /// How many connections a server holds open, so that a stop can wait for
@@ -258,6 +301,57 @@ mod tests {
         let meta = std::fs::metadata(&path).unwrap();
         assert!(std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()));
         assert_eq!(meta.permissions().mode() & 0o777, SOCKET_MODE);
+    }
+
+    #[test]
+    fn the_socket_chmod_follows_no_link_planted_after_the_bind() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("multus-shim");
+        std::fs::write(&target, "ELF").unwrap();
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let socket = dir.path().join("other.sock");
+        drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o777)).unwrap();
+        // What a planter can put at the path between the bind and the
+        // chmod: a link to a file, a link to a socket, a file.
+        for (i, (aim, found)) in [(&target, "a symbolic link"), (&socket, "a symbolic link")]
+            .into_iter()
+            .enumerate()
+        {
+            let path = dir.path().join(format!("p{i}.sock"));
+            std::os::unix::fs::symlink(aim, &path).unwrap();
+            let e = restrict_socket(&path).unwrap_err().to_string();
+            assert_eq!(
+                e,
+                format!(
+                    "setting the mode of the socket {}: it is {found}, not the socket just bound \
+                     (something replaced it since the bind); refusing to change its mode",
+                    path.display()
+                )
+            );
+        }
+        let file = dir.path().join("file.sock");
+        std::fs::write(&file, "").unwrap();
+        assert!(
+            restrict_socket(&file)
+                .unwrap_err()
+                .to_string()
+                .contains("it is a regular file")
+        );
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(
+            mode(&target),
+            0o755,
+            "the chmod followed the link to a file"
+        );
+        assert_eq!(
+            mode(&socket),
+            0o777,
+            "the chmod followed the link to a socket"
+        );
+        // The socket itself, through its descriptor.
+        restrict_socket(&socket).unwrap();
+        assert_eq!(mode(&socket), SOCKET_MODE);
     }
 
     #[tokio::test]

@@ -569,7 +569,10 @@ mod tests {
             .unwrap();
         let n = Node::new();
         let record = record_file::path_in(&n.plugin_dir);
-        let assignments = Assignments::persisted(record.clone());
+        let assignments = Assignments::persisted(
+            &n.plugin_dir,
+            std::sync::Arc::new(crate::core::report::Silent),
+        );
         let clock = AllocationClock::default();
         let gate = InFlight::default();
         let pass = rt.block_on(gate.enter()).expect("the gate is open");
@@ -585,6 +588,9 @@ mod tests {
                 assignments_ref.handed_out("eth0", &[("eth0Mvp0", 40)]);
             });
             rt.block_on(async {
+                // Moved in, so a failure here drops it and the Allocate's
+                // thread ends instead of waiting for ever.
+                let go = go;
                 let closing = gate.close(Duration::from_secs(600));
                 tokio::pin!(closing);
                 tokio::select! {

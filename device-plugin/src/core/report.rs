@@ -5,6 +5,7 @@
 
 use crate::config::ResourceConfig;
 use crate::core::degraded::Degraded;
+use crate::core::ledger::record_file::Planted;
 use crate::error::Error;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -22,7 +23,8 @@ pub(crate) enum RoundOutcome {
 
 /// Where the core and the fronts report what they did and what they found:
 /// devices handed out and requests refused, health changes, reclaim rounds,
-/// links healed and removed, and what a missing mount leaves undone.
+/// links healed and removed, what a missing mount leaves undone, and what
+/// was planted where the record keeps its files.
 pub(crate) trait Observer: Send + Sync + std::fmt::Debug {
     /// A front handed out `device_ids` of `resource` at `now` (the kubelet's
     /// Allocate), `took` after the request came.
@@ -60,6 +62,11 @@ pub(crate) trait Observer: Send + Sync + std::fmt::Debug {
     /// A mount of the host's is missing and `gap` is what that leaves
     /// undone (said once per outage).
     fn degraded(&self, gap: &Degraded);
+
+    /// Something else on the node had put `planted` where the record of
+    /// handed-out devices keeps a file, and it was removed (said once per
+    /// removal).
+    fn planted_removed(&self, planted: &Planted);
 }
 
 /// An observer that tells no one (the default of a reclaimer).
@@ -82,6 +89,7 @@ impl Observer for Silent {
     fn leaked_link_removed(&self, _: &str, _: u32) {}
     fn reclaim_round(&self, _: RoundOutcome) {}
     fn degraded(&self, _: &Degraded) {}
+    fn planted_removed(&self, _: &Planted) {}
 }
 
 /// An observer that records what it was told, for unit tests.
@@ -138,5 +146,12 @@ impl Observer for Recorder {
     fn degraded(&self, gap: &Degraded) {
         self.say(format!("degraded {gap}"));
         self.gaps.lock().unwrap().push(gap.clone());
+    }
+    fn planted_removed(&self, planted: &Planted) {
+        self.say(format!(
+            "planted {} {}",
+            planted.path.display(),
+            planted.what
+        ));
     }
 }

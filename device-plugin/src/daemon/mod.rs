@@ -54,7 +54,6 @@ use crate::core::host::{HostPaths, SharedHost};
 use crate::core::inflight::InFlight;
 use crate::core::ledger::AllocationClock;
 use crate::core::ledger::Assignments;
-use crate::core::ledger::record_file;
 use crate::core::link_table::{LinkUpdate, spawn_link_watcher};
 use crate::core::nic::discovery::Discovery;
 use crate::core::reclaim::{Reclaimer, reclaim_loop, watch_tap_nodes};
@@ -238,7 +237,7 @@ impl Daemon {
             observer: observer.clone(),
             streams: streams_tx,
             clock: AllocationClock::default(),
-            assignments: Assignments::persisted(record_file::path_in(&plugin_dir)),
+            assignments: Assignments::persisted(&plugin_dir, observer.clone()),
             inflight: InFlight::default(),
         };
         let (tap_gone_tx, tap_gone) = mpsc::unbounded_channel();

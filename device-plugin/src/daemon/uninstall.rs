@@ -128,7 +128,8 @@ async fn report(c: &Cleaned, events: &EventSink) {
     if !c.kept.is_empty() {
         let kept = c.kept.join("; ");
         warn!(%kept, "uninstall: kept on this node what is still in use or not provably ours");
-        events.post(NodeEvent::UninstallKept { kept });
-        events.flush(EVENTS_WAIT).await;
+        events
+            .post_last(NodeEvent::UninstallKept { kept }, EVENTS_WAIT)
+            .await;
     }
 }

@@ -2,7 +2,8 @@
 //! says what the device plugin knows first: a NIC went down or came back,
 //! a config reload added or removed a resource, registration keeps
 //! failing, a leaked link was removed, an Allocate was refused, a mount of
-//! the host's is missing (what that leaves undone).
+//! the host's is missing (what that leaves undone), something planted where
+//! the daemon keeps its record was removed.
 //!
 //! Events are posted by `kube::runtime::events::Recorder` (events.k8s.io/v1,
 //! in namespace `default` as for every Node event), which aggregates a
@@ -45,6 +46,10 @@ pub(crate) const ALLOCATE_FAILED: &str = "MacvtapAllocateFailed";
 pub(crate) const HOST_DEV_MISSING: &str = "MacvtapHostDevMissing";
 /// Event reason: the kubelet's PodResources API cannot be read.
 pub(crate) const POD_RESOURCES_UNREADABLE: &str = "MacvtapPodResourcesUnreadable";
+/// Event reason: something else on the node had put a link, FIFO, device
+/// node, directory or hard link where the record keeps a file, and it was
+/// removed.
+pub(crate) const RECORD_FILE_PLANTED: &str = "MacvtapRecordFilePlanted";
 /// Event reason: an uninstall's clean-up left things on the node that are
 /// still in use (devices pods hold, links just handed out).
 pub(crate) const UNINSTALL_KEPT: &str = "MacvtapUninstallKept";
@@ -60,6 +65,7 @@ pub const REASONS: &[&str] = &[
     ALLOCATE_FAILED,
     HOST_DEV_MISSING,
     POD_RESOURCES_UNREADABLE,
+    RECORD_FILE_PLANTED,
     UNINSTALL_KEPT,
 ];
 /// How many Events may wait for the publisher before new ones are dropped.
@@ -155,6 +161,16 @@ pub enum NodeEvent {
         /// The sentence.
         what: String,
     },
+    /// Something else on the node had put a link, FIFO, device node,
+    /// directory or hard link where the record of handed-out devices keeps
+    /// a file (in the device-plugins directory, which every device plugin
+    /// mounts), and the daemon removed it.
+    RecordFilePlanted {
+        /// Where it was.
+        path: String,
+        /// What it was, e.g. `a symbolic link to "/host/cni-bin/multus-shim"`.
+        what: String,
+    },
     /// An uninstall's clean-up kept what is still in use, and why.
     UninstallKept {
         /// What was kept and why, as the log line says it.
@@ -188,6 +204,7 @@ impl NodeEvent {
             Self::AllocateRefused { .. } => ALLOCATE_FAILED,
             Self::HostDevMissing { .. } => HOST_DEV_MISSING,
             Self::PodResourcesUnreadable { .. } => POD_RESOURCES_UNREADABLE,
+            Self::RecordFilePlanted { .. } => RECORD_FILE_PLANTED,
             Self::UninstallKept { .. } => UNINSTALL_KEPT,
         }
     }
@@ -259,6 +276,15 @@ impl NodeEvent {
             ),
             Self::HostDevMissing { what } => (EventType::Warning, "Start", capital(what)),
             Self::PodResourcesUnreadable { what } => (EventType::Warning, "Reclaim", capital(what)),
+            Self::RecordFilePlanted { path, what } => (
+                EventType::Warning,
+                "Record",
+                format!(
+                    "Removed {what} at {path}, where the device plugin keeps its record: something \
+                     else on the node put it there (a pod that mounts the device-plugins directory); \
+                     the record is written afresh"
+                ),
+            ),
             Self::UninstallKept { kept } => (
                 EventType::Warning,
                 "Uninstall",
@@ -312,13 +338,17 @@ pub(crate) fn node_reference(node: &str) -> ObjectReference {
     }
 }
 
+/// A last Event (or none) and where to say that it and every Event queued
+/// before it were handled.
+type LastEvent = (Option<NodeEvent>, oneshot::Sender<()>);
+
 /// Where the daemon posts Events; a cheap handle that never blocks.
 #[derive(Clone, Default)]
 pub struct EventSink {
     tx: Option<mpsc::Sender<NodeEvent>>,
-    /// Where [`EventSink::flush`] asks the publisher to say when it has
-    /// handled every Event queued before.
-    flush: Option<mpsc::Sender<oneshot::Sender<()>>>,
+    /// Where [`EventSink::post_last`] hands the publisher a last Event and
+    /// asks it to say when it has handled it and every Event queued before.
+    flush: Option<mpsc::Sender<LastEvent>>,
 }
 
 impl fmt::Debug for EventSink {
@@ -389,19 +419,21 @@ impl EventSink {
         )
     }
 
-    /// Waits up to `bound` until the publisher has handled (posted, or
-    /// dropped after a refusal) every Event queued before this call: what
-    /// an exiting daemon posts last is not lost with the process.
-    pub async fn flush(&self, bound: Duration) {
+    /// Posts `last` as an exiting daemon's last Event: the publisher first
+    /// handles every Event queued before, then tries `last` even during the
+    /// pause after a refusal (once: the process is about to end), logging
+    /// a warning when it cannot be posted; waits up to `bound` for all of
+    /// it, so what an exit posts is not lost with the process.
+    pub async fn post_last(&self, last: NodeEvent, bound: Duration) {
         let Some(flush) = &self.flush else { return };
         let (done, handled) = oneshot::channel();
         let asked = async {
-            if flush.send(done).await.is_ok() {
+            if flush.send((Some(last), done)).await.is_ok() {
                 let _ = handled.await;
             }
         };
         if tokio::time::timeout(bound, asked).await.is_err() {
-            debug!(bound = ?bound, "Events queued at exit may not all be posted");
+            warn!(bound = ?bound, "the exit's last Event was not handled within the wait; it may be lost");
         }
     }
 
@@ -456,10 +488,7 @@ async fn publish(
     client: kube::Client,
     reporter: Reporter,
     reference: ObjectReference,
-    (mut rx, mut flushes): (
-        mpsc::Receiver<NodeEvent>,
-        mpsc::Receiver<oneshot::Sender<()>>,
-    ),
+    (mut rx, mut flushes): (mpsc::Receiver<NodeEvent>, mpsc::Receiver<LastEvent>),
     pause: Duration,
 ) {
     let mut p = Publisher {
@@ -480,9 +509,12 @@ async fn publish(
                 Some(ev) => p.handle(ev).await,
                 None => break,
             },
-            Some(done) = flushes.recv() => {
+            Some((last, done)) = flushes.recv() => {
                 while let Ok(ev) = rx.try_recv() {
                     p.handle(ev).await;
+                }
+                if let Some(last) = last {
+                    p.last(last).await;
                 }
                 let _ = done.send(());
             }
@@ -491,6 +523,22 @@ async fn publish(
 }
 
 impl Publisher {
+    /// Tries `ev` whatever the pause, as the last Event of an exit, and
+    /// says when it cannot be posted.
+    async fn last(&mut self, ev: NodeEvent) {
+        let reason = ev.reason();
+        match self.post(&ev).await {
+            Ok(()) => {}
+            Err(kube::Error::Api(status)) if status.code == 401 || status.code == 403 => warn!(
+                reason,
+                code = status.code,
+                error = %status.message,
+                "the API server refused the exit's last Event (an uninstall removes our service account and RBAC first); it says what the log says"
+            ),
+            Err(e) => warn!(reason, error = %e, "the exit's last Event could not be posted"),
+        }
+    }
+
     /// Posts `ev`, or drops it during the pause after a refusal.
     async fn handle(&mut self, ev: NodeEvent) {
         if self.refused_until.is_some_and(|t| Instant::now() < t) {
@@ -500,6 +548,13 @@ impl Publisher {
             );
             return;
         }
+        let result = self.post(&ev).await;
+        self.judge(result);
+    }
+
+    /// Publishes `ev` with its kind's recorder (a new recorder when the
+    /// Event a repeat would patch is gone).
+    async fn post(&mut self, ev: &NodeEvent) -> Result<(), kube::Error> {
         let event = ev.to_event();
         let recorder = self
             .recorders
@@ -518,6 +573,11 @@ impl Publisher {
             *recorder = Recorder::new(self.client.clone(), self.reporter.clone());
             result = recorder.publish(&event, &self.reference).await;
         }
+        result
+    }
+
+    /// Keeps track of whether posting works, from one post's `result`.
+    fn judge(&mut self, result: Result<(), kube::Error>) {
         match result {
             Ok(()) => {
                 if self.failing || self.refused_until.is_some() {
@@ -609,6 +669,10 @@ mod tests {
             },
             NodeEvent::HostDevMissing { what: "w".into() },
             NodeEvent::PodResourcesUnreadable { what: "w".into() },
+            NodeEvent::RecordFilePlanted {
+                path: "/p".into(),
+                what: "a FIFO".into(),
+            },
             NodeEvent::UninstallKept { kept: "k".into() },
         ];
         for ev in &all {
@@ -623,6 +687,7 @@ mod tests {
                 | NodeEvent::AllocateRefused { .. }
                 | NodeEvent::HostDevMissing { .. }
                 | NodeEvent::PodResourcesUnreadable { .. }
+                | NodeEvent::RecordFilePlanted { .. }
                 | NodeEvent::UninstallKept { .. } => {}
             }
         }

@@ -4,6 +4,7 @@
 
 use crate::config::ResourceConfig;
 use crate::core::degraded::Degraded;
+use crate::core::ledger::record_file::Planted;
 use crate::core::report::{Observer, RoundOutcome};
 use crate::error::Error;
 use crate::operator::events::{EventSink, NodeEvent};
@@ -75,6 +76,13 @@ impl Observer for MetricsAndEvents {
     fn degraded(&self, gap: &Degraded) {
         self.events.post(NodeEvent::from(gap));
     }
+
+    fn planted_removed(&self, planted: &Planted) {
+        self.events.post(NodeEvent::RecordFilePlanted {
+            path: planted.path.display().to_string(),
+            what: planted.what.clone(),
+        });
+    }
 }
 
 #[cfg(test)]
@@ -115,6 +123,18 @@ mod tests {
             posted.try_recv().unwrap(),
             NodeEvent::from(&gap),
             "the gap's Event"
+        );
+        o.planted_removed(&Planted {
+            path: "/var/lib/kubelet/device-plugins/macvtap-deviceplugin/assignments.journal".into(),
+            what: "a FIFO".into(),
+        });
+        assert_eq!(
+            posted.try_recv().unwrap(),
+            NodeEvent::RecordFilePlanted {
+                path: "/var/lib/kubelet/device-plugins/macvtap-deviceplugin/assignments.journal"
+                    .into(),
+                what: "a FIFO".into()
+            }
         );
     }
 

@@ -2,10 +2,12 @@
 //! had when it was last handed out, kept in memory for heal and, in the
 //! daemon, in a file that outlives it ([`super::record_file`]).
 
-use super::record_file;
+use super::record_file::{self, RecordDir};
+use crate::core::report::Observer;
 use crate::error::{Error, Result};
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::fmt;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, mpsc};
 use tracing::{info, warn};
 
@@ -20,9 +22,9 @@ use tracing::{info, warn};
 #[derive(Debug, Clone, Default)]
 pub struct Assignments {
     inner: Arc<Mutex<Record>>,
-    /// Held while the files are written, so an append and a compaction
-    /// never interleave.
-    io: Arc<Mutex<()>>,
+    /// The record's files (none when kept in memory only), held while they
+    /// are written, so an append and a compaction never interleave.
+    files: Option<Arc<Mutex<Files>>>,
     /// Wakes the flushing thread after a write (none without a file).
     flush: Option<mpsc::Sender<()>>,
 }
@@ -30,7 +32,48 @@ pub struct Assignments {
 #[derive(Debug, Default)]
 struct Record {
     by_device: HashMap<String, Assigned>,
-    file: Option<PathBuf>,
+}
+
+/// Where the record is kept: its directory, opened at the first need and
+/// then held, and where what was planted there is reported.
+struct Files {
+    /// The device-plugins directory the record directory is in.
+    plugin_dir: PathBuf,
+    /// The record directory, once opened.
+    dir: Option<Arc<RecordDir>>,
+    /// Told of each planted file removed (an Event, in the daemon).
+    report: Arc<dyn Observer>,
+    /// Closed ([`Assignments::close`]): nothing is written any more.
+    closed: bool,
+}
+
+impl fmt::Debug for Files {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Files")
+            .field("plugin_dir", &self.plugin_dir)
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Files {
+    /// The record's path, for messages.
+    fn record(&self) -> PathBuf {
+        record_file::path_in(&self.plugin_dir)
+    }
+
+    /// The record directory: the one held, else opened now (and made when
+    /// missing) and held from then on. A refused directory is tried again
+    /// at the next write, so removing what was in its place needs no
+    /// restart.
+    fn dir(&mut self) -> Result<Arc<RecordDir>> {
+        if let Some(dir) = &self.dir {
+            return Ok(dir.clone());
+        }
+        let dir = Arc::new(RecordDir::open_or_create(&self.plugin_dir)?);
+        self.dir = Some(dir.clone());
+        Ok(dir)
+    }
 }
 
 /// Where a device's macvtap was when it was handed out.
@@ -43,12 +86,23 @@ pub struct Assigned {
 }
 
 impl Assignments {
-    /// Assignments kept in the file at `path` as well, starting from what it
-    /// holds (nothing when it is missing; what is invalid in it is dropped,
-    /// with a warning).
-    pub(crate) fn persisted(path: PathBuf) -> Self {
+    /// Assignments kept in the record directory under the device-plugins
+    /// directory `plugin_dir` as well, starting from what it holds (nothing
+    /// when it is missing; what is invalid in it is dropped, with a
+    /// warning). What something else planted where the record keeps a file
+    /// is removed and told to `report`.
+    pub(crate) fn persisted(plugin_dir: &Path, report: Arc<dyn Observer>) -> Self {
+        let path = record_file::path_in(plugin_dir);
         let mut by_device = HashMap::new();
-        match record_file::load_all(&path) {
+        let (dir, loaded) = match RecordDir::open(plugin_dir) {
+            Ok(None) => (None, Ok(None)),
+            Ok(Some(dir)) => {
+                let loaded = record_file::load_all(&dir, report.as_ref());
+                (Some(Arc::new(dir)), loaded)
+            }
+            Err(e) => (None, Err(e)),
+        };
+        match loaded {
             Ok(None) => {}
             Ok(Some(parsed)) => {
                 for why in &parsed.dropped {
@@ -63,15 +117,17 @@ impl Assignments {
             Err(e) => warn!(error = %e,
                 "cannot read the record of handed-out devices; starting without it (a lost link handed out before this start is not healed)"),
         }
-        let inner = Arc::new(Mutex::new(Record {
-            by_device,
-            file: Some(path.clone()),
+        let inner = Arc::new(Mutex::new(Record { by_device }));
+        let files = Arc::new(Mutex::new(Files {
+            plugin_dir: plugin_dir.to_path_buf(),
+            dir,
+            report,
+            closed: false,
         }));
-        let io = Arc::new(Mutex::new(()));
         Self {
-            flush: spawn_flusher(path, inner.clone(), io.clone()),
+            flush: spawn_flusher(inner.clone(), files.clone()),
             inner,
-            io,
+            files: Some(files),
         }
     }
 
@@ -96,8 +152,8 @@ impl Assignments {
             r.by_device.retain(|id, at| keep(id, at));
             r.by_device.len() != before
         };
-        if changed {
-            if let Err(e) = compact(&self.inner, &self.io) {
+        if let (true, Some(files)) = (changed, &self.files) {
+            if let Err(e) = compact(&self.inner, files) {
                 warn!(error = %e, "cannot rewrite the record of handed-out devices; a restarted daemon may heal a forgotten device's link");
             }
             self.wake_flusher();
@@ -109,8 +165,11 @@ impl Assignments {
     /// returns nothing of this daemon writes (or re-creates) the record: an
     /// uninstall calls it before it removes the record.
     pub(crate) fn close(&self) {
-        let _io = self.io.lock().unwrap_or_else(|e| e.into_inner());
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).file = None;
+        if let Some(files) = &self.files {
+            let mut files = files.lock().unwrap_or_else(|e| e.into_inner());
+            files.closed = true;
+            files.dir = None;
+        }
     }
 
     /// Where `device_id` was handed out, if this daemon (or one before it,
@@ -136,7 +195,7 @@ impl Assignments {
     /// Inserts `got` (device ID, ifindex) of `resource`; those new or
     /// changed are appended to the journal in one write before this returns.
     fn insert_logged(&self, resource: &str, got: &[(&str, u32)]) {
-        let (path, lines) = {
+        let (lines, unencoded) = {
             let mut r = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             let mut lines = Vec::new();
             let mut unencoded = None;
@@ -152,19 +211,23 @@ impl Assignments {
                     }
                 }
             }
-            match (&r.file, unencoded, lines.is_empty()) {
-                (Some(path), Some(e), _) => {
-                    warn!(error = %Error::io("encoding a journal line of handed-out devices", path)(e),
-                        "cannot write the record of handed-out devices: a daemon restarted later will not heal the lost links of devices handed out since");
-                    return;
-                }
-                (Some(path), None, false) => (path.clone(), lines),
-                _ => return,
-            }
+            (lines, unencoded)
+        };
+        let Some(files) = &self.files else {
+            return;
         };
         let appended = {
-            let _io = self.io.lock().unwrap_or_else(|e| e.into_inner());
-            record_file::append(&path, &lines)
+            let mut files = files.lock().unwrap_or_else(|e| e.into_inner());
+            match unencoded {
+                Some(e) => Err(Error::io(
+                    "encoding a journal line of handed-out devices",
+                    files.record(),
+                )(e)),
+                None if lines.is_empty() || files.closed => return,
+                None => files
+                    .dir()
+                    .and_then(|dir| record_file::append(&dir, &lines, files.report.as_ref())),
+            }
         };
         match appended {
             Ok(()) => self.wake_flusher(),
@@ -181,55 +244,53 @@ impl Assignments {
 }
 
 /// Folds the journal into the record: the record rewritten whole from what
-/// `inner` holds, then the journal emptied, with the files' lock `io` held.
-fn compact(inner: &Mutex<Record>, io: &Mutex<()>) -> Result<()> {
-    let _io = io.lock().unwrap_or_else(|e| e.into_inner());
-    let (path, text) = {
+/// `inner` holds, then the journal emptied, with the files' lock held.
+fn compact(inner: &Mutex<Record>, files: &Mutex<Files>) -> Result<()> {
+    let mut files = files.lock().unwrap_or_else(|e| e.into_inner());
+    if files.closed {
+        return Ok(());
+    }
+    let text = {
         let r = inner.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(path) = r.file.clone() else {
-            return Ok(());
-        };
-        let text = record_file::render(r.by_device.iter().map(|(id, at)| record_file::Entry {
+        record_file::render(r.by_device.iter().map(|(id, at)| record_file::Entry {
             device_id: id,
             resource: &at.resource,
             ifindex: at.ifindex,
         }))
         .map_err(Error::io(
             "encoding the record of handed-out devices",
-            &path,
-        ))?;
-        (path, text)
+            files.record(),
+        ))?
     };
-    record_file::save(&path, &text)?;
-    record_file::clear_journal(&path)
+    let dir = files.dir()?;
+    record_file::save(&dir, &text, files.report.as_ref())?;
+    record_file::clear_journal(&dir, files.report.as_ref())
 }
 
 /// Starts the thread that, after each write, folds the journal into the
 /// record once it is over [`record_file::COMPACT_BYTES`] and flushes
-/// the files to disk (writes that come meanwhile share the next round); it
-/// ends when every [`Assignments`] sharing it is gone. `None` (and a
-/// warning) when no thread can start: the writes still outlive the process.
-fn spawn_flusher(
-    path: PathBuf,
-    inner: Arc<Mutex<Record>>,
-    io: Arc<Mutex<()>>,
-) -> Option<mpsc::Sender<()>> {
+/// the files to disk (writes that come meanwhile share the next round; the
+/// `fsync`s run without the files' lock, so an Allocate's append never
+/// waits for one); it ends when every [`Assignments`] sharing it is gone.
+/// `None` (and a warning) when no thread can start: the writes still
+/// outlive the process.
+fn spawn_flusher(inner: Arc<Mutex<Record>>, files: Arc<Mutex<Files>>) -> Option<mpsc::Sender<()>> {
     let (tx, rx) = mpsc::channel::<()>();
     let spawned = std::thread::Builder::new()
         .name("record-flush".into())
         .spawn(move || {
             while rx.recv().is_ok() {
                 while rx.try_recv().is_ok() {}
-                if inner.lock().unwrap_or_else(|e| e.into_inner()).file.is_none() {
-                    // Closed: the record is not ours to write any more.
+                let held = files.lock().unwrap_or_else(|e| e.into_inner()).dir.clone();
+                let Some(dir) = held else {
                     continue;
-                }
-                if record_file::journal_len(&path) > record_file::COMPACT_BYTES {
-                    if let Err(e) = compact(&inner, &io) {
+                };
+                if record_file::journal_len(&dir) > record_file::COMPACT_BYTES {
+                    if let Err(e) = compact(&inner, &files) {
                         warn!(error = %e, "cannot fold the journal into the record of handed-out devices");
                     }
                 }
-                if let Err(e) = record_file::flush(&path) {
+                if let Err(e) = record_file::flush(&dir) {
                     warn!(error = %e, "cannot flush the record of handed-out devices to disk");
                 }
             }
@@ -259,17 +320,52 @@ fn insert(m: &mut HashMap<String, Assigned>, id: &str, resource: &str, ifindex: 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::report::{Recorder, Silent};
+    use record_file::{FILE_NAME, JOURNAL_NAME, RecordDir, dir_in, path_in};
+
+    /// Assignments kept under the device-plugins directory `plugin_dir`,
+    /// telling no one.
+    fn persisted(plugin_dir: &Path) -> Assignments {
+        Assignments::persisted(plugin_dir, Arc::new(Silent))
+    }
+
+    /// The size of the journal under `plugin_dir`.
+    fn journal_len(plugin_dir: &Path) -> u64 {
+        RecordDir::open(plugin_dir)
+            .unwrap()
+            .map_or(0, |d| record_file::journal_len(&d))
+    }
+
+    /// An uninstall closes the record before removing it: nothing of this
+    /// daemon writes it afterwards, not even where no directory was opened
+    /// yet (which a write would otherwise make).
+    #[test]
+    fn a_closed_record_is_kept_in_memory_only_and_makes_no_directory() {
+        let plugin = tempfile::tempdir().unwrap();
+        let a = persisted(plugin.path());
+        a.close();
+        a.handed_out("dp", &[("dpMvp0", 40)]);
+        a.retain(|_, _| false);
+        a.handed_out("dp", &[("dpMvp1", 41)]);
+        assert_eq!(a.get("dpMvp1").map(|at| at.ifindex), Some(41));
+        let record = record_file::path_in(plugin.path());
+        assert!(
+            !record.parent().unwrap().exists(),
+            "a closed record made its directory"
+        );
+    }
 
     #[test]
     fn a_persisted_record_is_what_the_next_daemon_starts_from() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("state/assignments.json");
-        let a = Assignments::persisted(path.clone());
+        let tmp = tempfile::tempdir().unwrap();
+        let plugin = tmp.path();
+        let path = path_in(plugin);
+        let a = persisted(plugin);
         assert!(a.is_empty());
         a.handed_out("dp", &[("dpMvp0", 40), ("dpMvp1", 41)]);
         a.assigned("dpMvp1", "dp", 45);
         // A new daemon reads what the old one handed out, last answer first.
-        let b = Assignments::persisted(path.clone());
+        let b = persisted(plugin);
         assert_eq!(b.len(), 2);
         assert_eq!(
             b.get("dpMvp0"),
@@ -280,7 +376,7 @@ mod tests {
         );
         assert_eq!(b.get("dpMvp1").unwrap().ifindex, 45);
         b.retain(|id, _| id != "dpMvp0");
-        let c = Assignments::persisted(path.clone());
+        let c = persisted(plugin);
         assert_eq!(
             (c.len(), c.get("dpMvp0")),
             (1, None),
@@ -289,49 +385,43 @@ mod tests {
         // An unchanged record is not written again: neither the journal
         // nor the record.
         std::fs::remove_file(&path).unwrap();
-        let journal = record_file::journal_path(&path);
-        let len = record_file::journal_len(&path);
+        let len = journal_len(plugin);
         c.assigned("dpMvp1", "dp", 45);
         c.retain(|_, _| true);
         assert!(!path.exists());
-        assert_eq!(record_file::journal_len(&path), len);
+        assert_eq!(journal_len(plugin), len);
         c.assigned("dpMvp1", "dp", 46);
-        assert!(record_file::journal_len(&path) > len, "{journal:?}");
-        assert_eq!(
-            Assignments::persisted(path.clone())
-                .get("dpMvp1")
-                .unwrap()
-                .ifindex,
-            46
-        );
+        assert!(journal_len(plugin) > len);
+        assert_eq!(persisted(plugin).get("dpMvp1").unwrap().ifindex, 46);
     }
 
     #[test]
     fn an_allocate_appends_one_line_and_a_compaction_folds_the_journal_in() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("assignments.json");
-        let a = Assignments::persisted(path.clone());
+        let tmp = tempfile::tempdir().unwrap();
+        let plugin = tmp.path();
+        let path = path_in(plugin);
+        let a = persisted(plugin);
         a.assigned("dpMvp0", "dp", 40);
-        let one = record_file::journal_len(&path);
+        let one = journal_len(plugin);
         a.assigned("dpMvp1", "dp", 41);
         // Each new assignment costs one line, whatever the record holds.
-        assert_eq!(record_file::journal_len(&path), 2 * one);
+        assert_eq!(journal_len(plugin), 2 * one);
         assert!(!path.exists(), "the record is not rewritten per Allocate");
         // Forgetting compacts: the record holds what memory holds, the
         // journal is empty, and a new daemon reads the same.
         a.retain(|id, _| id != "dpMvp0");
-        assert_eq!(record_file::journal_len(&path), 0);
-        let base = record_file::load(&path).unwrap().unwrap();
+        assert_eq!(journal_len(plugin), 0);
+        let dir = RecordDir::open(plugin).unwrap().unwrap();
+        let base = record_file::load(&dir, &Silent).unwrap().unwrap();
         assert_eq!(base.devices.keys().collect::<Vec<_>>(), ["dpMvp1"]);
         // A line cut short by a kill is dropped, the others kept.
         a.assigned("dpMvp2", "dp", 42);
-        let journal = record_file::journal_path(&path);
         let mut f = std::fs::OpenOptions::new()
             .append(true)
-            .open(&journal)
+            .open(path.with_file_name(JOURNAL_NAME))
             .unwrap();
         std::io::Write::write_all(&mut f, b"{\"deviceID\":\"dpMvp3\",\"reso").unwrap();
-        let b = Assignments::persisted(path.clone());
+        let b = persisted(plugin);
         assert_eq!(b.len(), 2);
         assert_eq!(b.get("dpMvp2").unwrap().ifindex, 42);
         assert_eq!(b.get("dpMvp3"), None);
@@ -339,9 +429,8 @@ mod tests {
 
     #[test]
     fn concurrent_allocates_all_land_in_the_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("assignments.json");
-        let a = Assignments::persisted(path.clone());
+        let tmp = tempfile::tempdir().unwrap();
+        let a = persisted(tmp.path());
         std::thread::scope(|s| {
             for t in 0..8u32 {
                 let a = a.clone();
@@ -352,36 +441,126 @@ mod tests {
                 });
             }
         });
-        let b = Assignments::persisted(path);
+        let b = persisted(tmp.path());
         assert_eq!(b.len(), 40);
         assert_eq!(b.get("dpMvp39").unwrap().ifindex, 139);
     }
 
     #[test]
-    fn a_corrupt_or_unwritable_record_leaves_healing_in_memory() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("assignments.json");
-        std::fs::write(&path, "{\"version\":1,\"devi").unwrap();
-        let a = Assignments::persisted(path.clone());
-        assert!(a.is_empty());
-        // Directories where the files should be: the writes fail, memory holds.
-        std::fs::remove_file(&path).unwrap();
-        std::fs::create_dir(&path).unwrap();
-        std::fs::create_dir(record_file::journal_path(&path)).unwrap();
+    fn a_corrupt_record_is_read_as_empty() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir_in(tmp.path())).unwrap();
+        std::fs::write(path_in(tmp.path()), "{\"version\":1,\"devi").unwrap();
+        assert!(persisted(tmp.path()).is_empty());
+    }
+
+    #[test]
+    fn directories_planted_where_the_files_belong_are_removed_reported_and_written_over() {
+        let tmp = tempfile::tempdir().unwrap();
+        let plugin = tmp.path();
+        let a = Assignments::persisted(plugin, Arc::new(Silent));
+        a.assigned("dpMvp9", "dp", 49);
+        let path = path_in(plugin);
+        let journal = path.with_file_name(JOURNAL_NAME);
+        std::fs::remove_file(&journal).unwrap();
+        std::fs::create_dir_all(path.join("a/b")).unwrap();
+        std::fs::create_dir_all(journal.join("c")).unwrap();
+        let report = Arc::new(Recorder::default());
+        let a = Assignments::persisted(plugin, report.clone());
         a.assigned("dpMvp0", "dp", 40);
         a.assigned("dpMvp1", "dp", 41);
         a.retain(|id, _| id != "dpMvp1");
-        assert_eq!(a.get("dpMvp0").unwrap().ifindex, 40);
-        assert_eq!(a.get("dpMvp1"), None);
-        let mut names: Vec<_> = std::fs::read_dir(dir.path())
+        assert_eq!(
+            report.lines(),
+            [
+                format!("planted {} a directory", path.display()),
+                format!("planted {} a directory", journal.display()),
+            ]
+        );
+        let mut names: Vec<_> = std::fs::read_dir(dir_in(plugin))
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
         names.sort();
+        assert_eq!(names, [JOURNAL_NAME, FILE_NAME], "no temporary file left");
+        let b = persisted(plugin);
+        assert_eq!((b.len(), b.get("dpMvp0").unwrap().ifindex), (1, 40));
+    }
+
+    #[test]
+    fn an_allocate_meeting_a_planted_journal_link_is_recorded_and_the_link_reported_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let plugin = tmp.path().join("device-plugins");
+        let shim = tmp.path().join("multus-shim");
+        std::fs::create_dir(&plugin).unwrap();
+        std::fs::write(&shim, "ELF").unwrap();
+        let report = Arc::new(Recorder::default());
+        let a = Assignments::persisted(&plugin, report.clone());
+        a.assigned("dpMvp0", "dp", 40);
+        let journal = path_in(&plugin).with_file_name(JOURNAL_NAME);
+        std::fs::remove_file(&journal).unwrap();
+        std::os::unix::fs::symlink(&shim, &journal).unwrap();
+        let log = crate::testlog::logged(|| {
+            a.assigned("dpMvp1", "dp", 41);
+            a.assigned("dpMvp2", "dp", 42);
+        });
         assert_eq!(
-            names,
-            ["assignments.journal", "assignments.json"],
-            "no temporary file left"
+            std::fs::read(&shim).unwrap(),
+            b"ELF",
+            "the link was followed"
+        );
+        assert_eq!(
+            report.lines(),
+            [format!(
+                "planted {} a symbolic link to {:?}",
+                journal.display(),
+                shim
+            )]
+        );
+        assert_eq!(
+            log.matches(&format!("path={}", journal.display())).count(),
+            1,
+            "{log}"
+        );
+        // The first record (its journal line went with the link) is lost
+        // to a restart; those after the removal are kept.
+        let b = persisted(&plugin);
+        assert_eq!(
+            (
+                b.get("dpMvp1").unwrap().ifindex,
+                b.get("dpMvp2").unwrap().ifindex
+            ),
+            (41, 42)
+        );
+    }
+
+    #[test]
+    fn a_refused_record_directory_keeps_healing_in_memory_and_writes_nothing_through_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let plugin = tmp.path().join("device-plugins");
+        let elsewhere = tmp.path().join("cni-bin");
+        std::fs::create_dir(&plugin).unwrap();
+        std::fs::create_dir(&elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, dir_in(&plugin)).unwrap();
+        let log = crate::testlog::logged(|| {
+            let a = persisted(&plugin);
+            a.assigned("dpMvp0", "dp", 40);
+            a.assigned("dpMvp1", "dp", 41);
+            a.retain(|id, _| id != "dpMvp1");
+            assert_eq!(a.get("dpMvp0").unwrap().ifindex, 40);
+            assert_eq!(a.get("dpMvp1"), None);
+        });
+        assert_eq!(
+            std::fs::read_dir(&elsewhere).unwrap().count(),
+            0,
+            "written through the link"
+        );
+        assert!(
+            log.contains(&format!(
+                "the record directory {} is a symbolic link",
+                dir_in(&plugin).display()
+            )),
+            "{log}"
         );
     }
 }

@@ -41,14 +41,52 @@
 //! kept, and anything else is dropped with a warning. A device is written
 //! before Allocate answers, so the record is never older than what the
 //! kubelet was told.
+//!
+//! The device-plugins directory is shared: every device plugin of the node
+//! mounts it, often as root, so any of them can put a file, a link or a
+//! FIFO where the record's files go. The daemon trusts nothing there but
+//! its own directory, and that only once checked: it is opened once
+//! without following a link (`O_DIRECTORY|O_NOFOLLOW`, `RecordDir`) and
+//! must be a directory of the daemon's uid with mode 0700 (made so when
+//! missing, at the first write; a looser mode set back through the
+//! descriptor); a link, anything else, or another user's directory is
+//! refused, never followed. Every file in it is looked at with `fstatat`
+//! (nothing opened, nothing followed), then opened through the directory's
+//! descriptor with `O_NOFOLLOW|O_NONBLOCK`, checked again on the opened
+//! descriptor, and sized, truncated and flushed through descriptors only;
+//! it must be a regular file of the daemon's with one name. Whatever else is
+//! at a name the record uses (a link, a FIFO, a socket, a device node, a
+//! directory, a hard link to a file elsewhere) was planted: it is removed
+//! (`unlinkat`, a directory level by level without following a link) and
+//! reported once, as a warning and through `Observer::planted_removed`
+//! (an Event on the Node), and the daemon writes its own file; an
+//! Allocate's append that meets one still records its devices. A
+//! temporary record has a fresh name nobody can guess, created `O_EXCL`.
+//! Left open: a root process that swaps a file between the daemon's look
+//! and its open may get a device node opened (and refused unwritten), and
+//! one that renames the whole directory away takes the record with it (a
+//! later daemon heals nothing handed out before; nothing else is touched).
 
+use crate::core::report::Observer;
 use crate::error::{Error, Result};
 use macvtap_link::device::parse_device_id;
+use nix::NixPath;
+use nix::dir::Dir;
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag, openat, readlinkat, renameat};
+use nix::sys::stat::{FileStat, Mode, SFlag, fchmod, fstatat, mkdirat};
+use nix::unistd::{UnlinkatFlags, geteuid, unlinkat};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::fs::File;
+use std::hash::{BuildHasher, Hasher, RandomState};
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use tracing::{info, warn};
 
 /// The subdirectory of the device-plugins directory that holds the record.
 pub(crate) const STATE_DIR: &str = "macvtap-deviceplugin";
@@ -64,11 +102,12 @@ const VERSION: u32 = 1;
 pub(crate) const JOURNAL_NAME: &str = "assignments.journal";
 /// The journal's size past which it is folded into the record.
 pub(crate) const COMPACT_BYTES: u64 = 64 << 10;
-
-/// The journal beside the record at `record`.
-pub(crate) fn journal_path(record: &Path) -> PathBuf {
-    record.with_file_name(JOURNAL_NAME)
-}
+/// The start of a temporary record's name; 16 hex digits follow.
+pub(crate) const TMP_PREFIX: &str = "assignments.json.tmp.";
+/// The record directory's mode: the daemon's alone.
+pub(crate) const DIR_MODE: u32 = 0o700;
+/// The mode of the record's files.
+const FILE_MODE: u32 = 0o600;
 
 /// The record's path under the device-plugins directory `plugin_dir`.
 pub fn path_in(plugin_dir: &Path) -> PathBuf {
@@ -221,44 +260,6 @@ pub(crate) fn journal_line(e: Entry<'_>) -> std::io::Result<Vec<u8>> {
     Ok(line)
 }
 
-/// Appends `lines` to the journal beside the record at `record` in one
-/// write, creating the directory (owner-only) and the journal (0600) when
-/// missing.
-pub(crate) fn append(record: &Path, lines: &[u8]) -> Result<()> {
-    create_dir_of(record)?;
-    let journal = journal_path(record);
-    std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(0o600)
-        .open(&journal)
-        .and_then(|mut f| f.write_all(lines))
-        .map_err(Error::io(
-            "appending to the journal of handed-out devices",
-            &journal,
-        ))
-}
-
-/// The journal's size in bytes (0 when there is none).
-pub(crate) fn journal_len(record: &Path) -> u64 {
-    std::fs::metadata(journal_path(record)).map_or(0, |m| m.len())
-}
-
-/// Empties the journal beside the record at `record` (after its lines were
-/// folded into the record).
-pub(crate) fn clear_journal(record: &Path) -> Result<()> {
-    let journal = journal_path(record);
-    match std::fs::OpenOptions::new().write(true).open(&journal) {
-        Ok(f) => f.set_len(0),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
-    }
-    .map_err(Error::io(
-        "emptying the journal of handed-out devices",
-        &journal,
-    ))
-}
-
 /// The record's text for `entries` (sorted by device ID, so equal records
 /// are equal files). A failure to encode it is an error, never an empty
 /// text that [`save`] would write over the record.
@@ -280,11 +281,440 @@ pub(crate) fn render<'a>(entries: impl IntoIterator<Item = Entry<'a>>) -> std::i
     Ok(text)
 }
 
-/// Reads the record at `path` and the journal beside it: `Ok(None)` when
-/// there is neither yet; a file too big or unreadable is an error.
-pub(crate) fn load_all(path: &Path) -> Result<Option<Parsed>> {
-    let base = load(path)?;
-    let journal = read_bounded(&journal_path(path))?;
+/// The record directory under the device-plugins directory `plugin_dir`.
+pub(crate) fn dir_in(plugin_dir: &Path) -> PathBuf {
+    plugin_dir.join(STATE_DIR)
+}
+
+/// The record directory, opened once without following a link and checked
+/// to be the daemon's own: a directory of its uid, mode 0700. Every file of
+/// the record is opened, sized, truncated, renamed and removed through this
+/// descriptor, so nothing planted on the way to it (the device-plugins
+/// directory is shared with every device plugin of the node) can redirect a
+/// write.
+#[derive(Debug)]
+pub(crate) struct RecordDir {
+    fd: File,
+    path: PathBuf,
+}
+
+impl RecordDir {
+    /// Opens the record directory under `plugin_dir`; `Ok(None)` when it
+    /// does not exist. A symbolic link, anything but a directory, or a
+    /// directory of another user is refused (and never followed); a
+    /// directory of the daemon's with another mode than 0700 gets 0700
+    /// through the opened descriptor, with a warning.
+    pub(crate) fn open(plugin_dir: &Path) -> Result<Option<Self>> {
+        Self::open_in(plugin_dir, false)
+    }
+
+    /// Opens the record directory under `plugin_dir` as [`RecordDir::open`]
+    /// does, making it (0700) first when it is missing.
+    pub(crate) fn open_or_create(plugin_dir: &Path) -> Result<Self> {
+        Self::open_in(plugin_dir, true)?.ok_or_else(|| {
+            Error::io("opening the record directory", dir_in(plugin_dir))(
+                std::io::ErrorKind::NotFound.into(),
+            )
+        })
+    }
+
+    fn open_in(plugin_dir: &Path, create: bool) -> Result<Option<Self>> {
+        let path = dir_in(plugin_dir);
+        let op = "opening the record directory";
+        // The device-plugins directory is the administrator's mount: its
+        // path is followed, our directory in it never.
+        let parent = nix::fcntl::open(
+            plugin_dir,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| Error::io("opening the device-plugins directory", plugin_dir)(e.into()))?;
+        // O_DIRECTORY: a FIFO or a device node there is never opened.
+        let flags = OFlag::O_RDONLY
+            | OFlag::O_DIRECTORY
+            | OFlag::O_NOFOLLOW
+            | OFlag::O_NONBLOCK
+            | OFlag::O_CLOEXEC;
+        let opened = match openat(&parent, STATE_DIR, flags, Mode::empty()) {
+            Err(Errno::ENOENT) if !create => return Ok(None),
+            Err(Errno::ENOENT) => {
+                match mkdirat(&parent, STATE_DIR, Mode::from_bits_truncate(DIR_MODE)) {
+                    Ok(()) | Err(Errno::EEXIST) => {}
+                    Err(e) => {
+                        return Err(Error::io("creating the record directory", &path)(e.into()));
+                    }
+                }
+                openat(&parent, STATE_DIR, flags, Mode::empty())
+            }
+            other => other,
+        };
+        let euid = geteuid().as_raw();
+        let fd = match opened {
+            Ok(fd) => File::from(fd),
+            Err(e @ (Errno::ENOTDIR | Errno::ELOOP)) => {
+                let Ok(st) = fstatat(&parent, STATE_DIR, AtFlags::AT_SYMLINK_NOFOLLOW) else {
+                    return Err(Error::io(op, &path)(e.into()));
+                };
+                let st = Stat::from(&st);
+                let found = describe(&parent, STATE_DIR, st);
+                return Err(match judge_dir(st, &found, euid) {
+                    DirState::Refused(why) => Error::RecordDir { path, why },
+                    // A directory now: replaced since the open.
+                    DirState::Ours | DirState::Mode(_) => Error::io(op, &path)(e.into()),
+                });
+            }
+            Err(e) => return Err(Error::io(op, &path)(e.into())),
+        };
+        let st = Stat::from(&fd.metadata().map_err(Error::io(op, &path))?);
+        match judge_dir(st, kind(st), euid) {
+            DirState::Ours => {}
+            DirState::Mode(mode) => {
+                fchmod(&fd, Mode::from_bits_truncate(DIR_MODE)).map_err(|e| {
+                    Error::io("setting the mode of the record directory", &path)(e.into())
+                })?;
+                warn!(dir = %path.display(), mode = %format!("{mode:04o}"),
+                    "the record directory was open to others; set its mode back to 0700");
+            }
+            DirState::Refused(why) => return Err(Error::RecordDir { path, why }),
+        }
+        Ok(Some(Self { fd, path }))
+    }
+}
+
+/// The record directory as `stat` saw it (without following it), judged
+/// for a daemon of uid `euid`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum DirState {
+    /// A directory of the daemon's, mode 0700.
+    Ours,
+    /// A directory of the daemon's with this other mode (the daemon sets
+    /// 0700 through its descriptor).
+    Mode(u32),
+    /// Not to be used, and why: the end of a sentence that begins with the
+    /// directory's path (`is a symbolic link to "/x"; refusing to follow
+    /// it ...`).
+    Refused(String),
+}
+
+/// Judges the record directory by its `stat` (`found` says what it is, as
+/// [`kind`] or with a link's target) for a daemon of uid `euid`: only a
+/// directory of `euid` is used, and only with mode 0700.
+pub(crate) fn judge_dir(st: Stat, found: &str, euid: u32) -> DirState {
+    const FIX: &str = "remove it, and the daemon makes its own directory there";
+    let format = st.mode & SFlag::S_IFMT.bits();
+    if format == SFlag::S_IFLNK.bits() {
+        return DirState::Refused(format!(
+            "is {found}; refusing to follow it (something else on the node planted it): {FIX}"
+        ));
+    }
+    if format != SFlag::S_IFDIR.bits() {
+        return DirState::Refused(format!(
+            "is {found}, not a directory; refusing to use it (something else on the node planted \
+             it): {FIX}"
+        ));
+    }
+    if st.uid != euid {
+        return DirState::Refused(format!(
+            "is a directory of uid {}, not of the daemon's uid {euid}; refusing to use it \
+             (something else on the node made it): {FIX}",
+            st.uid
+        ));
+    }
+    match st.mode & 0o7777 {
+        DIR_MODE => DirState::Ours,
+        mode => DirState::Mode(mode),
+    }
+}
+
+/// What `stat` says of an inode, the part the record's checks read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stat {
+    /// `st_mode`: the type and permission bits.
+    pub mode: u32,
+    /// The owner.
+    pub uid: u32,
+    /// How many names it has.
+    pub nlink: u64,
+}
+
+impl From<&FileStat> for Stat {
+    // `nlink_t` is 64 bits here and 32 on other targets (aarch64).
+    #[allow(clippy::useless_conversion)]
+    fn from(st: &FileStat) -> Self {
+        Self {
+            mode: st.st_mode,
+            uid: st.st_uid,
+            nlink: u64::from(st.st_nlink),
+        }
+    }
+}
+
+impl From<&std::fs::Metadata> for Stat {
+    fn from(m: &std::fs::Metadata) -> Self {
+        Self {
+            mode: m.mode(),
+            uid: m.uid(),
+            nlink: m.nlink(),
+        }
+    }
+}
+
+/// What an inode is, as a phrase: `a FIFO`, `a directory`, `a regular file`.
+pub(crate) fn kind(st: Stat) -> &'static str {
+    match SFlag::from_bits_truncate(st.mode & SFlag::S_IFMT.bits()) {
+        SFlag::S_IFREG => "a regular file",
+        SFlag::S_IFDIR => "a directory",
+        SFlag::S_IFLNK => "a symbolic link",
+        SFlag::S_IFIFO => "a FIFO",
+        SFlag::S_IFSOCK => "a socket",
+        SFlag::S_IFCHR => "a character device",
+        SFlag::S_IFBLK => "a block device",
+        _ => "a file of unknown type",
+    }
+}
+
+/// Why an inode is not a file the daemon made, as a phrase (`a FIFO`, `a
+/// regular file with 2 links`), or `None` when it is one: a regular file of
+/// `euid` with one name. A second name could be another program's file
+/// hard-linked here, which a write or a truncation would change.
+pub(crate) fn foreign(st: Stat, euid: u32) -> Option<String> {
+    if st.mode & SFlag::S_IFMT.bits() != SFlag::S_IFREG.bits() {
+        return Some(kind(st).to_string());
+    }
+    if st.uid != euid {
+        return Some(format!("a regular file of uid {}", st.uid));
+    }
+    if st.nlink != 1 {
+        return Some(format!(
+            "a regular file with {} links (a hard link to a file elsewhere)",
+            st.nlink
+        ));
+    }
+    None
+}
+
+/// Whether the inode is a symbolic link.
+pub(crate) fn is_link(st: Stat) -> bool {
+    st.mode & SFlag::S_IFMT.bits() == SFlag::S_IFLNK.bits()
+}
+
+/// A link's target as a phrase: `a symbolic link to "/host/cni-bin/multus-shim"`,
+/// quoted and escaped (the target is whatever the planter wrote).
+pub(crate) fn link_to(target: &std::ffi::OsStr) -> String {
+    format!("a symbolic link to {target:?}")
+}
+
+/// `name` in `dir` as a phrase: [`kind`], and a symbolic link's target.
+fn describe(dir: &impl AsFd, name: &str, st: Stat) -> String {
+    match readlinkat(dir, name) {
+        Ok(target) if is_link(st) => link_to(&target),
+        _ => kind(st).to_string(),
+    }
+}
+
+/// Something that was where a file of the record belongs and was not one
+/// the daemon made (a symbolic link, a FIFO, a device node, a directory, a
+/// hard link), which the daemon removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Planted {
+    /// Where it was.
+    pub path: PathBuf,
+    /// What it was, as a phrase: `a symbolic link to "/host/cni-bin/multus-shim"`.
+    pub what: String,
+}
+
+/// How deep a directory planted where a file belongs may be for it to be
+/// removed; a deeper one is an error (and stays).
+const MAX_PLANTED_DEPTH: u32 = 8;
+/// How many times a file is looked at and opened while something keeps
+/// replacing it.
+const OPEN_TRIES: usize = 4;
+
+/// What is at a name in the record directory.
+#[derive(Debug, PartialEq, Eq)]
+enum Found {
+    /// Nothing.
+    Nothing,
+    /// A file the daemon made (see [`foreign`]).
+    Ours,
+    /// Something else, as a phrase.
+    Planted(String),
+}
+
+/// What is at `name` in `dir`, looked at with `fstatat`: never following a
+/// link, never opening anything.
+fn look(dir: &RecordDir, name: &str) -> nix::Result<Found> {
+    let st = match fstatat(&dir.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(st) => Stat::from(&st),
+        Err(Errno::ENOENT) => return Ok(Found::Nothing),
+        Err(e) => return Err(e),
+    };
+    Ok(match foreign(st, geteuid().as_raw()) {
+        None => Found::Ours,
+        Some(_) if is_link(st) => Found::Planted(describe(&dir.fd, name, st)),
+        Some(what) => Found::Planted(what),
+    })
+}
+
+/// Removes `name` from `dir` (never following it; a directory with what it
+/// holds), which is `what`, and reports it once: a warning naming it, and
+/// [`Observer::planted_removed`] (an Event on the Node, in the daemon).
+fn remove_planted(dir: &RecordDir, name: &str, what: String, report: &dyn Observer) -> Result<()> {
+    let path = dir.path.join(name);
+    let removed = match unlinkat(&dir.fd, name, UnlinkatFlags::NoRemoveDir) {
+        Err(Errno::EISDIR) => remove_tree(&dir.fd, name, MAX_PLANTED_DEPTH),
+        other => other,
+    };
+    match removed {
+        Ok(()) | Err(Errno::ENOENT) => {}
+        Err(e) => {
+            return Err(Error::io(
+                "removing what something else put in the record directory",
+                &path,
+            )(e.into()));
+        }
+    }
+    warn!(path = %path.display(), found = %what,
+        "removed what something else on the node put where the record of handed-out devices keeps a file (a pod with the device-plugins directory mounted); the daemon writes its own file there");
+    report.planted_removed(&Planted { path, what });
+    Ok(())
+}
+
+/// Removes directory `name` in `parent` and everything in it, `depth`
+/// levels deep at most, following no link: each level is opened
+/// `O_NOFOLLOW` and its entries are unlinked through that descriptor. (A
+/// directory planted where a file belongs would otherwise keep the record
+/// from being written until someone removed it by hand.)
+fn remove_tree<P: ?Sized + NixPath>(parent: &impl AsFd, name: &P, depth: u32) -> nix::Result<()> {
+    let fd = openat(
+        parent,
+        name,
+        OFlag::O_RDONLY
+            | OFlag::O_DIRECTORY
+            | OFlag::O_NOFOLLOW
+            | OFlag::O_NONBLOCK
+            | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    let mut dir = Dir::from_fd(fd)?;
+    let names: Vec<CString> = dir
+        .iter()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_owned())
+        .filter(|n| n.as_bytes() != b"." && n.as_bytes() != b"..")
+        .collect();
+    for n in &names {
+        match unlinkat(&dir, n.as_c_str(), UnlinkatFlags::NoRemoveDir) {
+            Err(Errno::EISDIR) if depth > 0 => remove_tree(&dir, n.as_c_str(), depth - 1)?,
+            Ok(()) | Err(Errno::ENOENT) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    drop(dir);
+    unlinkat(parent, name, UnlinkatFlags::RemoveDir)
+}
+
+/// Removes what is at `name` in `dir` when it was not made by the daemon,
+/// reporting it; true when something was removed.
+fn clear_planted(dir: &RecordDir, name: &str, report: &dyn Observer) -> Result<bool> {
+    match look(dir, name) {
+        Ok(Found::Planted(what)) => remove_planted(dir, name, what, report).map(|()| true),
+        Ok(Found::Nothing | Found::Ours) => Ok(false),
+        Err(e) => Err(Error::io(
+            "looking at a file of the record of handed-out devices",
+            dir.path.join(name),
+        )(e.into())),
+    }
+}
+
+/// Opens `name` in `dir` with `flags` (and always `O_NOFOLLOW`,
+/// `O_NONBLOCK`, `O_CLOEXEC`) as a file the daemon made: a regular file of
+/// its uid with one name, checked again on the opened descriptor. What
+/// else is there is removed and reported first, and never opened: opening a
+/// device node can act (a watchdog's starts it), and a FIFO would block.
+/// `Ok(None)` when there is no such file and `flags` do not create one.
+fn open_file(
+    dir: &RecordDir,
+    name: &str,
+    flags: OFlag,
+    report: &dyn Observer,
+) -> Result<Option<File>> {
+    let path = dir.path.join(name);
+    let op = "opening a file of the record of handed-out devices";
+    let create = flags.contains(OFlag::O_CREAT);
+    let all = flags | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+    for _ in 0..OPEN_TRIES {
+        if clear_planted(dir, name, report)? && !create {
+            return Ok(None);
+        }
+        match openat(&dir.fd, name, all, Mode::from_bits_truncate(FILE_MODE)) {
+            Ok(fd) => {
+                let file = File::from(fd);
+                let st = file.metadata().map_err(Error::io(op, &path))?;
+                if foreign(Stat::from(&st), geteuid().as_raw()).is_none() {
+                    return Ok(Some(file));
+                }
+                // Replaced between the look and the open: look again.
+            }
+            Err(Errno::ENOENT) if !create => return Ok(None),
+            // Replaced by a link, a socket, a FIFO or a directory between
+            // the look and the open: look again.
+            Err(Errno::ELOOP | Errno::ENXIO | Errno::EISDIR | Errno::ENOENT) => {}
+            Err(e) => return Err(Error::io(op, &path)(e.into())),
+        }
+    }
+    Err(Error::io(op, &path)(std::io::Error::other(
+        "something keeps replacing it with a file the daemon did not make",
+    )))
+}
+
+/// Appends `lines` to the journal in `dir` in one write, creating it (0600)
+/// when missing; what else is at its name is removed and reported first.
+pub(crate) fn append(dir: &RecordDir, lines: &[u8], report: &dyn Observer) -> Result<()> {
+    let path = dir.path.join(JOURNAL_NAME);
+    let op = "appending to the journal of handed-out devices";
+    let flags = OFlag::O_WRONLY | OFlag::O_APPEND | OFlag::O_CREAT;
+    match open_file(dir, JOURNAL_NAME, flags, report)? {
+        Some(mut f) => f.write_all(lines).map_err(Error::io(op, &path)),
+        None => Err(Error::io(op, &path)(std::io::ErrorKind::NotFound.into())),
+    }
+}
+
+/// The journal's size in bytes: 0 when there is none, or when what is at
+/// its name was not made by the daemon. Read with `fstatat`, which neither
+/// follows a link nor opens anything, so it can neither block nor size a
+/// file elsewhere.
+pub(crate) fn journal_len(dir: &RecordDir) -> u64 {
+    match fstatat(&dir.fd, JOURNAL_NAME, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(st) if foreign(Stat::from(&st), geteuid().as_raw()).is_none() => {
+            u64::try_from(st.st_size).unwrap_or(0)
+        }
+        _ => 0,
+    }
+}
+
+/// Empties the journal in `dir` (after its lines were folded into the
+/// record) through the opened file (`ftruncate`); what else is at its name
+/// is removed and reported instead.
+pub(crate) fn clear_journal(dir: &RecordDir, report: &dyn Observer) -> Result<()> {
+    match open_file(dir, JOURNAL_NAME, OFlag::O_WRONLY, report)? {
+        Some(f) => f.set_len(0).map_err(Error::io(
+            "emptying the journal of handed-out devices",
+            dir.path.join(JOURNAL_NAME),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Reads the record in `dir` and the journal beside it: `Ok(None)` when
+/// there is neither yet; a file too big or unreadable is an error. What is
+/// at their names and was not made by the daemon, and the temporary
+/// records a stopped compaction left, are removed first (the former
+/// reported).
+pub(crate) fn load_all(dir: &RecordDir, report: &dyn Observer) -> Result<Option<Parsed>> {
+    sweep_temporaries(dir, report)?;
+    let base = load(dir, report)?;
+    let journal = read_bounded(dir, JOURNAL_NAME, report)?;
     Ok(match (base, journal) {
         (None, None) => None,
         (base, journal) => {
@@ -297,125 +727,187 @@ pub(crate) fn load_all(path: &Path) -> Result<Option<Parsed>> {
     })
 }
 
-/// Reads the record at `path` (without its journal): `Ok(None)` when there
+/// Reads the record in `dir` (without its journal): `Ok(None)` when there
 /// is none yet; a file too big or unreadable is an error.
-pub(crate) fn load(path: &Path) -> Result<Option<Parsed>> {
-    Ok(read_bounded(path)?.map(|text| parse(&text)))
+pub(crate) fn load(dir: &RecordDir, report: &dyn Observer) -> Result<Option<Parsed>> {
+    Ok(read_bounded(dir, FILE_NAME, report)?.map(|text| parse(&text)))
 }
 
-/// The bytes of the file at `path`, `Ok(None)` when it is missing; over
-/// [`MAX_BYTES`] or unreadable is an error.
-fn read_bounded(path: &Path) -> Result<Option<Vec<u8>>> {
-    let file = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => {
-            return Err(Error::io("opening the record of handed-out devices", path)(
-                e,
-            ));
-        }
+/// The bytes of file `name` in `dir`, `Ok(None)` when it is missing (or
+/// was not made by the daemon, and was removed); over [`MAX_BYTES`] or
+/// unreadable is an error.
+fn read_bounded(dir: &RecordDir, name: &str, report: &dyn Observer) -> Result<Option<Vec<u8>>> {
+    let path = dir.path.join(name);
+    let op = "reading the record of handed-out devices";
+    let Some(file) = open_file(dir, name, OFlag::O_RDONLY, report)? else {
+        return Ok(None);
     };
-    let len = file
-        .metadata()
-        .map_err(Error::io("reading the record of handed-out devices", path))?
-        .len();
+    let len = file.metadata().map_err(Error::io(op, &path))?.len();
     if len > MAX_BYTES {
-        return Err(Error::io("reading the record of handed-out devices", path)(
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("it is {len} bytes, more than a record can be ({MAX_BYTES})"),
-            ),
-        ));
+        return Err(Error::io(op, &path)(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("it is {len} bytes, more than a record can be ({MAX_BYTES})"),
+        )));
     }
     let mut text = Vec::with_capacity(len as usize);
     std::io::Read::read_to_end(&mut std::io::Read::take(file, MAX_BYTES + 1), &mut text)
-        .map_err(Error::io("reading the record of handed-out devices", path))?;
+        .map_err(Error::io(op, &path))?;
     Ok(Some(text))
 }
 
-/// Creates the directory of the record at `record` (owner-only) when it is
-/// missing.
-fn create_dir_of(record: &Path) -> Result<()> {
-    let dir = record.parent().unwrap_or(Path::new("."));
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(Error::io(
-            "creating the directory of the record of handed-out devices",
-            dir,
-        ))?;
-    Ok(())
+/// A fresh name for a temporary record: [`TMP_PREFIX`] and 16 hex digits
+/// nobody can guess (std's `RandomState` is keyed from the kernel's random
+/// numbers), so nobody can plant a file at it in advance.
+fn temporary_name() -> String {
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let mut h = RandomState::new().build_hasher();
+    h.write_u64(COUNT.fetch_add(1, Ordering::Relaxed));
+    h.write_u32(std::process::id());
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    format!("{TMP_PREFIX}{:016x}", h.finish())
 }
 
-/// Replaces the record at `path` with `text`: a temporary file beside it
-/// renamed over it, so a process killed at any point leaves the old record
-/// or the new one ([`flush`] makes it durable). Creates the directory
-/// (owner-only) when it is missing. An empty `text` is refused: a record,
-/// even of no device, is never empty, so it can only be a text that failed
-/// to render.
-pub(crate) fn save(path: &Path, text: &[u8]) -> Result<()> {
-    if text.is_empty() {
-        return Err(Error::io("writing the record of handed-out devices", path)(
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "refusing to replace it with an empty text",
-            ),
-        ));
-    }
-    create_dir_of(path)?;
-    let tmp = path.with_extension(format!("json.tmp.{}", std::process::id()));
-    let written = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(text)
-    })();
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(Error::io("writing the record of handed-out devices", &tmp)(
-            e,
-        ));
-    }
-    if let Err(e) = std::fs::rename(&tmp, path) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(Error::io(
-            "replacing the record of handed-out devices",
-            path,
-        )(e));
-    }
-    Ok(())
-}
-
-/// Flushes the record at `path`, its journal and their directory to disk
-/// (`fsync`), so the last [`save`] and [`append`] survive a power loss too.
-pub(crate) fn flush(path: &Path) -> Result<()> {
-    for file in [path.to_path_buf(), journal_path(path)] {
-        match std::fs::File::open(&file) {
-            Ok(f) => f.sync_all(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e),
+/// Removes every temporary record in `dir` (`assignments.json.tmp.*`,
+/// which only [`save`] makes, with the record's lock held): a file the
+/// daemon made is what a stopped compaction left, removed with a note;
+/// anything else was planted there, and is reported.
+fn sweep_temporaries(dir: &RecordDir, report: &dyn Observer) -> Result<()> {
+    let names: Vec<String> = Dir::openat(
+        &dir.fd,
+        ".",
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map(|d| {
+        d.into_iter()
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().to_str().ok().map(str::to_string))
+            .filter(|n| n.starts_with(TMP_PREFIX))
+            .collect()
+    })
+    .map_err(|e| Error::io("listing the record directory", &dir.path)(e.into()))?;
+    for name in names {
+        let path = dir.path.join(&name);
+        match look(dir, &name) {
+            Ok(Found::Ours) => match unlinkat(&dir.fd, name.as_str(), UnlinkatFlags::NoRemoveDir) {
+                Ok(()) => {
+                    info!(path = %path.display(), "removed a temporary record a stopped compaction left")
+                }
+                Err(Errno::ENOENT) => {}
+                Err(e) => return Err(Error::io("removing a temporary record", &path)(e.into())),
+            },
+            Ok(Found::Planted(what)) => remove_planted(dir, &name, what, report)?,
+            Ok(Found::Nothing) => {}
+            Err(e) => return Err(Error::io("looking at a temporary record", &path)(e.into())),
         }
-        .map_err(Error::io(
-            "flushing the record of handed-out devices",
-            &file,
-        ))?;
     }
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(Error::io(
-            "flushing the directory of the record of handed-out devices",
-            dir,
-        ))
+    Ok(())
+}
+
+/// Replaces the record in `dir` with `text`: a new temporary file
+/// (`O_CREAT|O_EXCL|O_NOFOLLOW`, a name nobody can guess) renamed over it
+/// within the directory, so a process killed at any point leaves the old
+/// record or the new one ([`flush`] makes it durable). What is at the
+/// record's name and was not made by the daemon, and stale temporary
+/// records, are removed first (a rename would replace a planted link
+/// without following it, but silently, and not a directory). An empty
+/// `text` is refused: a record, even of no device, is never empty, so it
+/// can only be a text that failed to render.
+pub(crate) fn save(dir: &RecordDir, text: &[u8], report: &dyn Observer) -> Result<()> {
+    let path = dir.path.join(FILE_NAME);
+    let op = "writing the record of handed-out devices";
+    if text.is_empty() {
+        return Err(Error::io(op, &path)(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "refusing to replace it with an empty text",
+        )));
+    }
+    sweep_temporaries(dir, report)?;
+    let flags = OFlag::O_WRONLY
+        | OFlag::O_CREAT
+        | OFlag::O_EXCL
+        | OFlag::O_NOFOLLOW
+        | OFlag::O_NONBLOCK
+        | OFlag::O_CLOEXEC;
+    let mut created = None;
+    for _ in 0..OPEN_TRIES {
+        let name = temporary_name();
+        match openat(
+            &dir.fd,
+            name.as_str(),
+            flags,
+            Mode::from_bits_truncate(FILE_MODE),
+        ) {
+            Ok(fd) => {
+                created = Some((name, File::from(fd)));
+                break;
+            }
+            Err(Errno::EEXIST) => {}
+            Err(e) => return Err(Error::io(op, dir.path.join(name))(e.into())),
+        }
+    }
+    let Some((tmp, mut file)) = created else {
+        return Err(Error::io(op, &path)(std::io::Error::other(
+            "every fresh temporary name was taken",
+        )));
+    };
+    let replaced = file
+        .write_all(text)
+        .map_err(Error::io(op, dir.path.join(&tmp)))
+        .and_then(|()| clear_planted(dir, FILE_NAME, report))
+        .and_then(|_| {
+            renameat(&dir.fd, tmp.as_str(), &dir.fd, FILE_NAME).map_err(|e| {
+                Error::io("replacing the record of handed-out devices", &path)(e.into())
+            })
+        });
+    if replaced.is_err() {
+        let _ = unlinkat(&dir.fd, tmp.as_str(), UnlinkatFlags::NoRemoveDir);
+    }
+    replaced
+}
+
+/// Flushes the record and its journal in `dir`, and the directory itself,
+/// to disk (`fsync` of descriptors opened through the directory's), so the
+/// last [`save`] and [`append`] survive a power loss too. What is at their
+/// names and was not made by the daemon is skipped (the next write removes
+/// it).
+pub(crate) fn flush(dir: &RecordDir) -> Result<()> {
+    let op = "flushing the record of handed-out devices";
+    for name in [FILE_NAME, JOURNAL_NAME] {
+        let path = dir.path.join(name);
+        match look(dir, name) {
+            Ok(Found::Ours) => {}
+            Ok(Found::Nothing | Found::Planted(_)) => continue,
+            Err(e) => return Err(Error::io(op, &path)(e.into())),
+        }
+        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+        match openat(&dir.fd, name, flags, Mode::empty()) {
+            Ok(fd) => {
+                let file = File::from(fd);
+                let st = file.metadata().map_err(Error::io(op, &path))?;
+                if foreign(Stat::from(&st), geteuid().as_raw()).is_none() {
+                    file.sync_all().map_err(Error::io(op, &path))?;
+                }
+            }
+            // Gone or replaced since the look: the next write sees to it.
+            Err(Errno::ENOENT | Errno::ELOOP | Errno::ENXIO) => {}
+            Err(e) => return Err(Error::io(op, &path)(e.into())),
+        }
+    }
+    dir.fd.sync_all().map_err(Error::io(
+        "flushing the directory of the record of handed-out devices",
+        &dir.path,
+    ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::report::{Recorder, Silent};
 
     #[test]
     fn the_journal_replays_over_the_record_last_line_first() {
@@ -515,47 +1007,464 @@ mod tests {
 
     #[test]
     fn save_replaces_the_record_and_leaves_no_temporary_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = path_in(dir.path());
-        assert_eq!(load(&path).unwrap(), None, "no record yet");
-        save(&path, &render([entry("dpMvp0", "dp", 40)]).unwrap()).unwrap();
-        save(&path, &render([entry("dpMvp1", "dp", 41)]).unwrap()).unwrap();
-        let parsed = load(&path).unwrap().unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(
+            RecordDir::open(tmp.path()).unwrap().is_none(),
+            "no record yet"
+        );
+        let dir = RecordDir::open_or_create(tmp.path()).unwrap();
+        assert_eq!(load(&dir, &Silent).unwrap(), None, "no record yet");
+        save(&dir, &render([entry("dpMvp0", "dp", 40)]).unwrap(), &Silent).unwrap();
+        save(&dir, &render([entry("dpMvp1", "dp", 41)]).unwrap(), &Silent).unwrap();
+        let parsed = load(&dir, &Silent).unwrap().unwrap();
         assert_eq!(
             parsed.devices.keys().collect::<Vec<_>>(),
             ["dpMvp1"],
             "the second record replaced the first"
         );
-        let names: Vec<_> = std::fs::read_dir(path.parent().unwrap())
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(names, [FILE_NAME]);
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(path.parent().unwrap())
-            .unwrap()
-            .permissions()
-            .mode();
-        assert_eq!(mode & 0o777, 0o700);
+        assert_eq!(names(&dir_in(tmp.path())), [FILE_NAME]);
+        assert_eq!(mode(&dir_in(tmp.path())), 0o700);
+        assert_eq!(mode(&path_in(tmp.path())), 0o600);
     }
 
     #[test]
     fn save_never_replaces_the_record_with_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = path_in(dir.path());
-        save(&path, &render([entry("dpMvp0", "dp", 40)]).unwrap()).unwrap();
-        assert!(save(&path, b"").is_err(), "an empty record was written");
-        let parsed = load(&path).unwrap().unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = RecordDir::open_or_create(tmp.path()).unwrap();
+        save(&dir, &render([entry("dpMvp0", "dp", 40)]).unwrap(), &Silent).unwrap();
+        assert!(
+            save(&dir, b"", &Silent).is_err(),
+            "an empty record was written"
+        );
+        let parsed = load(&dir, &Silent).unwrap().unwrap();
         assert_eq!(parsed.devices.keys().collect::<Vec<_>>(), ["dpMvp0"]);
     }
 
     #[test]
     fn a_record_too_big_is_an_error() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(FILE_NAME);
-        let f = std::fs::File::create(&path).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = RecordDir::open_or_create(tmp.path()).unwrap();
+        let f = std::fs::File::create(path_in(tmp.path())).unwrap();
         f.set_len(MAX_BYTES + 1).unwrap();
-        let e = load(&path).unwrap_err();
+        let e = load(&dir, &Silent).unwrap_err();
         assert!(e.to_string().contains("more than a record can be"), "{e}");
+    }
+
+    /// The file names in `dir`, sorted.
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// The permission bits of `path` (not following a link).
+    fn mode(path: &Path) -> u32 {
+        std::fs::symlink_metadata(path).unwrap().mode() & 0o7777
+    }
+
+    /// What a planted file can be.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Plant {
+        /// A symbolic link to a file of another program's, elsewhere.
+        LinkToFile,
+        /// A symbolic link to a FIFO elsewhere.
+        LinkToFifo,
+        /// A symbolic link to nothing (yet) elsewhere.
+        Dangling,
+        /// A FIFO.
+        Fifo,
+        /// A socket.
+        Socket,
+        /// A hard link to a file of another program's.
+        HardLink,
+        /// A directory holding a file, a directory and a link to a
+        /// directory elsewhere.
+        Dir,
+    }
+
+    const EVERY_PLANT: [Plant; 7] = [
+        Plant::LinkToFile,
+        Plant::LinkToFifo,
+        Plant::Dangling,
+        Plant::Fifo,
+        Plant::Socket,
+        Plant::HardLink,
+        Plant::Dir,
+    ];
+
+    /// The bytes of the file elsewhere that a followed link would write.
+    const SHIM: &[u8] = b"\x7fELF the multus shim";
+
+    /// A node's device-plugins directory beside another program's
+    /// directory (`cni-bin`, with a file and a FIFO), as a planter would
+    /// aim at.
+    struct Node {
+        _tmp: tempfile::TempDir,
+        plugin: PathBuf,
+        elsewhere: PathBuf,
+    }
+
+    impl Node {
+        fn new() -> Self {
+            let tmp = tempfile::tempdir().unwrap();
+            let plugin = tmp.path().join("device-plugins");
+            let elsewhere = tmp.path().join("cni-bin");
+            std::fs::create_dir(&plugin).unwrap();
+            std::fs::create_dir(&elsewhere).unwrap();
+            std::fs::write(elsewhere.join("multus-shim"), SHIM).unwrap();
+            nix::unistd::mkfifo(&elsewhere.join("fifo"), Mode::from_bits_truncate(0o600)).unwrap();
+            Self {
+                _tmp: tmp,
+                plugin,
+                elsewhere,
+            }
+        }
+
+        /// `name` in the record directory.
+        fn at(&self, name: &str) -> PathBuf {
+            dir_in(&self.plugin).join(name)
+        }
+
+        /// Puts `plant` at `path`.
+        fn plant(&self, path: &Path, plant: Plant) {
+            use std::os::unix::fs::symlink;
+            match plant {
+                Plant::LinkToFile => symlink(self.elsewhere.join("multus-shim"), path).unwrap(),
+                Plant::LinkToFifo => symlink(self.elsewhere.join("fifo"), path).unwrap(),
+                Plant::Dangling => symlink(self.elsewhere.join("not-yet"), path).unwrap(),
+                Plant::Fifo => nix::unistd::mkfifo(path, Mode::from_bits_truncate(0o600)).unwrap(),
+                Plant::Socket => drop(std::os::unix::net::UnixListener::bind(path).unwrap()),
+                Plant::HardLink => {
+                    std::fs::hard_link(self.elsewhere.join("multus-shim"), path).unwrap()
+                }
+                Plant::Dir => {
+                    std::fs::create_dir_all(path.join("sub/deeper")).unwrap();
+                    std::fs::write(path.join("sub/file"), "x").unwrap();
+                    symlink(&self.elsewhere, path.join("sub/deeper/out")).unwrap();
+                }
+            }
+        }
+
+        /// Asserts that nothing elsewhere was written, truncated, created,
+        /// removed or chmodded.
+        fn untouched_elsewhere(&self, after: &str) {
+            assert_eq!(
+                names(&self.elsewhere),
+                ["fifo", "multus-shim"],
+                "after {after}"
+            );
+            let shim = self.elsewhere.join("multus-shim");
+            assert_eq!(std::fs::read(&shim).unwrap(), SHIM, "after {after}");
+            assert_eq!(mode(&shim), 0o644, "after {after}");
+            assert_eq!(mode(&self.elsewhere), 0o755, "after {after}");
+        }
+    }
+
+    /// What `f` returns, failing the test when it takes more than a few
+    /// seconds (an open that blocks on a FIFO) instead of hanging it.
+    fn returns<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("{what} did not return within 10 s (blocked on a FIFO?)"))
+    }
+
+    /// Runs `op` on the record directory of `node` with `plant` at each of
+    /// `names` (and a `Recorder`), off this thread so that a block fails
+    /// the test; gives its result, what was reported and what was logged.
+    fn after_planting<T: Send + 'static>(
+        node: &Node,
+        names: &[&str],
+        plant: Plant,
+        op: impl FnOnce(&RecordDir, &Recorder) -> T + Send + 'static,
+    ) -> (T, Vec<String>, String) {
+        let dir = RecordDir::open_or_create(&node.plugin).unwrap();
+        for name in names {
+            node.plant(&node.at(name), plant);
+        }
+        let report = std::sync::Arc::new(Recorder::default());
+        let told = report.clone();
+        let (out, log) = returns(&format!("{plant:?}"), move || {
+            let (guard, log) = crate::testlog::capture();
+            let out = op(&dir, &told);
+            drop(guard);
+            (out, log.text())
+        });
+        (out, report.lines(), log)
+    }
+
+    /// Asserts that `path` was reported once, as `plant`, to the observer
+    /// and in the log.
+    fn reported_once(said: &[String], log: &str, path: &Path, plant: Plant) {
+        let of_path: Vec<&String> = said
+            .iter()
+            .filter(|l| l.starts_with(&format!("planted {} ", path.display())))
+            .collect();
+        assert_eq!(
+            of_path.len(),
+            1,
+            "{plant:?} at {}: {said:?}",
+            path.display()
+        );
+        let what = match plant {
+            Plant::LinkToFile => "a symbolic link to \"",
+            Plant::LinkToFifo => "a symbolic link to \"",
+            Plant::Dangling => "a symbolic link to \"",
+            Plant::Fifo => "a FIFO",
+            Plant::Socket => "a socket",
+            Plant::HardLink => "a regular file with ",
+            Plant::Dir => "a directory",
+        };
+        assert!(of_path[0].contains(what), "{plant:?}: {}", of_path[0]);
+        assert_eq!(
+            log.matches(&format!("path={} ", path.display())).count(),
+            1,
+            "{plant:?}: one warning naming the path: {log}"
+        );
+        assert!(log.contains("WARN"), "{log}");
+    }
+
+    #[test]
+    fn an_append_removes_what_was_planted_at_the_journal_and_writes_only_its_own() {
+        for plant in EVERY_PLANT {
+            let node = Node::new();
+            let line = journal_line(entry("dpMvp0", "dp", 40)).unwrap();
+            let lines = line.clone();
+            let (out, said, log) = after_planting(&node, &[JOURNAL_NAME], plant, move |d, r| {
+                append(d, &lines, r)
+            });
+            out.unwrap();
+            node.untouched_elsewhere(&format!("an append over {plant:?}"));
+            let shim = std::fs::metadata(node.elsewhere.join("multus-shim")).unwrap();
+            assert_eq!(shim.nlink(), 1, "the planted hard link stayed");
+            reported_once(&said, &log, &node.at(JOURNAL_NAME), plant);
+            let journal = node.at(JOURNAL_NAME);
+            assert_eq!(std::fs::read(&journal).unwrap(), line, "{plant:?}");
+            assert_eq!(mode(&journal), 0o600);
+            // The next append finds its own journal: nothing more reported.
+            let dir = RecordDir::open(&node.plugin).unwrap().unwrap();
+            let r = Recorder::default();
+            append(&dir, &line, &r).unwrap();
+            assert_eq!(r.lines(), Vec::<String>::new());
+        }
+    }
+
+    #[test]
+    fn the_journal_size_never_follows_or_opens_what_was_planted() {
+        for plant in EVERY_PLANT {
+            let node = Node::new();
+            let (len, said, _) =
+                after_planting(&node, &[JOURNAL_NAME], plant, |d, _| journal_len(d));
+            assert_eq!(len, 0, "{plant:?}: sized something else");
+            assert_eq!(said, Vec::<String>::new(), "sizing removes nothing");
+            node.untouched_elsewhere(&format!("sizing {plant:?}"));
+        }
+    }
+
+    #[test]
+    fn clearing_the_journal_removes_what_was_planted_and_truncates_nothing_elsewhere() {
+        for plant in EVERY_PLANT {
+            let node = Node::new();
+            let (out, said, log) =
+                after_planting(&node, &[JOURNAL_NAME], plant, |d, r| clear_journal(d, r));
+            out.unwrap();
+            node.untouched_elsewhere(&format!("clearing {plant:?}"));
+            reported_once(&said, &log, &node.at(JOURNAL_NAME), plant);
+            assert_eq!(names(&dir_in(&node.plugin)), Vec::<String>::new());
+        }
+    }
+
+    #[test]
+    fn a_save_removes_what_was_planted_at_the_record_and_at_temporary_names() {
+        // The name the daemon used to write to (`.tmp.<pid>`, pid 1 in
+        // its container) and one of the new pattern.
+        let stale = [
+            format!("{TMP_PREFIX}1"),
+            format!("{TMP_PREFIX}00000000deadbeef"),
+        ];
+        for plant in EVERY_PLANT {
+            let node = Node::new();
+            let text = render([entry("dpMvp0", "dp", 40)]).unwrap();
+            let names_planted = [FILE_NAME, stale[0].as_str(), stale[1].as_str()];
+            let saved = text.clone();
+            let (out, said, log) =
+                after_planting(&node, &names_planted, plant, move |d, r| save(d, &saved, r));
+            out.unwrap();
+            node.untouched_elsewhere(&format!("a save over {plant:?}"));
+            for name in names_planted {
+                reported_once(&said, &log, &node.at(name), plant);
+            }
+            assert_eq!(said.len(), 3, "{said:?}");
+            assert_eq!(names(&dir_in(&node.plugin)), [FILE_NAME], "{plant:?}");
+            assert_eq!(std::fs::read(node.at(FILE_NAME)).unwrap(), text);
+        }
+    }
+
+    #[test]
+    fn a_temporary_record_gets_a_fresh_name_nobody_can_guess() {
+        let (a, b) = (temporary_name(), temporary_name());
+        assert_ne!(a, b);
+        for name in [&a, &b] {
+            let hex = name.strip_prefix(TMP_PREFIX).unwrap();
+            assert_eq!(hex.len(), 16, "{name}");
+            assert!(hex.bytes().all(|c| c.is_ascii_hexdigit()), "{name}");
+            assert_ne!(hex, format!("{:016x}", std::process::id()));
+        }
+    }
+
+    #[test]
+    fn a_stale_temporary_record_of_the_daemons_own_is_removed_quietly() {
+        let node = Node::new();
+        let dir = RecordDir::open_or_create(&node.plugin).unwrap();
+        std::fs::write(node.at(&format!("{TMP_PREFIX}0123456789abcdef")), "{").unwrap();
+        let r = Recorder::default();
+        assert_eq!(load_all(&dir, &r).unwrap(), None);
+        assert_eq!(r.lines(), Vec::<String>::new(), "it was the daemon's own");
+        assert_eq!(names(&dir_in(&node.plugin)), Vec::<String>::new());
+    }
+
+    #[test]
+    fn loading_at_start_removes_what_was_planted_and_never_blocks() {
+        for plant in EVERY_PLANT {
+            let node = Node::new();
+            let (out, said, log) =
+                after_planting(&node, &[FILE_NAME, JOURNAL_NAME], plant, |d, r| {
+                    load_all(d, r)
+                });
+            assert_eq!(out.unwrap(), None, "{plant:?}: read something else");
+            node.untouched_elsewhere(&format!("loading {plant:?}"));
+            reported_once(&said, &log, &node.at(FILE_NAME), plant);
+            reported_once(&said, &log, &node.at(JOURNAL_NAME), plant);
+            assert_eq!(names(&dir_in(&node.plugin)), Vec::<String>::new());
+        }
+    }
+
+    #[test]
+    fn a_flush_skips_what_was_planted_and_never_blocks() {
+        for plant in EVERY_PLANT {
+            let node = Node::new();
+            let (out, said, _) =
+                after_planting(&node, &[FILE_NAME, JOURNAL_NAME], plant, |d, _| flush(d));
+            out.unwrap();
+            assert_eq!(said, Vec::<String>::new(), "a flush removes nothing");
+            node.untouched_elsewhere(&format!("flushing {plant:?}"));
+        }
+    }
+
+    #[test]
+    fn a_record_directory_that_is_a_link_is_refused_and_never_followed() {
+        use std::os::unix::fs::symlink;
+        for target in ["", "fifo", "not-yet"] {
+            let node = Node::new();
+            symlink(node.elsewhere.join(target), dir_in(&node.plugin)).unwrap();
+            let plugin = node.plugin.clone();
+            for e in returns(target, move || {
+                [
+                    RecordDir::open(&plugin).map(|_| ()),
+                    RecordDir::open_or_create(&plugin).map(|_| ()),
+                ]
+            }) {
+                let e = e.unwrap_err().to_string();
+                assert!(
+                    e.starts_with(&format!(
+                        "the record directory {} is a symbolic link to \"{}\"; refusing to follow it",
+                        dir_in(&node.plugin).display(),
+                        node.elsewhere.join(target).display()
+                    )),
+                    "{e}"
+                );
+                assert!(e.ends_with("remove it, and the daemon makes its own directory there"));
+            }
+            node.untouched_elsewhere(&format!("opening a link to {target:?}"));
+        }
+    }
+
+    #[test]
+    fn a_record_directory_that_is_no_directory_is_refused_and_never_opened() {
+        for (plant, what) in [
+            (Plant::Fifo, "a FIFO"),
+            (Plant::Socket, "a socket"),
+            (Plant::HardLink, "a regular file"),
+        ] {
+            let node = Node::new();
+            node.plant(&dir_in(&node.plugin), plant);
+            let plugin = node.plugin.clone();
+            let e = returns(what, move || RecordDir::open_or_create(&plugin).map(|_| ()))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with(&format!(
+                    "the record directory {} is {what}, not a directory; refusing to use it",
+                    dir_in(&node.plugin).display()
+                )),
+                "{e}"
+            );
+            node.untouched_elsewhere(&format!("opening {plant:?}"));
+        }
+    }
+
+    #[test]
+    fn only_a_directory_of_the_daemons_own_uid_is_used_and_only_with_mode_0700() {
+        let dir = |mode, uid| Stat {
+            mode: SFlag::S_IFDIR.bits() | mode,
+            uid,
+            nlink: 2,
+        };
+        assert_eq!(judge_dir(dir(0o700, 0), "a directory", 0), DirState::Ours);
+        assert_eq!(
+            judge_dir(dir(0o755, 0), "a directory", 0),
+            DirState::Mode(0o755)
+        );
+        assert_eq!(
+            judge_dir(dir(0o2700, 0), "a directory", 0),
+            DirState::Mode(0o2700)
+        );
+        let DirState::Refused(why) = judge_dir(dir(0o700, 1000), "a directory", 0) else {
+            panic!("another user's directory was used");
+        };
+        assert!(
+            why.starts_with("is a directory of uid 1000, not of the daemon's uid 0; refusing"),
+            "{why}"
+        );
+        let link = Stat {
+            mode: SFlag::S_IFLNK.bits() | 0o777,
+            uid: 0,
+            nlink: 1,
+        };
+        assert!(matches!(
+            judge_dir(link, "a symbolic link to \"/x\"", 0),
+            DirState::Refused(why) if why.starts_with("is a symbolic link to \"/x\"; refusing to follow it")
+        ));
+    }
+
+    #[test]
+    fn a_looser_record_directory_is_set_back_to_0700_through_its_descriptor() {
+        use std::os::unix::fs::PermissionsExt;
+        let node = Node::new();
+        let path = dir_in(&node.plugin);
+        std::fs::create_dir(&path).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let log = crate::testlog::logged(|| {
+            RecordDir::open(&node.plugin).unwrap().unwrap();
+        });
+        assert_eq!(mode(&path), 0o700);
+        assert!(
+            log.contains(&format!("dir={}", path.display())) && log.contains("mode=0755"),
+            "{log}"
+        );
+    }
+
+    #[test]
+    fn a_missing_record_directory_is_made_0700_only_for_a_write() {
+        let node = Node::new();
+        assert!(RecordDir::open(&node.plugin).unwrap().is_none());
+        assert!(!dir_in(&node.plugin).exists(), "a read made the directory");
+        RecordDir::open_or_create(&node.plugin).unwrap();
+        assert_eq!(mode(&dir_in(&node.plugin)), 0o700);
     }
 }

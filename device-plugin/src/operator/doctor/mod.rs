@@ -6,12 +6,14 @@
 //! `resources` (each resource's NIC, the devices pods hold, leaked links),
 //! `kubelet` (the kubelet's directory and sockets, the daemon's own
 //! registration), `cni` (the installed CNI and its node settings) and
-//! `kernel` (`/dev` and the macvtap module). [`run`] reads the node and
-//! runs them all.
+//! `kernel` (`/dev` and the macvtap module), `record` (the daemon's record
+//! directory in the shared device-plugins directory). [`run`] reads the
+//! node and runs them all.
 
 pub(crate) mod cni;
 pub(crate) mod kernel;
 pub(crate) mod kubelet;
+pub(crate) mod record;
 pub(crate) mod resources;
 
 use crate::options::Options;
@@ -134,6 +136,10 @@ pub async fn run(opts: &Options, target: &Target) -> Vec<Finding> {
         std::fs::read_to_string(target.proc_dir.join("self/mountinfo")).unwrap_or_default();
     out.push(kernel::check_dev(&target.dev_dir, &mountinfo));
     out.extend(kubelet::check_kubelet(opts));
+    out.push(record::check_record_dir(
+        &opts.plugin_dir(),
+        nix::unistd::geteuid().as_raw(),
+    ));
     let allocated = kubelet::list_allocated(opts).await;
     let resources = resources::gather(opts, allocated.as_ref().ok());
     out.extend(resources.findings);
