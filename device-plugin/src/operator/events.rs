@@ -533,7 +533,7 @@ impl Publisher {
                 reason,
                 code = status.code,
                 error = %status.message,
-                "the API server refused the exit's last Event (an uninstall removes our service account and RBAC first); it says what the log says"
+                "the API server refused the exit's last Event (an uninstall removes our service account and RBAC first); the log line before it says the same"
             ),
             Err(e) => warn!(reason, error = %e, "the exit's last Event could not be posted"),
         }
