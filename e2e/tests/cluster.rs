@@ -231,6 +231,29 @@ impl Run<'_> {
         })
     }
 
+    /// Waits for the DaemonSet's rollout (`kubectl rollout status`), then
+    /// for it Ready and up to date.
+    fn rollout_done(&self) -> Result<()> {
+        self.c.kubectl(&[
+            "-n",
+            NS,
+            "rollout",
+            "status",
+            &format!("ds/{DS}"),
+            "--timeout=180s",
+        ])?;
+        self.wait_ds_ready()
+    }
+
+    /// Follows the log of our daemon's container in pod `pod` until the
+    /// container ends ([`Cluster::log_to_end`]).
+    fn follow_daemon_log(&self, pod: &str) -> Result<macvtap_e2e::cluster::LogFollower> {
+        self.c.follow_logs(
+            &format!("the daemon pod {pod}"),
+            &["-n", NS, pod, "-c", DAEMON],
+        )
+    }
+
     fn daemon_logs(&self) -> Result<String> {
         self.c.kubectl(&[
             "-n",
@@ -958,15 +981,7 @@ fn scenario(run: &mut Run) -> Result<()> {
     let t = Instant::now();
     kustomization("e2e-b", Some(&veth_args))?;
     c.kubectl(&["apply", "-k", &kdir.path().to_string_lossy()])?;
-    c.kubectl(&[
-        "-n",
-        NS,
-        "rollout",
-        "status",
-        &format!("ds/{DS}"),
-        "--timeout=180s",
-    ])?;
-    run.wait_ds_ready()?;
+    run.rollout_done()?;
     let image = run.daemon_pod()?["spec"]["containers"][0]["image"]
         .as_str()
         .unwrap_or("")
@@ -1048,20 +1063,9 @@ fn scenario(run: &mut Run) -> Result<()> {
         "the re-applied DaemonSet should adopt the orphaned pod {orphan_name}; it runs {} instead",
         adopted["metadata"]["name"]
     );
-    let followed = c.follow_logs(
-        &format!("the orphaned daemon pod {orphan_name}"),
-        &["-n", NS, &orphan_name, "-c", DAEMON],
-    )?;
+    let followed = run.follow_daemon_log(&orphan_name)?;
     c.kubectl(&["-n", NS, "rollout", "restart", &format!("ds/{DS}")])?;
-    c.kubectl(&[
-        "-n",
-        NS,
-        "rollout",
-        "status",
-        &format!("ds/{DS}"),
-        "--timeout=180s",
-    ])?;
-    run.wait_ds_ready()?;
+    run.rollout_done()?;
     run.wait_allocatable(CAPACITY)?;
     let old_log = c.log_to_end(followed, WAIT)?;
     let restarted = run.daemon_pod()?;
@@ -1336,10 +1340,7 @@ fn scenario(run: &mut Run) -> Result<()> {
         .as_str()
         .context("our daemon's pod has no name")?
         .to_string();
-    let followed = c.follow_logs(
-        &format!("the daemon pod {daemon_name}"),
-        &["-n", NS, &daemon_name, "-c", DAEMON],
-    )?;
+    let followed = run.follow_daemon_log(&daemon_name)?;
     let kept_events_before = node_event_keys(c, "MacvtapUninstallKept")?;
     c.kubectl(&[
         "delete",
@@ -1496,10 +1497,7 @@ fn scenario(run: &mut Run) -> Result<()> {
         .as_str()
         .context("our daemon's pod has no name")?
         .to_string();
-    let followed = c.follow_logs(
-        &format!("the daemon pod {daemon_name}"),
-        &["-n", NS, &daemon_name, "-c", DAEMON],
-    )?;
+    let followed = run.follow_daemon_log(&daemon_name)?;
     c.helm(&[
         "uninstall",
         HELM_RELEASE,
