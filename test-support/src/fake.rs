@@ -54,6 +54,18 @@ pub fn link(index: u32, name: &str, kind: &str, lower: Option<u32>) -> Link {
     }
 }
 
+/// A physical NIC as the kernel reports it (no kind): `index`, `name`,
+/// and up (operational state `up`, `IFF_UP`) or down.
+pub fn nic(index: u32, name: &str, up: bool) -> Link {
+    Link {
+        index,
+        name: name.into(),
+        oper_state: if up { "up" } else { "down" }.into(),
+        flags: u32::from(up),
+        ..Default::default()
+    }
+}
+
 /// The major number the fake gives every tap device.
 pub const TAP_MAJOR: u64 = 240;
 

@@ -179,11 +179,7 @@ mod tests {
 
     /// A NIC that is up: what health calls healthy.
     fn nic(index: u32, name: &str) -> Link {
-        Link {
-            oper_state: "up".into(),
-            flags: 1,
-            ..link(index, name, None)
-        }
+        test_support::fake::nic(index, name, true)
     }
 
     fn served(names: &[&str], discovered: bool) -> Vec<Wanted> {

@@ -325,15 +325,7 @@ mod tests {
     use macvtap_link::monitor::LinkEvent;
     use tokio::sync::mpsc;
 
-    fn nic(index: u32, name: &str, up: bool) -> Link {
-        Link {
-            index,
-            name: name.into(),
-            oper_state: if up { "up" } else { "down" }.into(),
-            flags: u32::from(up),
-            ..Default::default()
-        }
-    }
+    use test_support::fake::nic;
 
     /// Resources serving `list` among `links`, with the Events they post,
     /// the configurations they publish and what they tell the observer.

@@ -209,15 +209,7 @@ mod tests {
     use super::*;
     use crate::operator::doctor::Level;
 
-    fn nic(index: u32, name: &str, up: bool) -> Link {
-        Link {
-            index,
-            name: name.into(),
-            oper_state: if up { "up" } else { "down" }.into(),
-            flags: u32::from(up),
-            ..Default::default()
-        }
-    }
+    use test_support::fake::nic;
 
     #[test]
     fn each_nic_state_is_one_sentence() {
