@@ -1449,7 +1449,7 @@ fn scenario(run: &mut Run) -> Result<()> {
         .step("install with the chart (helm install), then helm uninstall: the leaked link deleted, the just-handed-out one kept, then nothing of ours left");
     let chart = repo().join("charts/macvtap-rs");
     let resources = format!(
-        r#"config.resources=[{{"name":"dataplane","lowerDevice":"{NIC}","mode":"bridge","capacity":{CAPACITY}}}]"#
+        r#"macvtapResources=[{{"name":"dataplane","lowerDevice":"{NIC}","mode":"bridge","capacity":{CAPACITY}}}]"#
     );
     c.helm(&[
         "install",
@@ -1457,6 +1457,12 @@ fn scenario(run: &mut Run) -> Result<()> {
         &chart.to_string_lossy(),
         "--namespace",
         "default",
+        // Laid out as the kustomize base: our objects in macvtap-system,
+        // which the chart makes and helm uninstall deletes.
+        "--set",
+        &format!("namespace.name={NS}"),
+        "--set",
+        "namespace.create=true",
         "--set",
         &format!("image.repository={IMAGE_REPO}"),
         "--set",
@@ -1467,7 +1473,7 @@ fn scenario(run: &mut Run) -> Result<()> {
     run.wait_ds_ready()?;
     run.wait_allocatable(CAPACITY)?;
     run.steps.say(format!(
-        "{}: Ready; allocatable {RESOURCE}: {CAPACITY} from the chart's config.resources",
+        "{}: Ready; allocatable {RESOURCE}: {CAPACITY} from the chart's macvtapResources",
         run.daemon_pod()?["metadata"]["name"]
             .as_str()
             .unwrap_or("?")
