@@ -5,10 +5,12 @@
 //! for the same values: every field, labels and annotations included (the
 //! chart adds no label of its own, so none is ignored). Beyond that: the
 //! values schema refuses each mistake with Helm's message, the release's
-//! namespace is honoured, and README's table of values is the schema's.
+//! namespace is honoured, the NOTES and the `helm test` pod say and run
+//! what the daemon takes, and README's table of values is the schema's.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use macvtap_deviceplugin::cli::parse_from;
+use k8s_openapi::api::core::v1::Pod;
+use macvtap_deviceplugin::cli::{Command, parse_from};
 use macvtap_deviceplugin::config::{Resources, Source, parse_json};
 use macvtap_e2e::manifests::{
     by_identity, first_difference, parse_docs, render, render_chart, render_chart_in, run_helm,
@@ -60,6 +62,26 @@ fn render_chart_json(sets: &[&str]) -> Vec<Value> {
         args.extend(["--set-json", s]);
     }
     parse_docs(&run_helm(&args).unwrap_or_else(|e| panic!("{e:#}"))).unwrap()
+}
+
+/// What `helm install --dry-run=client -o json` says it would install in
+/// namespace `ns` with `args` (`--set ...`): the release as JSON, with
+/// `manifest`, `hooks` and `info.notes`. No cluster is asked.
+fn dry_run_install(ns: &str, args: &[&str]) -> Value {
+    let dir = chart_dir();
+    let mut a = vec![
+        "install",
+        "macvtap-rs",
+        dir.to_str().unwrap(),
+        "--namespace",
+        ns,
+        "--dry-run=client",
+        "--output",
+        "json",
+    ];
+    a.extend_from_slice(args);
+    let out = run_helm(&a).unwrap_or_else(|e| panic!("{e:#}"));
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
 }
 
 /// Fails unless `chart` (rendered with `sets`) and `kustomized` (from
@@ -119,6 +141,7 @@ fn helm_lint_passes_with_the_defaults_and_every_option() {
             "macvtapResources[0].mode=passthru",
             "macvtapResources[0].capacity=1",
             "metrics.bindAddress=::",
+            "test.enabled=false",
         ],
         vec!["metrics.enabled=false", "namespace.name=other"],
     ] {
@@ -645,6 +668,10 @@ const MISTAKES: &[Mistake] = &[
         &["openshift.scc=yes"],
         "at '/openshift/scc': got string, want boolean",
     ),
+    bad(
+        &["test.enabled=null"],
+        "at '/test': missing property 'enabled'",
+    ),
     // The resources: what the daemon would refuse, refused before.
     bad(
         &[
@@ -808,6 +835,297 @@ fn mistakes_are_refused_with_a_message() {
         "{err}"
     );
     run_helm(&["template", "macvtap-rs", chart, "--kube-version", "1.26.0"]).unwrap();
+}
+
+/// The pod of `helm test`, from `helm template` with the tests.
+fn test_pod(ns: &str, sets: &[&str]) -> Option<Value> {
+    let dir = chart_dir();
+    let mut args = vec![
+        "template",
+        "macvtap-rs",
+        dir.to_str().unwrap(),
+        "--namespace",
+        ns,
+    ];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let docs = parse_docs(&run_helm(&args).unwrap_or_else(|e| panic!("{e:#}"))).unwrap();
+    let mut tests: Vec<Value> = docs
+        .into_iter()
+        .filter(|d| d["metadata"]["annotations"]["helm.sh/hook"] == "test")
+        .collect();
+    assert!(tests.len() <= 1, "one test pod: {tests:?}");
+    tests.pop()
+}
+
+/// `helm test` runs `doctor` on a node of the DaemonSet's, as the daemon
+/// there runs: our image, the daemon's flags (the extra ones too) and
+/// configuration, the same host paths read-only, the same placement; it
+/// is a test hook only (`helm install` does not create it), and it
+/// cannot be adopted by the DaemonSet. Not run here: on a cluster, the
+/// pod's exit (real-node e2e territory, `helm test` after the install).
+#[test]
+fn helm_test_runs_doctor_on_a_node_of_the_daemonset() {
+    let sets = [
+        "extraArgs[0]=--discover-kinds=veth",
+        "imagePullSecrets[0].name=registry-creds",
+        "nodeSelector.macvtap=yes",
+        "kubeletDir=/var/lib/k0s/kubelet",
+        "cniBinDir=/var/lib/cni/bin",
+        "image.pullPolicy=Never",
+        "metrics.port=9500",
+    ];
+    let pod = test_pod("macvtap-system", &sets).expect("a test pod");
+    let typed: Pod = serde_json::from_value(pod.clone()).unwrap();
+    let back = serde_json::to_value(&typed).unwrap();
+    assert_eq!(
+        first_difference(&pod, &back, ""),
+        None,
+        "the test pod has a field Pod does not"
+    );
+    let meta = &pod["metadata"];
+    assert_eq!(meta["namespace"], "macvtap-system");
+    assert_eq!(
+        meta["annotations"]["helm.sh/hook-delete-policy"],
+        "before-hook-creation,hook-succeeded"
+    );
+    let installed = helm_template_in("macvtap-system", &sets);
+    let ds = daemonset(&installed);
+    for (k, _) in ds["spec"]["selector"]["matchLabels"].as_object().unwrap() {
+        assert!(
+            meta["labels"].get(k).is_none(),
+            "the DaemonSet would adopt a pod labelled {k}"
+        );
+    }
+    let spec = &pod["spec"];
+    let ds_spec = &ds["spec"]["template"]["spec"];
+    assert_eq!(spec["restartPolicy"], "Never");
+    assert_eq!(spec["hostNetwork"], true);
+    assert_eq!(spec["automountServiceAccountToken"], false);
+    for field in [
+        "serviceAccountName",
+        "nodeSelector",
+        "tolerations",
+        "imagePullSecrets",
+        "securityContext",
+    ] {
+        assert_eq!(spec[field], ds_spec[field], "{field}");
+    }
+    let main = container(&installed, "containers", "macvtap-deviceplugin");
+    let doctor = &spec["containers"][0];
+    assert_eq!(spec["containers"].as_array().unwrap().len(), 1);
+    for field in ["image", "imagePullPolicy", "command", "resources"] {
+        assert_eq!(doctor[field], main[field], "{field}");
+    }
+    // The daemon's environment for its configuration, and its flags that
+    // say what it serves, then `doctor`.
+    let env = |c: &Value, name: &str| {
+        c["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .cloned()
+    };
+    assert_eq!(env(doctor, "MACVTAP_CONFIG"), env(main, "MACVTAP_CONFIG"));
+    let a = args(doctor);
+    assert_eq!(
+        a,
+        [
+            "--kubelet-dir=/var/lib/k0s/kubelet",
+            "--metrics-addr=0.0.0.0:9500",
+            "--discover-kinds=veth",
+            "doctor"
+        ]
+    );
+    for flag in &a[..a.len() - 1] {
+        assert!(args(main).contains(flag), "the daemon runs without {flag}");
+    }
+    let line = parse_from(std::iter::once("/macvtap-deviceplugin").chain(a.iter().copied()))
+        .unwrap_or_else(|e| panic!("the binary refuses {a:?}: {e}"));
+    let Some(Command::Doctor(d)) = line.args.command else {
+        panic!("{a:?} does not run doctor")
+    };
+    assert!(
+        d.cni_bin_dir.is_none(),
+        "doctor finds the CNI at /host/cni-bin"
+    );
+    assert_eq!(line.args.kubelet_dir, Path::new("/var/lib/k0s/kubelet"));
+    // Every mount read-only, each the daemon's host path at the daemon's
+    // mount point.
+    let host_path = |spec: &Value, volume: &str| {
+        spec["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == volume)
+            .map(|v| {
+                if v.get("configMap").is_some() {
+                    v["configMap"].clone()
+                } else {
+                    v["hostPath"].clone()
+                }
+            })
+            .unwrap_or_else(|| panic!("no volume {volume}"))
+    };
+    let mounts = doctor["volumeMounts"].as_array().unwrap();
+    assert_eq!(mounts.len(), 5, "{mounts:?}");
+    for m in mounts {
+        assert_eq!(m["readOnly"], true, "{m}");
+        let name = m["name"].as_str().unwrap();
+        let theirs = main["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["name"] == name)
+            .unwrap_or_else(|| panic!("the daemon has no mount {name}"));
+        assert_eq!(m["mountPath"], theirs["mountPath"], "{name}");
+        assert_eq!(host_path(spec, name), host_path(ds_spec, name), "{name}");
+    }
+    let caps = &doctor["securityContext"]["capabilities"];
+    assert_eq!(caps["drop"], serde_json::json!(["ALL"]));
+    assert!(caps.get("add").is_none(), "doctor only reads: {caps}");
+
+    // A hook of `helm test` only: Helm lists it as such, `helm install`
+    // does not create it, and test.enabled=false drops it.
+    let release = dry_run_install("macvtap-system", &[]);
+    let hooks = release["hooks"].as_array().unwrap();
+    assert_eq!(hooks.len(), 1, "{hooks:?}");
+    assert_eq!(hooks[0]["events"], serde_json::json!(["test"]));
+    assert_eq!(hooks[0]["kind"], "Pod");
+    assert_eq!(hooks[0]["name"], "macvtap-cni-doctor");
+    let manifest = parse_docs(release["manifest"].as_str().unwrap()).unwrap();
+    assert!(!manifest.iter().any(|d| d["kind"] == "Pod"));
+    assert!(test_pod("macvtap-system", &["test.enabled=false"]).is_none());
+}
+
+/// The NOTES `helm install` prints, for a release in `ns` with `sets`.
+fn notes(ns: &str, sets: &[&str]) -> String {
+    let mut args = Vec::new();
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let release = dry_run_install(ns, &args);
+    release["info"]["notes"].as_str().unwrap().to_string()
+}
+
+/// The lines of `notes` after the line holding `from`, up to the line
+/// holding `to`, without their common indentation.
+fn block(notes: &str, from: &str, to: &str) -> String {
+    let lines: Vec<&str> = notes
+        .lines()
+        .skip_while(|l| !l.contains(from))
+        .skip(1)
+        .take_while(|l| !l.contains(to))
+        .collect();
+    let indent = lines
+        .iter()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.len() - l.trim_start().len())
+        .min()
+        .unwrap_or(0);
+    lines
+        .iter()
+        .map(|l| format!("{}\n", l.get(indent..).unwrap_or("")))
+        .collect()
+}
+
+/// The NOTES' next steps work as written: the binding patch is
+/// manifests/examples/kubevirt-cr-patch.yaml's, the NAD is one the CNI and
+/// the device plugin take, for a resource the release advertises, and the
+/// doctor command selects our pods on a chosen node and runs the binary
+/// where the image has it.
+#[test]
+fn the_notes_give_the_next_steps() {
+    let text = notes(
+        "macvtap-system",
+        &[
+            "macvtapResources[0].name=dataplane",
+            "macvtapResources[0].lowerDevice=eth1",
+        ],
+    );
+    // The binding registration: the example's patch, as one merge patch.
+    let patch_line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("-p '"))
+        .unwrap_or_else(|| panic!("no patch in:\n{text}"));
+    let patch: Value = serde_json::from_str(
+        patch_line
+            .trim()
+            .trim_start_matches("-p '")
+            .trim_end_matches('\''),
+    )
+    .unwrap();
+    let example = &parse_docs(
+        &std::fs::read_to_string(root().join("manifests/examples/kubevirt-cr-patch.yaml")).unwrap(),
+    )
+    .unwrap()[0];
+    assert_eq!(patch["spec"], example["spec"]);
+    assert!(text.contains("kubectl -n kubevirt patch kubevirt kubevirt --type merge"));
+    // The NAD: for the resource the values name.
+    let nad = &parse_docs(&block(&text, "kubectl apply -f - <<'END'", "END")).unwrap()[0];
+    assert_eq!(nad["kind"], "NetworkAttachmentDefinition");
+    assert_eq!(
+        nad["metadata"]["annotations"]["k8s.v1.cni.cncf.io/resourceName"],
+        "macvtap.network.kubevirt.io/dataplane"
+    );
+    let conf: Value = serde_json::from_str(nad["spec"]["config"].as_str().unwrap()).unwrap();
+    assert_eq!(conf["type"], "macvtap");
+    assert_eq!(conf["name"], nad["metadata"]["name"]);
+    let example_nad =
+        &parse_docs(&std::fs::read_to_string(root().join("manifests/examples/nad.yaml")).unwrap())
+            .unwrap()[0];
+    let example_conf: Value =
+        serde_json::from_str(example_nad["spec"]["config"].as_str().unwrap()).unwrap();
+    assert_eq!(conf["cniVersion"], example_conf["cniVersion"]);
+    // doctor on a chosen node: our pods by the DaemonSet's selector, the
+    // daemon's container, the binary's path in the image.
+    let installed = helm_template_in(
+        "macvtap-system",
+        &[
+            "macvtapResources[0].name=dataplane",
+            "macvtapResources[0].lowerDevice=eth1",
+        ],
+    );
+    let ds = daemonset(&installed);
+    let selector: Vec<String> = ds["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap()))
+        .collect();
+    let main = container(&installed, "containers", "macvtap-deviceplugin");
+    let want = format!(
+        "kubectl -n macvtap-system exec $(kubectl -n macvtap-system get pod -l {} --field-selector spec.nodeName=NODE -o name) \\\n       -c {} -- {} doctor",
+        selector.join(","),
+        main["name"].as_str().unwrap(),
+        main["command"][0].as_str().unwrap()
+    );
+    assert!(text.contains(&want), "no {want:?} in:\n{text}");
+    assert!(text.contains("helm test macvtap-rs -n macvtap-system --logs"));
+    assert!(text.contains("kubectl -n macvtap-system rollout status ds/macvtap-cni"));
+    assert!(text.contains("It lists macvtap.network.kubevirt.io/dataplane (macvtapResources)."));
+    // Not made by the chart: how to label it for the DaemonSet.
+    assert!(text.contains(
+        "kubectl label namespace macvtap-system pod-security.kubernetes.io/enforce=privileged"
+    ));
+
+    // Auto-discovery: the NIC is the user's to fill in; the chart's own
+    // namespace needs no label; no helm test line without the test.
+    let text = notes(
+        "default",
+        &[&AS_THE_BASE[..], &["test.enabled=false"]].concat(),
+    );
+    let nad = &parse_docs(&block(&text, "kubectl apply -f - <<'END'", "END")).unwrap()[0];
+    assert_eq!(
+        nad["metadata"]["annotations"]["k8s.v1.cni.cncf.io/resourceName"],
+        "macvtap.network.kubevirt.io/NIC"
+    );
+    assert!(text.contains("(NIC: one that step 1 lists)"));
+    assert!(text.contains("kubectl -n macvtap-system exec $(kubectl -n macvtap-system get pod"));
+    assert!(!text.contains("kubectl label namespace"));
+    assert!(!text.contains("helm test"));
 }
 
 /// A schema node with `$ref` resolved against the schema's definitions.
