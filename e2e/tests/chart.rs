@@ -863,8 +863,8 @@ fn test_pod(ns: &str, sets: &[&str]) -> Option<Value> {
 /// there runs: our image, the daemon's flags (the extra ones too) and
 /// configuration, the same host paths read-only, the same placement; it
 /// is a test hook only (`helm install` does not create it), and it
-/// cannot be adopted by the DaemonSet. Not run here: on a cluster, the
-/// pod's exit (real-node e2e territory, `helm test` after the install).
+/// cannot be adopted by the DaemonSet. The pod's run on a cluster is the
+/// real-node e2e's (`helm test` after the chart's install, cluster.rs).
 #[test]
 fn helm_test_runs_doctor_on_a_node_of_the_daemonset() {
     let sets = [
