@@ -1,6 +1,8 @@
 //! What README and SECURITY.md say about the manifests, held to the
 //! manifests: SECURITY.md's table of the daemon's API grants is exactly
-//! the rules the kustomizations and the chart render.
+//! the rules the kustomizations and the chart render; README's `doctor`
+//! command finds our pod on the chosen node by the DaemonSet's own
+//! namespace, selector and container and runs the program the image has.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use macvtap_e2e::manifests::{render, render_chart};
@@ -206,4 +208,197 @@ fn a_grant_missing_from_security_md_is_caught() {
     let mut wider = documented_grants(&wider);
     wider.sort();
     assert_ne!(rendered_grants("base", &docs), wider);
+}
+
+/// `text` split into words as sh would for the quoting README uses
+/// (single and double quotes; `$(...)` kept as one word).
+fn shell_words(text: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut in_word = false;
+    let mut quote: Option<char> = None;
+    let mut depth = 0;
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if depth > 0 {
+            word.push(c);
+            match c {
+                '(' => depth += 1,
+                ')' => depth -= 1,
+                _ => {}
+            }
+            continue;
+        }
+        match (quote, c) {
+            (_, '$') if chars.peek() == Some(&'(') => {
+                word.push(c);
+                word.push(chars.next().unwrap());
+                depth = 1;
+                in_word = true;
+            }
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => word.push(c),
+            (None, '\'' | '"') => {
+                quote = Some(c);
+                in_word = true;
+            }
+            (None, c) if c.is_whitespace() => {
+                if in_word {
+                    words.push(std::mem::take(&mut word));
+                    in_word = false;
+                }
+            }
+            (None, c) => {
+                word.push(c);
+                in_word = true;
+            }
+        }
+    }
+    if in_word {
+        words.push(word);
+    }
+    words
+}
+
+/// The value after `flag` in `words`.
+fn flag<'a>(words: &'a [String], flag: &str) -> Option<&'a str> {
+    words
+        .iter()
+        .position(|w| w == flag)
+        .and_then(|i| words.get(i + 1))
+        .map(String::as_str)
+}
+
+/// README's `kubectl ... exec ... doctor` command of its *Doctor*
+/// section, continuation lines joined, as words.
+fn readme_doctor_command(readme: &str) -> Vec<String> {
+    let doctor = section(readme, "### Doctor");
+    let block = doctor
+        .split("```sh\n")
+        .skip(1)
+        .map(|b| b.split("```").next().unwrap())
+        .find(|b| b.contains("kubectl") && b.contains(" exec "))
+        .expect("README's Doctor section has a kubectl exec block");
+    let joined = block.replace("\\\n", " ");
+    let line = joined
+        .lines()
+        .find(|l| l.trim_start().starts_with("kubectl"))
+        .unwrap();
+    shell_words(line.split(" #").next().unwrap())
+}
+
+/// What is wrong with `command` (README's doctor command) for our
+/// DaemonSet `ds`: the namespace, the pod's selector and node, the
+/// container and the program it runs.
+fn doctor_command_problems(command: &[String], ds: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    let ns = ds["metadata"]["namespace"].as_str().unwrap();
+    if flag(command, "-n") != Some(ns) {
+        out.push(format!("exec's namespace is not the DaemonSet's {ns}"));
+    }
+    let Some(dashes) = command.iter().position(|w| w == "--") else {
+        return vec!["no `--` before the program".into()];
+    };
+    let Some(sub) = command[..dashes].iter().find(|w| w.starts_with("$(")) else {
+        out.push("the pod is not looked up on the node (no `$(kubectl get pod ...)`)".into());
+        return out;
+    };
+    let inner = shell_words(sub.trim_start_matches("$(").trim_end_matches(')'));
+    if inner.first().map(String::as_str) != Some("kubectl")
+        || !inner
+            .windows(2)
+            .any(|w| w[0] == "get" && (w[1] == "pod" || w[1] == "pods"))
+    {
+        out.push(format!("{inner:?} does not get pods"));
+    }
+    if flag(&inner, "-n") != Some(ns) {
+        out.push(format!("the pod lookup's namespace is not {ns}"));
+    }
+    let selector: BTreeSet<(String, String)> = flag(&inner, "-l")
+        .unwrap_or("")
+        .split(',')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let labels = |v: &Value| -> BTreeSet<(String, String)> {
+        v.as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
+            .collect()
+    };
+    let match_labels = labels(&ds["spec"]["selector"]["matchLabels"]);
+    let pod_labels = labels(&ds["spec"]["template"]["metadata"]["labels"]);
+    if selector != match_labels || !selector.is_subset(&pod_labels) {
+        out.push(format!(
+            "the pod selector {selector:?} is not the DaemonSet's {match_labels:?}"
+        ));
+    }
+    let node = flag(&inner, "--field-selector").unwrap_or("");
+    if !node.starts_with("spec.nodeName=") || node.len() == "spec.nodeName=".len() {
+        out.push(format!("the pod is not chosen by its node: {node:?}"));
+    }
+    if flag(&inner, "-o") != Some("name") {
+        out.push("the lookup does not print the pod as exec takes it (`-o name`)".into());
+    }
+    let spec = &ds["spec"]["template"]["spec"];
+    let container = flag(command, "-c").unwrap_or("");
+    let Some(c) = spec["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == container)
+    else {
+        out.push(format!("the DaemonSet has no container {container:?}"));
+        return out;
+    };
+    let program = c["command"][0].as_str().unwrap();
+    let run: Vec<&str> = command[dashes + 1..].iter().map(String::as_str).collect();
+    if run != [program, "doctor"] {
+        out.push(format!(
+            "runs {run:?}, but the container's program is {program} (the image has no PATH to find it)"
+        ));
+    }
+    out
+}
+
+#[test]
+fn readme_doctor_runs_in_our_pod_on_the_chosen_node() {
+    let command = readme_doctor_command(&read("README.md"));
+    for (what, docs) in renderings() {
+        let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
+        let wrong = doctor_command_problems(&command, ds);
+        assert!(
+            wrong.is_empty(),
+            "{what}: README's {command:?}:\n{}",
+            wrong.join("\n")
+        );
+        let program = ds["spec"]["template"]["spec"]["containers"][0]["command"][0]
+            .as_str()
+            .unwrap();
+        assert!(
+            read("hack/image-rootfs.sh").contains(&format!("\"$root{program}\"")),
+            "the image has {program}"
+        );
+    }
+}
+
+#[test]
+fn a_doctor_command_on_an_arbitrary_node_is_caught() {
+    let (_, docs) = renderings().remove(0);
+    let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
+    let old = shell_words(
+        "kubectl -n macvtap-system exec ds/macvtap-cni -c macvtap-deviceplugin -- macvtap-deviceplugin doctor",
+    );
+    let wrong = doctor_command_problems(&old, ds).join("\n");
+    assert!(wrong.contains("not looked up on the node"), "{wrong}");
+    let other_label = shell_words(
+        r#"kubectl -n macvtap-system exec -c macvtap-deviceplugin "$(kubectl -n macvtap-system get pod -l app=macvtap --field-selector spec.nodeName="$NODE" -o name)" -- macvtap-deviceplugin doctor"#,
+    );
+    let wrong = doctor_command_problems(&other_label, ds).join("\n");
+    assert!(wrong.contains("is not the DaemonSet's"), "{wrong}");
+    assert!(
+        wrong.contains("the container's program is /macvtap-deviceplugin"),
+        "{wrong}"
+    );
 }
