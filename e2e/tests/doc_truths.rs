@@ -2,7 +2,9 @@
 //! manifests: SECURITY.md's table of the daemon's API grants is exactly
 //! the rules the kustomizations and the chart render; README's `doctor`
 //! command finds our pod on the chosen node by the DaemonSet's own
-//! namespace, selector and container and runs the program the image has.
+//! namespace, selector and container and runs the program the image has;
+//! SECURITY.md says how to report a vulnerability, through the repository
+//! that `Cargo.toml` names.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use macvtap_e2e::manifests::{render, render_chart};
@@ -400,5 +402,32 @@ fn a_doctor_command_on_an_arbitrary_node_is_caught() {
     assert!(
         wrong.contains("the container's program is /macvtap-deviceplugin"),
         "{wrong}"
+    );
+}
+
+#[test]
+fn security_md_says_how_to_report_a_vulnerability() {
+    let manifest = read("Cargo.toml");
+    let repo = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("repository = "))
+        .expect("Cargo.toml names the repository")
+        .trim_matches('"');
+    let security = read("SECURITY.md");
+    let text = section(&security, "## Reporting a vulnerability");
+    assert!(
+        text.contains(&format!("{repo}/security/advisories/new")),
+        "private reports through {repo}'s security advisories:\n{text}"
+    );
+    for needed in ["privately", "version", "reproduce", "acknowledge"] {
+        assert!(text.contains(needed), "the section says {needed:?}");
+    }
+    assert!(
+        !text.contains('@'),
+        "no e-mail address: the repository's advisories are the channel"
+    );
+    assert!(
+        security.contains("](#reporting-a-vulnerability)"),
+        "linked from the top"
     );
 }
