@@ -3,6 +3,8 @@
 //! the rules the kustomizations and the chart render; README's `doctor`
 //! command finds our pod on the chosen node by the DaemonSet's own
 //! namespace, selector and container and runs the program the image has;
+//! README's migration copies the Go project's ConfigMap (name and key of
+//! `e2e/fixtures/`) into the one our DaemonSet mounts, in our namespace;
 //! SECURITY.md says how to report a vulnerability, through the repository
 //! that `Cargo.toml` names.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -429,5 +431,112 @@ fn security_md_says_how_to_report_a_vulnerability() {
     assert!(
         security.contains("](#reporting-a-vulnerability)"),
         "linked from the top"
+    );
+}
+
+/// README's migration copies the Go project's ConfigMap (by the name and
+/// key of `e2e/fixtures/`, as upstream and cluster-network-addons-operator
+/// make it) into the one our DaemonSet mounts, in our namespace, which it
+/// applies from our own Namespace file.
+#[test]
+fn readme_migration_copies_the_go_configmap_into_ours() {
+    let readme = read("README.md");
+    let upgrade = section(&readme, "### From kubevirt/macvtap-cni");
+    let block = upgrade
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("the migration has a sh block")
+        .replace("\\\n", " ");
+    let lines: Vec<Vec<String>> = block
+        .lines()
+        .map(|l| shell_words(l.split(" #").next().unwrap()))
+        .filter(|w| w.first().map(String::as_str) == Some("kubectl"))
+        .collect();
+    let (_, docs) = renderings().remove(0);
+    let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
+    let ours = ds["metadata"]["namespace"].as_str().unwrap();
+    let mounted = ds["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|v| v["configMap"]["name"].as_str())
+        .unwrap();
+    let ns_file = lines
+        .iter()
+        .find_map(|w| flag(w, "-f"))
+        .expect("the Namespace applied from a file");
+    let ns_doc = &macvtap_e2e::manifests::parse_docs(&read(ns_file)).unwrap()[0];
+    assert_eq!(ns_doc["kind"], "Namespace");
+    assert_eq!(
+        ns_doc["metadata"]["name"], ours,
+        "{ns_file} is our namespace"
+    );
+
+    let create = lines
+        .iter()
+        .find(|w| {
+            w.windows(2)
+                .any(|p| p[0] == "create" && p[1] == "configmap")
+        })
+        .expect("the ConfigMap created");
+    assert_eq!(flag(create, "-n"), Some(ours));
+    let at = create.iter().position(|w| w == "configmap").unwrap();
+    assert_eq!(
+        create[at + 1],
+        mounted,
+        "the ConfigMap our DaemonSet mounts"
+    );
+    let literal = create
+        .iter()
+        .find_map(|w| w.strip_prefix("--from-literal="))
+        .expect("--from-literal=KEY=...");
+    let (key, value) = literal.split_once('=').unwrap();
+    let file = ds["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "MACVTAP_CONFIG")
+        .and_then(|e| e["value"].as_str())
+        .unwrap();
+    assert!(
+        file.ends_with(&format!("/{key}")),
+        "the daemon reads key {key}: {file}"
+    );
+
+    let inner = shell_words(value.trim_start_matches("$(").trim_end_matches(')'));
+    let go = [
+        (
+            "go-macvtap.yaml",
+            macvtap_e2e::manifests::go_macvtap("x", "[]").unwrap().0,
+        ),
+        (
+            "cnao-macvtap.yaml",
+            macvtap_e2e::manifests::cnao_macvtap("x", "x", "[]")
+                .unwrap()
+                .0,
+        ),
+    ];
+    for (fixture, cm) in go {
+        let at = inner
+            .iter()
+            .position(|w| w == "configmap")
+            .expect("get configmap");
+        assert_eq!(
+            inner[at + 1],
+            cm["metadata"]["name"],
+            "{fixture}'s ConfigMap"
+        );
+        assert_eq!(
+            flag(&inner, "-o"),
+            Some(format!("jsonpath={{.data.{key}}}").as_str()),
+            "{fixture}'s key"
+        );
+        assert!(cm["data"].get(key).is_some(), "{fixture} has {key}");
+    }
+    assert_eq!(
+        flag(&inner, "-n"),
+        Some("$GO_NS"),
+        "from the Go DaemonSet's namespace"
     );
 }
