@@ -16,14 +16,20 @@ if [ -z "$target" ]; then
   fi
 fi
 # An explicit --target keeps build scripts and proc macros dynamic.
-# Source paths in the binaries (panic locations) name the repository and the
-# crates as /macvtap-rs/... and /cargo/..., never this machine's directories.
+# Source paths in the binaries (panic locations) name the repository, the
+# crates and cargo's output as /macvtap-rs/..., /cargo/... and /target/...,
+# never this machine's directories.
+# Cargo's target dir ($CARGO_TARGET_DIR, which may be outside the
+# repository) holds the generated code build scripts write: /target.
 cargo_home=${CARGO_HOME:-${HOME:-/root}/.cargo}
-RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static --remap-path-prefix=$PWD=/macvtap-rs --remap-path-prefix=$cargo_home=/cargo" \
+target_dir=${CARGO_TARGET_DIR:-target}
+mkdir -p "$target_dir"
+target_dir=$(cd "$target_dir" && pwd)
+RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static --remap-path-prefix=$PWD=/macvtap-rs --remap-path-prefix=$cargo_home=/cargo --remap-path-prefix=$target_dir=/target" \
   cargo build --release --locked --target "$target" -p macvtap-cni -p macvtap-deviceplugin
 mkdir -p "$out"
 for b in macvtap macvtap-deviceplugin; do
-  cp "${CARGO_TARGET_DIR:-target}/$target/release/$b" "$out/$b"
+  cp "$target_dir/$target/release/$b" "$out/$b"
 done
 echo "static binaries ($target) in $out:"
 ls -l "$out/macvtap" "$out/macvtap-deviceplugin"
