@@ -124,6 +124,17 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(info.encode_to_vec(), vec![0x22, 1, b'v']);
+        // PodResources ClaimResource: driver_name 2, pool_name 3, device_name 4.
+        let res = crate::podresources::v1::ClaimResource {
+            driver_name: "d".into(),
+            pool_name: "p".into(),
+            device_name: "x".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            res.encode_to_vec(),
+            vec![0x12, 1, b'd', 0x1a, 1, b'p', 0x22, 1, b'x']
+        );
     }
 
     #[cfg(feature = "grpc")]
