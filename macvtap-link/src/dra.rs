@@ -165,7 +165,10 @@ mod tests {
             for i in [0, 7, 99, u32::MAX] {
                 let d = dra_device_name(name, i);
                 assert!(is_dns_label(&d), "{name} {i}: {d:?} is not a DNS label");
-                assert_eq!(dra_device_index(name, u32::MAX, &d), (i < u32::MAX).then_some(i));
+                assert_eq!(
+                    dra_device_index(name, u32::MAX, &d),
+                    (i < u32::MAX).then_some(i)
+                );
             }
         }
     }

@@ -40,7 +40,10 @@ pub mod dra {
     /// DRA plugin API, package `k8s.io.kubelet.pkg.apis.dra.v1`.
     #[allow(missing_docs, clippy::all, clippy::unwrap_used, clippy::expect_used)]
     pub mod v1 {
-        include!(concat!(env!("OUT_DIR"), "/k8s.io.kubelet.pkg.apis.dra.v1.rs"));
+        include!(concat!(
+            env!("OUT_DIR"),
+            "/k8s.io.kubelet.pkg.apis.dra.v1.rs"
+        ));
 
         /// The service name a DRA plugin lists in `PluginInfo.supported_versions`.
         pub const SERVICE: &str = "v1.DRAPlugin";

@@ -1,0 +1,6 @@
+//! The DRA front: the same macvtaps as the device plugin front, served to
+//! the kubelet through Dynamic Resource Allocation (`resource.k8s.io/v1`).
+//!
+//! - [`slices`]: the node's ResourceSlices as plain values and what must be
+//!   written for the published ones to match.
+pub mod slices;
