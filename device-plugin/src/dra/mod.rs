@@ -1,9 +1,12 @@
 //! The DRA front: the same macvtaps as the device plugin front, served to
 //! the kubelet through Dynamic Resource Allocation (`resource.k8s.io/v1`).
 //!
+//! - [`cdi`]: the CDI spec per prepared claim that gives its containers
+//!   their `/dev/tapN`, and the front's record of what it prepared.
 //! - [`claims`]: which of this node's devices a ResourceClaim was allocated.
 //! - [`slices`]: the node's ResourceSlices as plain values and what must be
 //!   written for the published ones to match.
 
+pub mod cdi;
 pub mod claims;
 pub mod slices;
