@@ -4,9 +4,12 @@
 //! - [`cdi`]: the CDI spec per prepared claim that gives its containers
 //!   their `/dev/tapN`, and the front's record of what it prepared.
 //! - [`claims`]: which of this node's devices a ResourceClaim was allocated.
+//! - [`prepare`]: NodePrepareResources and NodeUnprepareResources of one
+//!   claim, as plain functions on the core.
 //! - [`slices`]: the node's ResourceSlices as plain values and what must be
 //!   written for the published ones to match.
 
 pub mod cdi;
 pub mod claims;
+pub mod prepare;
 pub mod slices;
