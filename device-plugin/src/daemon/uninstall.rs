@@ -76,7 +76,7 @@ async fn clean(exit: Exit) {
     }
     exit.assignments.close();
     let held = match list_allocated(&exit.opts.pod_resources_socket(), ASK_KUBELET).await {
-        Ok(ids) => Held::Devices(ids),
+        Ok(held) => Held::Devices(held.ids(&exit.resources)),
         Err(e) => Held::Unknown(e.to_string()),
     };
     let Exit {

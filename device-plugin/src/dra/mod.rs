@@ -6,10 +6,13 @@
 //! - [`claims`]: which of this node's devices a ResourceClaim was allocated.
 //! - [`prepare`]: NodePrepareResources and NodeUnprepareResources of one
 //!   claim, as plain functions on the core.
+//! - [`server`]: the registration and `v1.DRAPlugin` gRPC servers, which
+//!   only translate.
 //! - [`slices`]: the node's ResourceSlices as plain values and what must be
 //!   written for the published ones to match.
 
 pub mod cdi;
 pub mod claims;
 pub mod prepare;
+pub mod server;
 pub mod slices;

@@ -47,8 +47,9 @@ pub struct Front<'a, 'k> {
     pub serial: &'a Mutex<()>,
 }
 
-/// The answer for claim `uid` whose devices are `devices`.
-fn answer(uid: &str, pool: &str, devices: &[Prepared]) -> Vec<Device> {
+/// The kubelet's answer for claim `uid` of pool `pool` whose devices are
+/// `devices`: each with its requests and its one CDI device ID.
+pub fn answer(uid: &str, pool: &str, devices: &[Prepared]) -> Vec<Device> {
     devices
         .iter()
         .map(|d| Device {
@@ -76,7 +77,7 @@ impl Front<'_, '_> {
         &self,
         uid: &str,
         fetch: impl FnOnce() -> Result<ResourceClaim>,
-    ) -> Result<Vec<Device>> {
+    ) -> Result<Vec<Prepared>> {
         check_claim_uid(uid)?;
         let _serial = self.serial.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(devices) = self.recorded(uid)? {
@@ -84,7 +85,7 @@ impl Front<'_, '_> {
                 claim_uid = uid,
                 "claim prepared before: answered from its CDI spec"
             );
-            return Ok(answer(uid, self.pool, &devices));
+            return Ok(devices);
         }
         let claim = fetch()?;
         let wanted = allocated(&claim, uid, self.pool, self.served)?;
@@ -94,7 +95,7 @@ impl Front<'_, '_> {
             Ok(devices)
         });
         match result {
-            Ok(devices) => Ok(answer(uid, self.pool, &devices)),
+            Ok(devices) => Ok(devices),
             Err(e) => {
                 self.delete_made(&made);
                 Err(e)
@@ -334,6 +335,7 @@ mod tests {
         let got = node
             .with(|f| f.prepare("u-1", || Ok(claim("u-1", &["eth1-mvp-2", "eth2-mvp-0"]))))
             .unwrap();
+        let got = answer("u-1", "n", &got);
         assert_eq!(got.len(), 2);
         assert_eq!(got[0].pool_name, "n");
         assert_eq!(got[0].device_name, "eth1-mvp-2");

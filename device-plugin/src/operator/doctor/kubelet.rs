@@ -8,7 +8,6 @@ use crate::core::degraded::Degraded;
 use crate::core::reclaim;
 use crate::options::Options;
 use kubelet_proto::v1beta1::KUBELET_SOCKET;
-use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 use std::os::unix::fs::FileTypeExt;
@@ -95,9 +94,9 @@ pub(crate) fn check_pod_resources(socket: &Path) -> Finding {
     }
 }
 
-/// The device IDs pods hold, per the kubelet's PodResources `List` (the
+/// What pods hold of ours, per the kubelet's PodResources `List` (the
 /// reclaimer's call).
-pub(crate) async fn list_allocated(opts: &Options) -> Result<HashSet<String>, String> {
+pub(crate) async fn list_allocated(opts: &Options) -> Result<reclaim::Held, String> {
     reclaim::list_allocated(&opts.pod_resources_socket(), TIMEOUT)
         .await
         .map_err(|e| e.to_string())
