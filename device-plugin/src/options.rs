@@ -44,6 +44,24 @@ pub struct Options {
     /// The CNI binary this image ships: the installed one is removed at an
     /// uninstall only when its bytes are these.
     pub uninstall_cni_source: PathBuf,
+    /// Which kubelet API serves the resources on this node.
+    pub front: Front,
+    /// The runtime's CDI spec directory, where the DRA front writes a spec
+    /// per prepared claim.
+    pub cdi_dir: PathBuf,
+}
+
+/// The kubelet API through which a node's macvtap resources are served:
+/// one per node, so a resource name is never served by both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Front {
+    /// The device plugin API: extended resources in the Node's allocatable.
+    #[default]
+    DevicePlugin,
+    /// Dynamic Resource Allocation: ResourceSlices of driver
+    /// `macvtap.network.kubevirt.io`, requested under the same names
+    /// through a DeviceClass's `extendedResourceName` (Kubernetes 1.37+).
+    Dra,
 }
 
 impl Options {
@@ -119,6 +137,8 @@ impl Options {
             owner: None,
             uninstall_cni_dir: None,
             uninstall_cni_source: PathBuf::from("/macvtap"),
+            front: Front::DevicePlugin,
+            cdi_dir: PathBuf::from("/var/run/cdi"),
         }
     }
 }

@@ -6,6 +6,8 @@
 //! - [`claims`]: which of this node's devices a ResourceClaim was allocated.
 //! - [`prepare`]: NodePrepareResources and NodeUnprepareResources of one
 //!   claim, as plain functions on the core.
+//! - [`publish`]: keeps the published ResourceSlices saying what the node
+//!   offers.
 //! - [`server`]: the registration and `v1.DRAPlugin` gRPC servers, which
 //!   only translate.
 //! - [`slices`]: the node's ResourceSlices as plain values and what must be
@@ -14,5 +16,6 @@
 pub mod cdi;
 pub mod claims;
 pub mod prepare;
+pub mod publish;
 pub mod server;
 pub mod slices;

@@ -40,10 +40,10 @@ pub const MAX_DEVICES: usize = 64;
 pub const UNHEALTHY_TAINT: &str = "macvtap.network.kubevirt.io/nic-unhealthy";
 
 /// One served resource as the slices show it.
-#[derive(Debug, Clone)]
-pub struct Offered<'a> {
+#[derive(Debug, Clone, PartialEq)]
+pub struct Offered {
     /// The resource.
-    pub cfg: &'a ResourceConfig,
+    pub cfg: ResourceConfig,
     /// Why its NIC is unhealthy (a `NicHealth` reason), or `None`.
     pub unhealthy: Option<&'static str>,
 }
@@ -58,10 +58,10 @@ fn text(value: String) -> DeviceAttribute {
 
 /// The devices `offered` publish, resource after resource, each in index
 /// order.
-pub fn devices(offered: &[Offered<'_>]) -> Vec<Device> {
+pub fn devices(offered: &[Offered]) -> Vec<Device> {
     let mut out = Vec::new();
     for o in offered {
-        let cfg = o.cfg;
+        let cfg = &o.cfg;
         let taints = o.unhealthy.map(|reason| {
             vec![DeviceTaint {
                 key: UNHEALTHY_TAINT.to_string(),
@@ -288,7 +288,7 @@ mod tests {
     fn each_device_carries_the_names_multus_and_the_cni_read() {
         let eth1 = cfg("eth1", "eth1", 2);
         let ds = devices(&[Offered {
-            cfg: &eth1,
+            cfg: eth1.clone(),
             unhealthy: None,
         }]);
         assert_eq!(ds.len(), 2);
@@ -310,7 +310,7 @@ mod tests {
     fn an_unhealthy_nics_devices_are_tainted_no_schedule_with_the_reason() {
         let eth1 = cfg("eth1", "eth1", 1);
         let ds = devices(&[Offered {
-            cfg: &eth1,
+            cfg: eth1.clone(),
             unhealthy: Some("nic_down"),
         }]);
         let t = &ds[0].taints.as_ref().unwrap()[0];
@@ -325,11 +325,11 @@ mod tests {
         let (a, b) = (cfg("eth1", "eth1", 100), cfg("eth2", "eth2", 30));
         let ds = devices(&[
             Offered {
-                cfg: &a,
+                cfg: a.clone(),
                 unhealthy: None,
             },
             Offered {
-                cfg: &b,
+                cfg: b.clone(),
                 unhealthy: None,
             },
         ]);
@@ -386,7 +386,7 @@ mod tests {
         let (mut published, mut rv) = (Vec::new(), 0);
         let eth1 = cfg("eth1", "eth1", 70);
         let offered = [Offered {
-            cfg: &eth1,
+            cfg: eth1.clone(),
             unhealthy: Some("nic_down"),
         }];
         let first = plan("n", &published, devices(&offered));
@@ -406,7 +406,7 @@ mod tests {
             "n",
             &published,
             devices(&[Offered {
-                cfg: &big,
+                cfg: big.clone(),
                 unhealthy: None,
             }]),
         );
@@ -416,7 +416,7 @@ mod tests {
             "n",
             &published,
             devices(&[Offered {
-                cfg: &small,
+                cfg: small.clone(),
                 unhealthy: None,
             }]),
         );
@@ -433,7 +433,7 @@ mod tests {
             "n",
             &published,
             devices(&[Offered {
-                cfg: &small,
+                cfg: small.clone(),
                 unhealthy: Some("nic_down"),
             }]),
         );
@@ -447,7 +447,7 @@ mod tests {
         let mut published = slices(
             "n",
             devices(&[Offered {
-                cfg: &eth1,
+                cfg: eth1.clone(),
                 unhealthy: None,
             }]),
             4,
@@ -460,7 +460,7 @@ mod tests {
             "n",
             &published,
             devices(&[Offered {
-                cfg: &eth1,
+                cfg: eth1.clone(),
                 unhealthy: None,
             }]),
         );
@@ -482,7 +482,7 @@ mod tests {
             "n",
             &[stray],
             devices(&[Offered {
-                cfg: &eth1,
+                cfg: eth1.clone(),
                 unhealthy: None,
             }]),
         );
