@@ -32,6 +32,31 @@ pub const ATTR_NIC: &str = "macvtap.network.kubevirt.io/nic";
 /// The device attribute naming the macvtap mode (`bridge`, `vepa`, ...).
 pub const ATTR_MODE: &str = "macvtap.network.kubevirt.io/mode";
 
+/// The CDI kind of our devices: vendor `macvtap.network.kubevirt.io`,
+/// class `tap`.
+pub const CDI_KIND: &str = "macvtap.network.kubevirt.io/tap";
+
+/// The CDI device name of device `device_id` prepared for claim
+/// `claim_uid`: `<claim UID>_<device ID>` (a Kubernetes UID has no `_`,
+/// so the first `_` splits them; both parts are CDI name characters).
+pub fn cdi_device_name(claim_uid: &str, device_id: &str) -> String {
+    format!("{claim_uid}_{device_id}")
+}
+
+/// The fully qualified CDI device ID the kubelet passes to the runtime and
+/// lists in PodResources (`macvtap.network.kubevirt.io/tap=<name>`).
+pub fn cdi_device_id(claim_uid: &str, device_id: &str) -> String {
+    format!("{CDI_KIND}={}", cdi_device_name(claim_uid, device_id))
+}
+
+/// The device ID a CDI device ID of ours names, the inverse of
+/// [`cdi_device_id`]; `None` for another kind's or a malformed one.
+pub fn device_id_of_cdi(cdi_id: &str) -> Option<&str> {
+    let name = cdi_id.strip_prefix(CDI_KIND)?.strip_prefix('=')?;
+    let (uid, id) = name.split_once('_')?;
+    (!uid.is_empty() && crate::device::parse_device_id(id).is_some()).then_some(id)
+}
+
 /// Longest string value of a device attribute the API accepts
 /// (`resource.k8s.io/v1` `DeviceAttribute.string`).
 pub const MAX_ATTRIBUTE_VALUE: usize = 64;
@@ -138,6 +163,24 @@ mod tests {
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
             && !s.starts_with('-')
             && !s.ends_with('-')
+    }
+
+    #[test]
+    fn a_cdi_device_id_names_its_device_id() {
+        let id = cdi_device_id("0b5e4c9a-1111-2222-3333-444455556666", "eth_1Mvp3");
+        assert_eq!(
+            id,
+            "macvtap.network.kubevirt.io/tap=0b5e4c9a-1111-2222-3333-444455556666_eth_1Mvp3"
+        );
+        assert_eq!(device_id_of_cdi(&id), Some("eth_1Mvp3"));
+        for other in [
+            "vendor.example.com/gpu=u_eth1Mvp0",
+            "macvtap.network.kubevirt.io/tap=u-eth1Mvp0",
+            "macvtap.network.kubevirt.io/tap=_eth1Mvp0",
+            "macvtap.network.kubevirt.io/tap=u_eth1",
+        ] {
+            assert_eq!(device_id_of_cdi(other), None, "{other}");
+        }
     }
 
     #[test]

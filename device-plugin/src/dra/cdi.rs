@@ -6,7 +6,8 @@
 //! (cncf-tags/container-device-interface `pkg/cdi/spec.go`
 //! `GenerateTransientSpecName`): kind [`KIND`], file
 //! `macvtap.network.kubevirt.io-tap_<claim UID>.json`, one CDI device per
-//! DRA device named `<claim UID>-<device name>`, whose edit is the tap node
+//! DRA device named `<claim UID>_<device ID>` (which the CNI reads back
+//! from PodResources, `macvtap_link::dra::device_id_of_cdi`), whose edit is the tap node
 //! (path and type only: the runtime reads its major and minor from the
 //! host's node when it creates the container, `fillMissingInfo` in
 //! `pkg/cdi/container-edits_unix.go`, so a link re-made by heal is still
@@ -28,9 +29,8 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-/// The CDI kind of our devices: vendor `macvtap.network.kubevirt.io`,
-/// class `tap`.
-pub const KIND: &str = "macvtap.network.kubevirt.io/tap";
+use macvtap_link::dra::cdi_device_name;
+pub use macvtap_link::dra::{CDI_KIND as KIND, cdi_device_id};
 
 /// The CDI spec version written: the oldest that has device annotations.
 pub const CDI_VERSION: &str = "0.6.0";
@@ -65,7 +65,7 @@ pub struct Spec {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CdiDevice {
-    /// `<claim UID>-<DRA device name>`.
+    /// `<claim UID>_<device ID>`.
     pub name: String,
     /// The device ID, resource, DRA device name and requests.
     pub annotations: BTreeMap<String, String>,
@@ -130,12 +130,6 @@ pub fn check_claim_uid(uid: &str) -> Result<()> {
     }
 }
 
-/// The CDI device ID the kubelet hands the runtime for device `device` of
-/// claim `uid`.
-pub fn cdi_device_id(uid: &str, device_name: &str) -> String {
-    format!("{KIND}={uid}-{device_name}")
-}
-
 /// The spec of claim `uid` with `devices`.
 pub fn spec(uid: &str, devices: &[Prepared]) -> Spec {
     Spec {
@@ -144,7 +138,7 @@ pub fn spec(uid: &str, devices: &[Prepared]) -> Spec {
         devices: devices
             .iter()
             .map(|d| CdiDevice {
-                name: format!("{uid}-{}", d.device_name),
+                name: cdi_device_name(uid, &d.device_id),
                 annotations: BTreeMap::from([
                     (ANN_DEVICE_ID.to_string(), d.device_id.clone()),
                     (ANN_RESOURCE.to_string(), d.resource.clone()),
@@ -361,14 +355,10 @@ mod tests {
         assert_eq!(v["cdiVersion"], "0.6.0");
         assert_eq!(v["kind"], "macvtap.network.kubevirt.io/tap");
         let d = &v["devices"][0];
-        assert_eq!(d["name"], "0b5e4c9a-1111-2222-3333-444455556666-eth1-mvp-2");
+        assert_eq!(d["name"], "0b5e4c9a-1111-2222-3333-444455556666_eth1Mvp2");
         assert_eq!(
             d["containerEdits"]["deviceNodes"][0],
             serde_json::json!({"path": "/dev/tap17", "type": "c", "permissions": "rw", "uid": 107, "gid": 107})
-        );
-        assert_eq!(
-            cdi_device_id("u-1", "eth1-mvp-2"),
-            "macvtap.network.kubevirt.io/tap=u-1-eth1-mvp-2"
         );
     }
 

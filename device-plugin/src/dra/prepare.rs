@@ -56,7 +56,7 @@ pub fn answer(uid: &str, pool: &str, devices: &[Prepared]) -> Vec<Device> {
             request_names: d.request_names.clone(),
             pool_name: pool.to_string(),
             device_name: d.device_name.clone(),
-            cdi_device_ids: vec![cdi_device_id(uid, &d.device_name)],
+            cdi_device_ids: vec![cdi_device_id(uid, &d.device_id)],
             share_id: None,
         })
         .collect()
@@ -342,7 +342,7 @@ mod tests {
         assert_eq!(got[0].request_names, ["container-0-request-0"]);
         assert_eq!(
             got[0].cdi_device_ids,
-            ["macvtap.network.kubevirt.io/tap=u-1-eth1-mvp-2"]
+            ["macvtap.network.kubevirt.io/tap=u-1_eth1Mvp2"]
         );
         assert_eq!(got[1].device_name, "eth2-mvp-0");
         let link = node
