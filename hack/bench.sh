@@ -12,4 +12,4 @@ hack/setup.sh
 echo "==> building the shipped (static) binaries and the bench"
 hack/build-static.sh "" target/static >/dev/null
 cargo build --release -q -p macvtap-e2e --bin macvtap-bench
-exec target/release/macvtap-bench
+exec "${CARGO_TARGET_DIR:-target}/release/macvtap-bench"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds statically linked release binaries of the device plugin and the CNI
 # into OUT_DIR (default target/static). TARGET defaults to musl when its
-# standard library is installed, else glibc with a static C runtime.
+# standard library is installed, else glibc with a static C runtime. Cargo's
+# output is read from $CARGO_TARGET_DIR when it is set, as cargo writes it.
 #   hack/build-static.sh [TARGET] [OUT_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +23,7 @@ RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static --remap-path-prefix=$PWD
   cargo build --release --locked --target "$target" -p macvtap-cni -p macvtap-deviceplugin
 mkdir -p "$out"
 for b in macvtap macvtap-deviceplugin; do
-  cp "target/$target/release/$b" "$out/$b"
+  cp "${CARGO_TARGET_DIR:-target}/$target/release/$b" "$out/$b"
 done
 echo "static binaries ($target) in $out:"
 ls -l "$out/macvtap" "$out/macvtap-deviceplugin"

@@ -4,7 +4,8 @@
 # running daemon, and /metrics scrape latency. Needs root (a network
 # namespace stands in for the node). Usage:
 #   hack/metrics-footprint.sh [BINARY] [SCRAPES]
-# BINARY defaults to target/release/macvtap-deviceplugin (cargo build
+# BINARY defaults to target/release/macvtap-deviceplugin ($CARGO_TARGET_DIR
+# instead of target when set; cargo build
 # --release -p macvtap-deviceplugin); SCRAPES to 500.
 #
 # The daemon serves one resource of 100 devices on a veth "NIC" eth1, with
@@ -17,7 +18,7 @@
 # timed from connect to the last body byte, after 20 warm-up scrapes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=${1:-target/release/macvtap-deviceplugin}
+bin=${1:-${CARGO_TARGET_DIR:-target}/release/macvtap-deviceplugin}
 scrapes=${2:-500}
 [ "$(id -u)" = 0 ] || { echo "needs root (a network namespace)" >&2; exit 1; }
 [ -x "$bin" ] || { echo "$bin: no such binary; build it first" >&2; exit 1; }

@@ -9,4 +9,4 @@ cd "$(dirname "$0")/.."
 hack/setup.sh
 echo "==> building (release)"
 cargo build --release -q -p macvtap-cni -p macvtap-deviceplugin -p macvtap-e2e --bins
-exec target/release/macvtap-sandbox
+exec "${CARGO_TARGET_DIR:-target}/release/macvtap-sandbox"

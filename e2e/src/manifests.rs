@@ -127,12 +127,27 @@ pub fn run_helm(args: &[&str]) -> Result<String> {
     String::from_utf8(out.stdout).context("helm printed non-UTF-8")
 }
 
-/// Renders the chart in `chart` as `helm install` would (`helm template`,
-/// release `macvtap-rs`), each of `sets` a `--set key=value`, into its
-/// objects.
+/// Renders the chart in `chart` as `helm install` would (`helm template
+/// --skip-tests`, release `macvtap-rs` in namespace `default`), each of
+/// `sets` a `--set key=value`, into its objects.
 pub fn render_chart(chart: &Path, sets: &[&str]) -> Result<Vec<Value>> {
+    render_chart_in(chart, "default", sets)
+}
+
+/// Renders the chart in `chart` into the objects `helm install --namespace
+/// namespace` would install (`helm template --skip-tests`, release
+/// `macvtap-rs`: no test hooks, which only `helm test` creates), each of
+/// `sets` a `--set key=value`.
+pub fn render_chart_in(chart: &Path, namespace: &str, sets: &[&str]) -> Result<Vec<Value>> {
     let chart = chart.to_string_lossy();
-    let mut args = vec!["template", "macvtap-rs", chart.as_ref()];
+    let mut args = vec![
+        "template",
+        "macvtap-rs",
+        chart.as_ref(),
+        "--namespace",
+        namespace,
+        "--skip-tests",
+    ];
     for s in sets {
         args.extend(["--set", s]);
     }

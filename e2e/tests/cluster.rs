@@ -33,7 +33,8 @@
 //! `MacvtapUninstallKept` Event on the Node, or says the API server
 //! refused that Event, and both pods start once the NAD is back; deleted,
 //! then README's manual clean-up, nothing of ours is left), then an
-//! install with the chart (a VM pinging on it) and `helm uninstall` (a
+//! install with the chart (`helm test`'s doctor passing, a VM pinging on
+//! it) and `helm uninstall` (a
 //! leaked link of ours deleted, the CNI and its settings removed, the VM's
 //! link just handed out kept until README's manual step), leaving nothing
 //! of ours (the CNI, its settings, the record, device plugin sockets,
@@ -1446,10 +1447,10 @@ fn scenario(run: &mut Run) -> Result<()> {
     ));
 
     run.steps
-        .step("install with the chart (helm install), then helm uninstall: the leaked link deleted, the just-handed-out one kept, then nothing of ours left");
+        .step("install with the chart (helm install, helm test), then helm uninstall: the leaked link deleted, the just-handed-out one kept, then nothing of ours left");
     let chart = repo().join("charts/macvtap-rs");
     let resources = format!(
-        r#"config.resources=[{{"name":"dataplane","lowerDevice":"{NIC}","mode":"bridge","capacity":{CAPACITY}}}]"#
+        r#"macvtapResources=[{{"name":"dataplane","lowerDevice":"{NIC}","mode":"bridge","capacity":{CAPACITY}}}]"#
     );
     c.helm(&[
         "install",
@@ -1457,6 +1458,12 @@ fn scenario(run: &mut Run) -> Result<()> {
         &chart.to_string_lossy(),
         "--namespace",
         "default",
+        // Laid out as the kustomize base: our objects in macvtap-system,
+        // which the chart makes and helm uninstall deletes.
+        "--set",
+        &format!("namespace.name={NS}"),
+        "--set",
+        "namespace.create=true",
         "--set",
         &format!("image.repository={IMAGE_REPO}"),
         "--set",
@@ -1467,10 +1474,30 @@ fn scenario(run: &mut Run) -> Result<()> {
     run.wait_ds_ready()?;
     run.wait_allocatable(CAPACITY)?;
     run.steps.say(format!(
-        "{}: Ready; allocatable {RESOURCE}: {CAPACITY} from the chart's config.resources",
+        "{}: Ready; allocatable {RESOURCE}: {CAPACITY} from the chart's macvtapResources",
         run.daemon_pod()?["metadata"]["name"]
             .as_str()
             .unwrap_or("?")
+    ));
+    // helm test: the chart's doctor pod on the node (README, "With the
+    // Helm chart") passes, and its findings say the daemon serves the
+    // resource; --logs prints them before Helm deletes the passed pod.
+    let tested = c.helm(&[
+        "test",
+        HELM_RELEASE,
+        "--namespace",
+        "default",
+        "--logs",
+        "--timeout",
+        "180s",
+    ])?;
+    ensure!(
+        tested.contains(&format!("the daemon serves {RESOURCE}")),
+        "helm test passed without doctor saying the daemon serves {RESOURCE}:\n{tested}"
+    );
+    run.steps.say(format!(
+        "helm test: the doctor pod passed:\n{}",
+        last_lines(&tested, 20)
     ));
     let vm5_ip = Ipv4Addr::new(198, 51, 100, 167);
     // Its link, given back by DEL just now, was handed out within the

@@ -7,3 +7,80 @@
 {{- define "macvtap.kubeletDir" -}}
 {{ trimSuffix "/" .Values.kubeletDir }}
 {{- end -}}
+
+{{/* The namespace of every namespaced object: namespace.name, or the
+release's when that is empty. */}}
+{{- define "macvtap.namespace" -}}
+{{ .Values.namespace.name | default .Release.Namespace }}
+{{- end -}}
+
+{{/* The daemon's --metrics-addr: ADDRESS:PORT, an IPv6 address in
+brackets, as the daemon parses a socket address; off when disabled. */}}
+{{- define "macvtap.metricsAddr" -}}
+{{- if .Values.metrics.enabled -}}
+{{- $a := .Values.metrics.bindAddress -}}
+{{- if contains ":" $a -}}
+[{{ $a }}]:{{ .Values.metrics.port }}
+{{- else -}}
+{{ $a }}:{{ .Values.metrics.port }}
+{{- end -}}
+{{- else -}}
+off
+{{- end -}}
+{{- end -}}
+
+{{/* What values.schema.json cannot say: each refusal names the value and
+what to write instead. Included by daemonset.yaml, so every rendering
+runs it. */}}
+{{- define "macvtap.checks" -}}
+{{- with .Values.config }}
+{{- if hasKey . "resources" }}
+{{- fail "config.resources was renamed macvtapResources (so that it is not confused with daemon.resources, the pod's CPU and memory): set macvtapResources to the same list" }}
+{{- end }}
+{{- end }}
+{{- with .Values.placement }}
+{{- range $k, $_ := . }}
+{{- fail (printf "placement.%s moved to the top level: set %s instead (nodeSelector, affinity, tolerations and priorityClassName, as most charts name them)" $k $k) }}
+{{- end }}
+{{- end }}
+{{- $ns := include "macvtap.namespace" . }}
+{{- if .Values.namespace.create }}
+{{- if has $ns (list "default" "kube-system" "kube-public" "kube-node-lease") }}
+{{- fail (printf "namespace.create makes the Namespace %s, which every cluster has: the chart never takes over a namespace it did not make (helm uninstall would delete it with all it holds); set namespace.name to a namespace of its own" $ns) }}
+{{- end }}
+{{- if eq $ns .Release.Namespace }}
+{{- fail (printf "namespace.create makes the Namespace %s, but the release lives there, so it exists already or Helm makes it (--create-namespace): set namespace.create=false, or namespace.name to another namespace for our objects" $ns) }}
+{{- end }}
+{{- with lookup "v1" "Namespace" "" $ns }}
+{{- $a := .metadata.annotations | default dict }}
+{{- if not (and (eq (index $a "meta.helm.sh/release-name" | default "") $.Release.Name) (eq (index $a "meta.helm.sh/release-namespace" | default "") $.Release.Namespace)) }}
+{{- fail (printf "namespace.create makes the Namespace %s, but it exists and is not this release's: the chart never takes over a namespace it did not make (helm uninstall would delete it with all it holds); set namespace.create=false to install into it" $ns) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- range .Values.extraArgs }}
+{{- $arg := . }}
+{{- range $flag, $value := dict "--kubelet-dir" "kubeletDir" "--metrics-addr" "metrics.enabled, metrics.bindAddress and metrics.port" "--log-format" "none: the chart logs JSON" "--config" "macvtapResources, or your own ConfigMap macvtap-deviceplugin-config" "--owner-daemonset" "none: the DaemonSet's own name" "--uninstall-cni-dir" "cniBinDir" }}
+{{- if or (eq $arg $flag) (hasPrefix (printf "%s=" $flag) $arg) }}
+{{- fail (printf "extraArgs: %s is set by the chart (value: %s); leave it out of extraArgs" $flag $value) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $names := dict }}
+{{- $nics := dict }}
+{{- range $i, $r := .Values.macvtapResources }}
+{{- if hasKey $names $r.name }}
+{{- fail (printf "macvtapResources: entries %v and %d are both named %s; the daemon refuses the whole list" (get $names $r.name) $i $r.name) }}
+{{- end }}
+{{- $_ := set $names $r.name $i }}
+{{- $nic := $r.lowerDevice | default $r.name }}
+{{- $passthru := eq ($r.mode | default "bridge") "passthru" }}
+{{- if hasKey $nics $nic }}
+{{- $earlier := get $nics $nic }}
+{{- if or $passthru $earlier.passthru }}
+{{- fail (printf "macvtapResources: entries %v and %d both use NIC %s and one is in passthru mode: a passthru macvtap must be its NIC's only macvlan/macvtap port; give it a NIC of its own" $earlier.entry $i $nic) }}
+{{- end }}
+{{- end }}
+{{- $_ := set $nics $nic (dict "entry" $i "passthru" $passthru) }}
+{{- end }}
+{{- end -}}

@@ -23,6 +23,10 @@ pub fn table(
     let mut md = String::from(
         "| binary | size MiB | ratio to the Go project's counterpart |\n| --- | ---: | ---: |\n",
     );
+    // Cargo's release output, where cargo writes it ($CARGO_TARGET_DIR when set).
+    let release = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| root.join("target"), PathBuf::from)
+        .join("release");
     let rows: [(&str, PathBuf, Option<f64>); 7] = [
         (
             "macvtap (CNI, static, shipped)",
@@ -36,12 +40,12 @@ pub fn table(
         ),
         (
             "macvtap (CNI, dynamic release)",
-            root.join("target/release/macvtap"),
+            release.join("macvtap"),
             go_cni,
         ),
         (
             "macvtap-deviceplugin (dynamic release)",
-            root.join("target/release/macvtap-deviceplugin"),
+            release.join("macvtap-deviceplugin"),
             go_dp,
         ),
         (
