@@ -123,8 +123,15 @@ pub struct Args {
     /// `dra` (ResourceSlices of driver `macvtap.network.kubevirt.io`, which
     /// pods request under the same names through a DeviceClass's
     /// `extendedResourceName`; Kubernetes 1.37 or newer, a runtime with CDI,
-    /// and `NODE_NAME` and API access).
-    #[arg(long, global = true, value_enum, default_value = "device-plugin")]
+    /// and `NODE_NAME` and API access). Also read from `MACVTAP_FRONT`,
+    /// which the DRA kustomize component and the chart set.
+    #[arg(
+        long,
+        global = true,
+        env = "MACVTAP_FRONT",
+        value_enum,
+        default_value = "device-plugin"
+    )]
     pub front: Front,
 
     /// The container runtime's CDI spec directory, where the DRA front
