@@ -39,7 +39,7 @@
 //! link just handed out kept until README's manual step), leaving nothing
 //! of ours (the CNI, its settings, the record, device plugin sockets,
 //! macvtaps, RBAC, the namespace); the Go project's and the operator's
-//! DaemonSets with our image.
+//! DaemonSets with our image; then DRA mode (`cluster/dra.rs`).
 //!
 //! The cluster uses the node's fixed paths (`/var/lib/kubelet`,
 //! `/opt/cni/bin`, `/dev`), so this test holds the locks every test that
@@ -47,6 +47,9 @@
 //! It brings the cluster up (reusing one that runs) and down again when it
 //! brought it up (`MACVTAP_CLUSTER_KEEP=1` keeps it, to look around).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "cluster/dra.rs"]
+mod dra;
 
 use anyhow::{Context, Result, bail, ensure};
 use macvtap_e2e::cluster::{Cluster, NODE, last_lines, vm_rootfs};
@@ -639,6 +642,14 @@ fn clean_up(run: &Run) -> Result<()> {
         "--ignore-not-found",
         "--wait=true",
         "--timeout=120s",
+    ]);
+    // What DRA mode adds (dra.rs).
+    let _ = c.kubectl(&[
+        "delete",
+        "clusterrolebinding/macvtap-cni-dra",
+        "clusterrole/macvtap-cni-dra",
+        "deviceclass/macvtap-dradata",
+        "--ignore-not-found",
     ]);
     Ok(())
 }
@@ -1613,6 +1624,7 @@ fn scenario(run: &mut Run) -> Result<()> {
         "--wait=true",
         "--timeout=180s",
     ])?;
+    dra::dra_mode(run, &peer, &tag_a)?;
     Ok(())
 }
 
