@@ -373,6 +373,126 @@ impl DraServers {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::host::HostPaths;
+    use crate::core::report::Silent;
+    use kubelet_proto::dra::v1::dra_plugin_client::DraPluginClient;
+    use kubelet_proto::pluginregistration::registration_client::RegistrationClient;
+    use kubelet_proto::transport::connect_unix;
+    use std::time::Duration;
+    use test_support::fake::FakeKernel;
+
+    fn claim(uid: &str) -> Claim {
+        Claim {
+            namespace: "default".into(),
+            uid: uid.into(),
+            name: format!("claim-{uid}"),
+        }
+    }
+
+    /// The two servers on real unix sockets, called as the kubelet calls
+    /// them: registration, then prepare and unprepare. The claim `u-1` was
+    /// prepared before (its spec is there), so it is answered without the
+    /// API server; `u-2` was not, and the API server (none listens at the
+    /// client's address) cannot be asked: its error is in the answer, as
+    /// the kubelet expects per claim, and nothing else fails.
+    #[tokio::test]
+    async fn the_kubelet_registers_the_driver_and_prepares_and_unprepares_over_its_sockets() {
+        let tmp = tempfile::tempdir().unwrap();
+        let kubelet_dir = tmp.path().join("kubelet");
+        let cdi = CdiDir::open(&tmp.path().join("cdi")).unwrap();
+        let recorded = Prepared {
+            request_names: vec!["container-0-request-0".into()],
+            resource: "eth1".into(),
+            device_id: "eth1Mvp2".into(),
+            device_name: "eth1-mvp-2".into(),
+            node: PathBuf::from("/dev/tap17"),
+        };
+        cdi.write("u-1", &super::super::cdi::spec("u-1", &[recorded]))
+            .unwrap();
+        let kernel: &'static FakeKernel = Box::leak(Box::new(FakeKernel::new()));
+        let nowhere = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let (_served_tx, served) = watch::channel(vec![ResourceConfig {
+            capacity: 4,
+            ..ResourceConfig::for_nic("eth1")
+        }]);
+        let ctx = DraContext {
+            host: Arc::new(SharedHost::new(kernel, HostPaths::default())),
+            served,
+            clock: AllocationClock::default(),
+            assignments: Assignments::default(),
+            cdi: Arc::new(cdi),
+            node: "node-1".into(),
+            serial: Arc::new(Mutex::new(())),
+            claims: Claims::new(kube::Client::try_from(nowhere).unwrap()),
+            observer: Arc::new(Silent),
+            inflight: InFlight::default(),
+        };
+        let cdi = ctx.cdi.clone();
+        let (status_tx, mut status) = mpsc::unbounded_channel();
+        let servers = DraServers::start(&kubelet_dir, ctx, status_tx).unwrap();
+
+        let wait = Duration::from_secs(10);
+        let channel = connect_unix(&registration_socket(&kubelet_dir), wait)
+            .await
+            .unwrap();
+        let mut reg = RegistrationClient::new(channel);
+        let info = reg.get_info(InfoRequest {}).await.unwrap().into_inner();
+        assert_eq!(info, plugin_info(&dra_socket(&kubelet_dir)));
+        reg.notify_registration_status(RegistrationStatus {
+            plugin_registered: true,
+            error: String::new(),
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            status.recv().await,
+            Some(Registered {
+                ok: true,
+                error: String::new()
+            })
+        );
+
+        let channel = connect_unix(Path::new(&info.endpoint), wait).await.unwrap();
+        let mut dra = DraPluginClient::new(channel);
+        let prepared = dra
+            .node_prepare_resources(NodePrepareResourcesRequest {
+                claims: vec![claim("u-1"), claim("u-2")],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let one = &prepared.claims["u-1"];
+        assert_eq!(one.error, "");
+        assert_eq!(one.devices.len(), 1);
+        assert_eq!(one.devices[0].pool_name, "node-1");
+        assert_eq!(one.devices[0].device_name, "eth1-mvp-2");
+        assert_eq!(
+            one.devices[0].cdi_device_ids,
+            ["macvtap.network.kubevirt.io/tap=u-1_eth1Mvp2"]
+        );
+        let two = &prepared.claims["u-2"];
+        assert!(two.devices.is_empty());
+        assert!(
+            two.error
+                .contains("getting ResourceClaim default/claim-u-2"),
+            "{}",
+            two.error
+        );
+
+        let unprepared = dra
+            .node_unprepare_resources(NodeUnprepareResourcesRequest {
+                claims: vec![claim("u-1")],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(unprepared.claims["u-1"].error, "");
+        assert!(cdi.claims().unwrap().is_empty());
+
+        servers.stop().await;
+        assert!(!registration_socket(&kubelet_dir).exists());
+        assert!(!dra_socket(&kubelet_dir).exists());
+    }
 
     #[test]
     fn the_sockets_and_the_info_are_the_kubelet_helpers() {
