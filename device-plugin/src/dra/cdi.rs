@@ -305,6 +305,24 @@ impl CdiDir {
         }
     }
 
+    /// Removes the specs of claims none of whose devices is in `held` (an
+    /// uninstall's: their pods are gone, and no daemon is left to
+    /// unprepare them); returns the claim UIDs removed. A spec that is not
+    /// ours in shape is left.
+    pub fn remove_unheld(&self, held: &std::collections::HashSet<String>) -> Result<Vec<String>> {
+        let mut removed = Vec::new();
+        for uid in self.claims()? {
+            let Some(devices) = self.read(&uid)?.as_ref().and_then(prepared) else {
+                continue;
+            };
+            if devices.iter().all(|d| !held.contains(&d.device_id)) {
+                self.remove(&uid)?;
+                removed.push(uid);
+            }
+        }
+        Ok(removed)
+    }
+
     /// The claim UIDs whose specs are in the directory.
     pub fn claims(&self) -> Result<Vec<String>> {
         let op = "listing the CDI spec directory";
@@ -397,6 +415,21 @@ mod tests {
         );
         dir.remove("u-1").unwrap();
         dir.remove("u-1").unwrap();
+        assert_eq!(dir.claims().unwrap(), ["u-2"]);
+    }
+
+    #[test]
+    fn only_specs_of_claims_nobody_holds_are_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = CdiDir::open(tmp.path()).unwrap();
+        dir.write("u-1", &one("u-1")).unwrap();
+        let mut other = one("u-2");
+        other.devices[0]
+            .annotations
+            .insert(ANN_DEVICE_ID.into(), "eth1Mvp3".into());
+        dir.write("u-2", &other).unwrap();
+        let held = std::collections::HashSet::from(["eth1Mvp3".to_string()]);
+        assert_eq!(dir.remove_unheld(&held).unwrap(), ["u-1"]);
         assert_eq!(dir.claims().unwrap(), ["u-2"]);
     }
 
