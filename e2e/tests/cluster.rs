@@ -39,7 +39,8 @@
 //! link just handed out kept until README's manual step), leaving nothing
 //! of ours (the CNI, its settings, the record, device plugin sockets,
 //! macvtaps, RBAC, the namespace); the Go project's and the operator's
-//! DaemonSets with our image; then DRA mode (`cluster/dra.rs`).
+//! DaemonSets with our image. A second test runs DRA mode on the same
+//! cluster (`cluster/dra.rs`).
 //!
 //! The cluster uses the node's fixed paths (`/var/lib/kubelet`,
 //! `/opt/cni/bin`, `/dev`), so this test holds the locks every test that
@@ -578,6 +579,43 @@ fn the_daemonset_and_vm_pods_on_a_real_node() -> Result<()> {
         clean_up(&run)?;
     }
     let outcome = scenario(&mut run);
+    let cleanup = clean_up(&run);
+    run.steps.finish();
+    println!("{}", run.steps.summary());
+    outcome.and(cleanup)
+}
+
+/// DRA mode on the real node (`cluster/dra.rs`), on the cluster the test
+/// above leaves or brings up, holding the same locks.
+#[test]
+fn dra_mode_on_a_real_node() -> Result<()> {
+    require_root()?;
+    let _tap_lock = test_support::tap_node_lock()?;
+    let _dirs = node_locks::lock_node_dirs()?;
+    let cluster = Cluster::up()?;
+    let mut run = Run {
+        c: &cluster,
+        steps: Steps::new(),
+    };
+    if !cluster.started_here() {
+        run.steps
+            .step("the cluster was running: what an earlier run left, removed");
+        clean_up(&run)?;
+    }
+    let outcome = (|| -> Result<()> {
+        run.steps.step("the node's NIC and the peer host");
+        let peer = TestNs::new("clpeerd")?;
+        let _nic = HostNic::add(&peer)?;
+        run.steps
+            .step("our image (hack/cluster.sh image) and the VM pod's image");
+        let tag = format!("{IMAGE_REPO}:e2e-dra");
+        cluster.import_our_image(&tag)?;
+        let guest = guest::build(&repo().join("target/e2e-guest"))?;
+        let rootfs = tempfile::tempdir()?;
+        vm_rootfs(&guest, rootfs.path())?;
+        cluster.import_rootfs(VM_IMAGE, &["/vm/start"], "107:107", rootfs.path())?;
+        dra::dra_mode(&mut run, &peer, &tag)
+    })();
     let cleanup = clean_up(&run);
     run.steps.finish();
     println!("{}", run.steps.summary());
@@ -1624,7 +1662,6 @@ fn scenario(run: &mut Run) -> Result<()> {
         "--wait=true",
         "--timeout=180s",
     ])?;
-    dra::dra_mode(run, &peer, &tag_a)?;
     Ok(())
 }
 
