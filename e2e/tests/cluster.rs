@@ -608,13 +608,13 @@ fn dra_mode_on_a_real_node() -> Result<()> {
         let _nic = HostNic::add(&peer)?;
         run.steps
             .step("our image (hack/cluster.sh image) and the VM pod's image");
-        let tag = format!("{IMAGE_REPO}:e2e-dra");
-        cluster.import_our_image(&tag)?;
+        let tag = "e2e-dra";
+        cluster.import_our_image(&format!("{IMAGE_REPO}:{tag}"))?;
         let guest = guest::build(&repo().join("target/e2e-guest"))?;
         let rootfs = tempfile::tempdir()?;
         vm_rootfs(&guest, rootfs.path())?;
         cluster.import_rootfs(VM_IMAGE, &["/vm/start"], "107:107", rootfs.path())?;
-        dra::dra_mode(&mut run, &peer, &tag)
+        dra::dra_mode(&mut run, &peer, tag)
     })();
     let cleanup = clean_up(&run);
     run.steps.finish();

@@ -54,7 +54,8 @@ fn slices(run: &Run) -> Result<Vec<Value>> {
 
 /// The install: the base with the DRA component, our image, the test's
 /// daemon flags (as the main scenario's), and the ConfigMap of one
-/// resource of capacity 1 on the NIC.
+/// resource of capacity 1 on the NIC; the DaemonSet's pod's state and
+/// log are said when it does not get Ready.
 fn install(run: &Run, tag: &str, kdir: &Path) -> Result<()> {
     let manifests = repo().join("manifests").canonicalize()?;
     let rel = |p: &str| super::pathdiff(&manifests.join(p), kdir);
@@ -83,10 +84,21 @@ fn install(run: &Run, tag: &str, kdir: &Path) -> Result<()> {
         "metadata": {"name": "macvtap-deviceplugin-config", "namespace": NS},
         "data": {"DP_MACVTAP_CONF": conf}
     }))?;
-    run.wait_ds_ready()
+    run.wait_ds_ready().map_err(|e| {
+        let pods = run
+            .c
+            .kubectl(&["-n", NS, "get", "pods", "-o", "wide"])
+            .unwrap_or_default();
+        let log = run.daemon_logs().unwrap_or_default();
+        e.context(format!(
+            "our pods:\n{pods}\nthe daemon's log:\n{}",
+            super::last_lines(&log, 30)
+        ))
+    })
 }
 
-/// The scenario; `peer` is the namespace beyond the NIC, `tag` our image.
+/// The scenario; `peer` is the namespace beyond the NIC, `tag` our
+/// image's tag (of `IMAGE_REPO`).
 pub(super) fn dra_mode(run: &mut Run, peer: &TestNs, tag: &str) -> Result<()> {
     let c = run.c;
     let resource = format!("{RESOURCE_PREFIX}{NAME}");
