@@ -25,9 +25,10 @@ use crate::env::CniEnv;
 use crate::error::{Error, Result};
 use crate::settings::NodeSettings;
 use grpc_unary::{self as grpc, CallError};
-use kubelet_proto::podresources::v1::ListPodResourcesResponse;
+use kubelet_proto::podresources::v1::{ContainerResources, ListPodResourcesResponse};
 use macvtap_link::PodResourcesCheck;
 use macvtap_link::RESOURCE_PREFIX;
+use macvtap_link::dra::{DRIVER, device_id_of_cdi};
 use prost::Message;
 use std::fmt;
 use std::io::ErrorKind;
@@ -147,6 +148,10 @@ pub struct PodDevices {
     pub namespace: String,
     /// Every device of every container of the pod.
     pub devices: Vec<HeldDevice>,
+    /// The device IDs of the devices our DRA driver prepared for the pod,
+    /// read from the CDI device IDs of its `dynamic_resources` (see
+    /// [`dra_device_ids`]), each once, in the order listed.
+    pub dra_devices: Vec<String>,
 }
 
 /// Checks, before ADD touches anything, that the kubelet allocated the
@@ -307,6 +312,7 @@ pub(crate) fn decode_list(buf: &[u8]) -> std::result::Result<Vec<PodDevices>, St
         .map(|pod| PodDevices {
             name: pod.name,
             namespace: pod.namespace,
+            dra_devices: dra_device_ids(&pod.containers),
             devices: pod
                 .containers
                 .into_iter()
@@ -321,6 +327,34 @@ pub(crate) fn decode_list(buf: &[u8]) -> std::result::Result<Vec<PodDevices>, St
                 .collect(),
         })
         .collect())
+}
+
+/// The device IDs our DRA driver ([`DRIVER`]) prepared for the pod whose
+/// containers are `containers`, each once: the kubelet lists a prepared
+/// claim under the `dynamic_resources` of each container that uses it, one
+/// `claim_resources` entry per device, whose `cdi_devices` carry our CDI
+/// device IDs (`macvtap.network.kubevirt.io/tap=<claim UID>_<device ID>`,
+/// `macvtap_link::dra::cdi_device_id`). The 1.37 kubelet
+/// (`pkg/kubelet/cm/container_manager_linux.go` `GetDynamicResources`)
+/// gathers the CDI IDs of a driver's devices in one list it does not reset
+/// between devices, so an entry may repeat those of the entries before it;
+/// taking every ID once gives the same set either way. Entries of other
+/// drivers, and CDI IDs that are not ours, are skipped.
+pub fn dra_device_ids(containers: &[ContainerResources]) -> Vec<String> {
+    let mut ids: Vec<String> = Vec::new();
+    let ours = containers
+        .iter()
+        .flat_map(|c| &c.dynamic_resources)
+        .flat_map(|d| &d.claim_resources)
+        .filter(|r| r.driver_name == DRIVER)
+        .flat_map(|r| &r.cdi_devices)
+        .filter_map(|cdi| device_id_of_cdi(&cdi.name));
+    for id in ours {
+        if !ids.iter().any(|have| have == id) {
+            ids.push(id.to_string());
+        }
+    }
+    ids
 }
 
 #[cfg(test)]
@@ -398,6 +432,55 @@ mod tests {
         );
         assert_eq!(devices_of(&pods, "tenant-b", "empty"), Some(vec![]));
         assert_eq!(devices_of(&pods, "tenant-a", "vm-b"), None);
+    }
+
+    #[test]
+    fn our_dra_devices_are_read_from_the_cdi_ids_each_once() {
+        use macvtap_link::dra::cdi_device_id;
+        use test_kubelet::{PreparedClaim, PreparedDevice, dynamic_resources};
+        let device = |driver: &str, name: &str, cdi: &[String]| PreparedDevice {
+            driver: driver.into(),
+            pool: "node-1".into(),
+            device: name.into(),
+            cdi_ids: cdi.to_vec(),
+        };
+        let uid = "0b5f6e8e-1111-4222-8333-444455556666";
+        let claim = PreparedClaim {
+            name: "vm-extended-resources-x7k2p".into(),
+            namespace: "tenant-a".into(),
+            devices: vec![
+                device(DRIVER, "eth1-mvp-2", &[cdi_device_id(uid, "eth1Mvp2")]),
+                device(
+                    "gpu.example.com",
+                    "gpu-0",
+                    &["gpu.example.com/gpu=0".into()],
+                ),
+                // The kubelet repeats the first device's ID in this entry.
+                device(DRIVER, "eth1-mvp-0", &[cdi_device_id(uid, "eth1Mvp0")]),
+                // Not a CDI ID of ours, or not a device ID: skipped.
+                device(
+                    DRIVER,
+                    "odd",
+                    &[
+                        "other.example.com/tap=u_eth1Mvp7".into(),
+                        "macvtap.network.kubevirt.io/tap=u_eth0".into(),
+                    ],
+                ),
+            ],
+        };
+        let mut listed = pod("vm", "tenant-a", &[("r/x", &["id"])]);
+        listed.containers[1].dynamic_resources = dynamic_resources(std::slice::from_ref(&claim));
+        // A second container using the same claim lists it again.
+        listed.containers[0].dynamic_resources = dynamic_resources(&[claim]);
+        let pods = decode_list(
+            &pr::ListPodResourcesResponse {
+                pod_resources: vec![listed],
+            }
+            .encode_to_vec(),
+        )
+        .unwrap();
+        assert_eq!(pods[0].dra_devices, ["eth1Mvp2", "eth1Mvp0"]);
+        assert_eq!(pods[0].devices.len(), 1);
     }
 
     #[test]
