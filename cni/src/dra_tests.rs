@@ -362,3 +362,78 @@ fn a_kubelet_failing_the_list_fails_add_in_warn_too() {
     assert_eq!(code, 11, "{msg}");
     assert!(msg.contains("failed the List (gRPC status 13"), "{msg}");
 }
+
+/// Rewrites the alias of `ifname` in `netns`, as a process in the pod with
+/// `CAP_NET_ADMIN` can.
+fn rewrite_alias(node: &Node, netns: &str, ifname: &str, alias: &str) {
+    let ns = node.kernel.open_netns(std::path::Path::new(netns)).unwrap();
+    let pod = node.kernel.links(Some(&ns)).unwrap();
+    let link = pod.get_link(ifname).unwrap().unwrap();
+    let change = macvtap_link::LinkChange {
+        alias: Some(alias.to_string()),
+        ..Default::default()
+    };
+    pod.set_link(link.index, ifname, &change).unwrap();
+}
+
+#[test]
+fn del_deletes_a_link_whose_alias_names_a_device_the_pod_does_not_hold() {
+    let node = Node::new();
+    node.pod_with_claim("tenant-a", "vm", &["eth1Mvp0"]);
+    // Another pod's device, in use in its pod (not on the host).
+    let theirs = link_name_for_device("eth1Mvp1");
+    node.add(POD_A, "net1", &conf(""));
+    rewrite_alias(&node, POD_A, "net1", &format!("macvtap-cni:{theirs}"));
+    let (exit, out) = node.cni("DEL", POD_A, "net1", &conf(""));
+    assert_eq!(exit, 0, "{out}");
+    assert_eq!(node.kernel.links_of(POD_A), vec![]);
+    assert!(
+        node.kernel.link(HOST, &theirs).is_none(),
+        "not given back under the other device's name"
+    );
+    assert!(
+        node.kernel
+            .link(HOST, &link_name_for_device("eth1Mvp0"))
+            .is_none(),
+        "deleted: the device plugin re-creates it while the pod holds it"
+    );
+}
+
+#[test]
+fn del_of_a_pod_the_kubelet_no_longer_lists_deletes_the_link() {
+    let node = Node::new();
+    node.pod_with_claim("tenant-a", "vm", &["eth1Mvp0"]);
+    node.add(POD_A, "net1", &conf(""));
+    assert!(node.kubelet().remove_pod("tenant-a", "vm"));
+    let (exit, out) = node.cni("DEL", POD_A, "net1", &conf(""));
+    assert_eq!(exit, 0, "{out}");
+    assert_eq!(node.kernel.links_of(POD_A), vec![]);
+    assert!(
+        node.kernel
+            .link(HOST, &link_name_for_device("eth1Mvp0"))
+            .is_none()
+    );
+}
+
+#[test]
+fn del_without_a_kubelet_deletes_in_enforce_and_gives_back_in_warn() {
+    for (check, given_back) in [
+        (PodResourcesCheck::Enforce, false),
+        (PodResourcesCheck::Warn, true),
+    ] {
+        let node = Node::new();
+        node.pod_with_claim("tenant-a", "vm", &["eth1Mvp0"]);
+        node.add(POD_A, "net1", &conf(""));
+        std::fs::remove_file(node.dir.path().join("pod-resources/kubelet.sock")).unwrap();
+        let (exit, out) = node.cni_as("DEL", POD_A, "net1", &conf(""), check);
+        assert_eq!(exit, 0, "{check:?}: {out}");
+        assert_eq!(node.kernel.links_of(POD_A), vec![], "{check:?}");
+        assert_eq!(
+            node.kernel
+                .link(HOST, &link_name_for_device("eth1Mvp0"))
+                .is_some(),
+            given_back,
+            "{check:?}"
+        );
+    }
+}

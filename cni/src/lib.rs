@@ -134,7 +134,7 @@ fn dispatch(
             let result = add::add(kernel, &env, &conf, settings, bytes)?;
             Ok(Some(result.to_value(conf.version).to_string()))
         }
-        Command::Del => del::del(kernel, &env, &conf, bytes).map(|()| None),
+        Command::Del => del::del(kernel, &env, &conf, settings, bytes).map(|()| None),
         Command::Check => check::check(kernel, &env, &conf, bytes).map(|()| None),
         Command::Status => {
             status::status(&env, &conf, settings.problem.as_deref(), bytes).map(|()| None)

@@ -27,8 +27,8 @@ use crate::settings::NodeSettings;
 use grpc_unary::{self as grpc, CallError};
 use kubelet_proto::podresources::v1::{ContainerResources, ListPodResourcesResponse};
 use macvtap_link::PodResourcesCheck;
-use macvtap_link::RESOURCE_PREFIX;
 use macvtap_link::dra::{DRIVER, device_id_of_cdi};
+use macvtap_link::{RESOURCE_PREFIX, link_name_for_device};
 use prost::Message;
 use std::fmt;
 use std::io::ErrorKind;
@@ -234,6 +234,70 @@ pub(crate) fn check_ownership(env: &CniEnv, conf: &NetConf, settings: &NodeSetti
         device_id: device_id.clone(),
         pod,
         held,
+    })
+}
+
+/// Whether the kubelet says the pod in `CNI_ARGS` holds the device whose
+/// link is `host_name` on the host ([`pod_holds_link`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum LinkHolding {
+    /// The pod holds it (a device plugin device or a DRA device of ours).
+    Held,
+    /// The kubelet answered, and the pod does not hold it; why, as a phrase.
+    NotHeld(String),
+    /// The kubelet could not be asked, or `CNI_ARGS` names no pod; why.
+    Unknown(String),
+}
+
+/// Asks the kubelet whether the pod in `CNI_ARGS` holds a device of ours
+/// whose host link is `host_name` (the name a DEL without `deviceID` reads
+/// from the pod link's alias, which the pod can rewrite): one of its
+/// device plugin devices (`mvt…` of the ID, or the ID itself for a Go-era
+/// link) or of its DRA devices.
+pub(crate) fn pod_holds_link(
+    env: &CniEnv,
+    settings: &NodeSettings,
+    host_name: &str,
+) -> LinkHolding {
+    let (Some(namespace), Some(name)) = (&env.args.pod_namespace, &env.args.pod_name) else {
+        return LinkHolding::Unknown(
+            "CNI_ARGS names no pod (K8S_POD_NAMESPACE, K8S_POD_NAME)".into(),
+        );
+    };
+    let socket = settings.pod_resources_socket();
+    let pods = match list(&socket) {
+        Ok(p) => p,
+        Err(failure) => {
+            return LinkHolding::Unknown(format!(
+                "the kubelet's PodResources API at {} {failure}",
+                socket.display()
+            ));
+        }
+    };
+    let prefix = format!("{RESOURCE_PREFIX}/");
+    let mut found = false;
+    for p in pods
+        .iter()
+        .filter(|p| &p.name == name && &p.namespace == namespace)
+    {
+        found = true;
+        let plugin = p
+            .devices
+            .iter()
+            .filter(|d| d.resource.starts_with(&prefix))
+            .any(|d| d.id == host_name || link_name_for_device(&d.id) == host_name);
+        let dra = p
+            .dra_devices
+            .iter()
+            .any(|id| link_name_for_device(id) == host_name);
+        if plugin || dra {
+            return LinkHolding::Held;
+        }
+    }
+    LinkHolding::NotHeld(if found {
+        format!("pod {namespace}/{name} holds no device whose link is {host_name}")
+    } else {
+        format!("the kubelet lists no pod {namespace}/{name}")
     })
 }
 

@@ -241,3 +241,45 @@ fn an_unreachable_kubelet_fails_add_in_both_modes() {
         assert_eq!(sb.node_links(), before, "{check}: the host is untouched");
     }
 }
+
+/// The pod rewrites its link's alias (any process in it with
+/// `CAP_NET_ADMIN` can) to the name of another pod's device: DEL, which has
+/// no `deviceID` to hold the alias to, asks the kubelet, and deletes the
+/// link instead of giving it back under that name.
+#[test]
+fn del_does_not_give_a_link_back_under_a_name_the_pod_rewrote() {
+    let sb = Sandbox::new();
+    let kubelet = PodResourcesKubelet::start();
+    sb.allocate("dataplaneMvp0");
+    kubelet.add_dra_pod("tenant-a", "vm", &["dataplaneMvp0"]);
+    kubelet.add_dra_pod("tenant-b", "other", &["dataplaneMvp1"]);
+    let settings = kubelet.settings("enforce");
+    run(&sb, "ADD", &sb.pod, "net1", &conf(None), &settings).ok();
+    let theirs = link_name_for_device("dataplaneMvp1");
+    sb.pod
+        .ip(&[
+            "link",
+            "set",
+            "net1",
+            "alias",
+            &format!("macvtap-cni:{theirs}"),
+        ])
+        .unwrap();
+    let del = run(&sb, "DEL", &sb.pod, "net1", &conf(None), &settings);
+    del.ok();
+    assert!(
+        del.stderr.contains("holds no device whose link is"),
+        "{}",
+        del.stderr
+    );
+    assert!(sb.link(&sb.pod, "net1").is_none());
+    assert!(
+        sb.link(&sb.node, &theirs).is_none(),
+        "{theirs} was not made"
+    );
+    let ours = link_name_for_device("dataplaneMvp0");
+    assert!(
+        sb.link(&sb.node, &ours).is_none(),
+        "deleted, not given back"
+    );
+}
