@@ -437,3 +437,33 @@ fn del_without_a_kubelet_deletes_in_enforce_and_gives_back_in_warn() {
         );
     }
 }
+
+#[test]
+fn check_finds_the_dra_link_without_a_device_id() {
+    let node = Node::new();
+    node.pod_with_claim("tenant-a", "vm", &["eth1Mvp0"]);
+    let (exit, result) = node.cni("ADD", POD_A, "net1", &conf(r#","mac":"02:00:00:00:00:07""#));
+    assert_eq!(exit, 0, "{result}");
+    let check = conf(&format!(
+        r#","mac":"02:00:00:00:00:07","prevResult":{result}"#
+    ));
+    let (exit, out) = node.cni("CHECK", POD_A, "net1", &check);
+    assert_eq!(exit, 0, "{out}");
+    // And what ADD set is what CHECK holds it to.
+    node.kernel
+        .links(Some(
+            &node.kernel.open_netns(std::path::Path::new(POD_A)).unwrap(),
+        ))
+        .unwrap()
+        .set_link(
+            node.kernel.link(POD_A, "net1").unwrap().index,
+            "net1",
+            &macvtap_link::LinkChange {
+                up: Some(false),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let (exit, out) = node.cni("CHECK", POD_A, "net1", &check);
+    assert_eq!((exit, out["code"].as_u64()), (1, Some(106)), "{out}");
+}
