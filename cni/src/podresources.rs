@@ -14,6 +14,11 @@
 //! after a jittered back-off (`crate::backoff`) for at most
 //! [`RETRY_BUDGET`], well inside the whole wait ([`TIMEOUT`]).
 //!
+//! The same answer serves ADD without a `deviceID` (`crate::dra`: the
+//! devices of our DRA driver the pod holds, [`dra_device_ids`]) and DEL
+//! without one (`pod_holds_link`: whether the pod holds the device of the
+//! host name in its link's alias).
+//!
 //! The call is the CNI's own unary gRPC client ([`grpc_unary`]); the
 //! answer is decoded by prost with `kubelet-proto`'s messages (built
 //! without tonic), the same messages the device plugin and the test kubelet
