@@ -30,8 +30,9 @@ pub mod settings;
 pub mod tapdev;
 
 pub use device::{
-    DeviceLinkName, RESOURCE_PREFIX, device_id, device_index, is_link_of_resource,
-    link_name_for_device, parse_device_id, parse_link_name,
+    DeviceLinkName, RESOURCE_PREFIX, check_resource_name, device_id, device_index,
+    is_link_of_resource, link_name_for_device, parse_device_id, parse_link_name,
+    resource_short_name,
 };
 pub use error::{Error, Result};
 pub use ifname::check_ifname;
