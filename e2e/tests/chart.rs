@@ -144,6 +144,12 @@ fn helm_lint_passes_with_the_defaults_and_every_option() {
             "test.enabled=false",
         ],
         vec!["metrics.enabled=false", "namespace.name=other"],
+        vec![
+            "front=dra",
+            "kubeletDir=/var/lib/k0s/kubelet",
+            "macvtapResources[0].name=dataplane",
+            "macvtapResources[0].lowerDevice=eth1",
+        ],
     ] {
         let mut args = vec!["lint", "--strict", chart];
         for s in &sets {
@@ -290,6 +296,166 @@ fn the_monitoring_values_render_the_base_with_the_monitoring_component() {
     }
     let pm = labelled.iter().find(|d| d["kind"] == "PodMonitor").unwrap();
     assert_eq!(pm["spec"]["podMetricsEndpoints"][0]["interval"], "10s");
+}
+
+/// `manifests/base` with `manifests/components/<component>`, rendered
+/// from a kustomization in a temporary dir under `manifests/` (kustomize
+/// takes no absolute paths), as a user's kustomization beside ours would.
+fn kustomize_with_component(component: &str) -> Vec<Value> {
+    let dir = tempfile::Builder::new()
+        .prefix(".render-")
+        .tempdir_in(root().join("manifests"))
+        .unwrap();
+    std::fs::write(
+        dir.path().join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../base\ncomponents:\n  - ../components/{component}\n"
+        ),
+    )
+    .unwrap();
+    render(dir.path()).unwrap_or_else(|e| panic!("base with components/{component}: {e:#}"))
+}
+
+/// `front=dra` is `manifests/components/dra` on the base: the daemon's
+/// MACVTAP_FRONT, the kubelet's plugin dirs and /var/run/cdi, the
+/// ClusterRole macvtap-cni-dra and its binding; `front=device-plugin`
+/// (the default) is the base.
+#[test]
+fn the_dra_front_renders_the_base_with_the_dra_component() {
+    let kustomized = kustomize_with_component("dra");
+    assert!(
+        kustomized
+            .iter()
+            .any(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "macvtap-cni-dra"),
+        "the component adds its ClusterRole"
+    );
+    let sets = ["front=dra"];
+    assert_same_objects(
+        "manifests/base with manifests/components/dra",
+        &kustomized,
+        &sets,
+        &helm_template(&sets),
+    );
+    // Helm's way: the release's namespace, which the binding names.
+    let without_ns: Vec<Value> = kustomized
+        .iter()
+        .filter(|d| d["kind"] != "Namespace")
+        .cloned()
+        .collect();
+    assert_same_objects(
+        "manifests/base with manifests/components/dra, without its Namespace",
+        &without_ns,
+        &["--namespace macvtap-system", "front=dra"],
+        &helm_template_in("macvtap-system", &sets),
+    );
+    let sets = ["front=device-plugin"];
+    assert_same_objects(
+        "manifests/base",
+        &kustomize("base"),
+        &sets,
+        &helm_template(&sets),
+    );
+}
+
+/// In DRA mode the daemon's sockets (under `<kubeletDir>/plugins` and
+/// `plugins_registry`, as the daemon derives them from `--kubelet-dir`)
+/// and its CDI specs (`--cdi-dir`) land in mounts of the host's own paths,
+/// with `kubeletDir` honoured; the front is one the binary takes.
+#[test]
+fn the_dra_front_mounts_where_the_daemon_serves_and_writes() {
+    use macvtap_deviceplugin::dra::server::{dra_socket, registration_socket};
+    use macvtap_deviceplugin::options::Front;
+    let docs = helm_template(&["front=dra", "kubeletDir=/var/lib/k0s/kubelet"]);
+    let spec = &daemonset(&docs)["spec"]["template"]["spec"];
+    let main = container(&docs, "containers", "macvtap-deviceplugin");
+    let front = main["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "MACVTAP_FRONT")
+        .expect("MACVTAP_FRONT");
+    let a = args(main);
+    let with_front = format!("--front={}", front["value"].as_str().unwrap());
+    let line = parse_from(
+        std::iter::once("/macvtap-deviceplugin")
+            .chain(a.iter().copied())
+            .chain([with_front.as_str()]),
+    )
+    .unwrap_or_else(|e| panic!("the daemon refuses {a:?} {with_front}: {e}"));
+    assert_eq!(line.args.front, Front::Dra);
+    let kubelet = line.args.kubelet_dir.clone();
+    assert_eq!(kubelet, Path::new("/var/lib/k0s/kubelet"));
+    let mounts = main["volumeMounts"].as_array().unwrap();
+    let volumes = spec["volumes"].as_array().unwrap();
+    for (what, path, host) in [
+        (
+            "the DRA socket",
+            dra_socket(&kubelet),
+            "/var/lib/k0s/kubelet/plugins",
+        ),
+        (
+            "the registration socket",
+            registration_socket(&kubelet),
+            "/var/lib/k0s/kubelet/plugins_registry",
+        ),
+        (
+            "the CDI specs",
+            line.args.cdi_dir.join("x.json"),
+            "/var/run/cdi",
+        ),
+    ] {
+        let m = mounts
+            .iter()
+            .filter(|m| path.starts_with(m["mountPath"].as_str().unwrap()))
+            .max_by_key(|m| m["mountPath"].as_str().unwrap().len())
+            .unwrap_or_else(|| panic!("{what} ({}) is in no mount", path.display()));
+        assert_eq!(m["mountPath"], host, "{what}");
+        let v = volumes.iter().find(|v| v["name"] == m["name"]).unwrap();
+        assert_eq!(
+            v["hostPath"],
+            serde_json::json!({"path": host, "type": "DirectoryOrCreate"}),
+            "{what}: the host's own path"
+        );
+        assert!(m.get("readOnly").is_none(), "{what}: written");
+    }
+    // No helm test pod: doctor checks the device plugin's sockets.
+    assert!(test_pod("macvtap-system", &["front=dra"]).is_none());
+    assert!(test_pod("macvtap-system", &["front=device-plugin"]).is_some());
+}
+
+/// A resource's name is a DRA device attribute's value in DRA mode: the
+/// chart refuses, with the daemon's advice, exactly the names the daemon
+/// would not serve through DRA (macvtap-link's `dra_name_problem`), and
+/// only in DRA mode.
+#[test]
+fn dra_mode_refuses_a_resource_name_no_device_attribute_holds() {
+    for len in [36, 37] {
+        let name = format!("d{}", "a".repeat(len - 1));
+        let entry = [
+            format!("macvtapResources[0].name={name}"),
+            "macvtapResources[0].lowerDevice=eth0".to_string(),
+        ];
+        let entry: Vec<&str> = entry.iter().map(String::as_str).collect();
+        let dra: Vec<&str> = entry.iter().copied().chain(["front=dra"]).collect();
+        let rendered = render_chart(&chart_dir(), &dra);
+        match macvtap_link::dra::dra_name_problem(&name) {
+            None => {
+                rendered.unwrap_or_else(|e| panic!("{len} characters: {e:#}"));
+            }
+            Some(why) => {
+                let err = rendered.expect_err("refused").to_string();
+                let advice = why.rsplit(": ").next().unwrap();
+                assert!(
+                    err.contains(advice)
+                        && err.contains(&format!("entry 0, {}/{name}", macvtap_link::dra::DRIVER)),
+                    "{len} characters: the chart should say {advice:?}: {err}"
+                );
+            }
+        }
+        render_chart(&chart_dir(), &entry)
+            .unwrap_or_else(|e| panic!("the device plugin serves {len} characters: {e:#}"));
+    }
+    assert!(macvtap_link::dra::dra_name_problem(&"a".repeat(37)).is_some());
 }
 
 /// Copies `from` into `to`, directories and files, but hidden ones: the
@@ -625,6 +791,26 @@ const MISTAKES: &[Mistake] = &[
         "extraArgs: --metrics-addr is set by the chart",
     ),
     bad(
+        &["extraArgs[0]=--front=dra"],
+        "extraArgs: --front is set by the chart (value: front,",
+    ),
+    bad(
+        &["extraArgs[0]=--cdi-dir=/etc/cdi"],
+        "extraArgs: --cdi-dir is set by the chart",
+    ),
+    bad(
+        &["front=DRA"],
+        "at '/front': value must be one of 'device-plugin', 'dra'",
+    ),
+    bad(
+        &[
+            "front=dra",
+            "macvtapResources[0].name=dataplane-of-the-east-wing-rack-seven",
+            "macvtapResources[0].lowerDevice=eth1",
+        ],
+        "macvtapResources: entry 0, macvtap.network.kubevirt.io/dataplane-of-the-east-wing-rack-seven, is 65 characters, and with front=dra it is a DRA device attribute's value, which holds at most 64: give the resource a name of at most 36 characters",
+    ),
+    bad(
         &["kubeletDir=var/lib/kubelet"],
         "at '/kubeletDir': 'var/lib/kubelet' does not match pattern",
     ),
@@ -840,6 +1026,35 @@ fn mistakes_are_refused_with_a_message() {
         "{err}"
     );
     run_helm(&["template", "macvtap-rs", chart, "--kube-version", "1.26.0"]).unwrap();
+    // DRA mode needs 1.37 (a DeviceClass's extendedResourceName).
+    let err = run_helm(&[
+        "template",
+        "macvtap-rs",
+        chart,
+        "--kube-version",
+        "1.36.4",
+        "--set",
+        "front=dra",
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("front=dra needs Kubernetes 1.37 or newer")
+            && err.contains("the cluster is v1.36.4: keep front=device-plugin"),
+        "{err}"
+    );
+    for v in ["1.37.0", "1.37.1-eks-4a2b"] {
+        run_helm(&[
+            "template",
+            "macvtap-rs",
+            chart,
+            "--kube-version",
+            v,
+            "--set",
+            "front=dra",
+        ])
+        .unwrap_or_else(|e| panic!("{v}: {e:#}"));
+    }
 }
 
 /// The pod of `helm test`, from `helm template` with the tests.
