@@ -458,6 +458,128 @@ fn dra_mode_refuses_a_resource_name_no_device_attribute_holds() {
     assert!(macvtap_link::dra::dra_name_problem(&"a".repeat(37)).is_some());
 }
 
+/// The DeviceClasses of a rendering, by name.
+fn device_classes(docs: &[Value]) -> std::collections::BTreeMap<String, Value> {
+    docs.iter()
+        .filter(|d| d["kind"] == "DeviceClass")
+        .map(|d| {
+            (
+                d["metadata"]["name"].as_str().unwrap().to_string(),
+                d.clone(),
+            )
+        })
+        .collect()
+}
+
+/// Whether `name` is a DNS subdomain, as the API requires of a
+/// DeviceClass's name.
+fn is_dns_subdomain(name: &str) -> bool {
+    name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+/// In DRA mode the chart makes a DeviceClass per `macvtapResources`
+/// entry: for `eth1` exactly `manifests/examples/deviceclass.yaml`; for
+/// every name one of a valid object name, whose `extendedResourceName` is
+/// the resource's and whose CEL selector picks our driver's devices by the
+/// attribute the daemon publishes (macvtap-link's `DRIVER` and
+/// `ATTR_RESOURCE_NAME`); names spelled alike get classes of their own.
+/// None with `deviceClasses=false`, in device-plugin mode, or without
+/// named resources.
+#[test]
+fn dra_mode_renders_a_device_class_per_resource() {
+    use macvtap_link::dra::{ATTR_RESOURCE_NAME, DRIVER};
+    let sets = [
+        "front=dra",
+        "macvtapResources[0].name=eth1",
+        "macvtapResources[1].name=Data_Plane.x",
+        "macvtapResources[1].lowerDevice=eth2",
+        "macvtapResources[2].name=eth_1",
+        "macvtapResources[2].lowerDevice=eth3",
+        "macvtapResources[3].name=eth-1",
+        "macvtapResources[3].lowerDevice=eth4",
+        "macvtapResources[4].name=ETH-1",
+        "macvtapResources[4].lowerDevice=eth5",
+        "macvtapResources[5].name=v1.2",
+        "macvtapResources[5].lowerDevice=eth6",
+    ];
+    let docs = helm_template(&sets);
+    let classes = device_classes(&docs);
+    let example = &parse_docs(
+        &std::fs::read_to_string(root().join("manifests/examples/deviceclass.yaml")).unwrap(),
+    )
+    .unwrap()[0];
+    assert_eq!(
+        first_difference(example, &classes["macvtap-eth1"], ""),
+        None,
+        "the class of eth1 is manifests/examples/deviceclass.yaml"
+    );
+    let (domain, attribute) = ATTR_RESOURCE_NAME.split_once('/').unwrap();
+    let want: Vec<(&str, &str)> = vec![
+        ("eth1", "macvtap-eth1"),
+        ("Data_Plane.x", "macvtap-data-plane-x-6aa30310"),
+        ("eth_1", "macvtap-eth-1-c8485302"),
+        ("eth-1", "macvtap-eth-1"),
+        ("ETH-1", "macvtap-eth-1-24ebc4f8"),
+        ("v1.2", "macvtap-v1.2"),
+    ];
+    assert_eq!(classes.len(), want.len(), "{:?}", classes.keys());
+    for (resource, name) in want {
+        assert!(is_dns_subdomain(name), "{name}");
+        let class = classes.get(name).unwrap_or_else(|| {
+            panic!("no DeviceClass {name} for {resource}: {:?}", classes.keys())
+        });
+        let extended = format!("{DRIVER}/{resource}");
+        let expected = serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": name},
+            "spec": {
+                "extendedResourceName": extended,
+                "selectors": [{"cel": {"expression": format!(
+                    "device.driver == \"{DRIVER}\" && device.attributes[\"{domain}\"].{attribute} == \"{extended}\""
+                )}}],
+            },
+        });
+        assert_eq!(
+            first_difference(&expected, class, ""),
+            None,
+            "the DeviceClass of {resource}"
+        );
+        let typed: k8s_openapi::api::resource::v1::DeviceClass =
+            serde_json::from_value(class.clone()).unwrap();
+        assert_eq!(
+            first_difference(class, &serde_json::to_value(&typed).unwrap(), ""),
+            None,
+            "{name} has a field DeviceClass does not"
+        );
+    }
+    // Only in DRA mode, when asked, for named resources.
+    let off: Vec<&str> = sets
+        .iter()
+        .copied()
+        .chain(["deviceClasses=false"])
+        .collect();
+    assert!(device_classes(&helm_template(&off)).is_empty());
+    let dp: Vec<&str> = sets[1..].to_vec();
+    assert!(device_classes(&helm_template(&dp)).is_empty());
+    assert!(device_classes(&helm_template(&["front=dra"])).is_empty());
+    assert!(
+        device_classes(&render_chart_json(&[
+            "front=\"dra\"",
+            "macvtapResources=[]"
+        ]))
+        .is_empty()
+    );
+}
+
 /// Copies `from` into `to`, directories and files, but hidden ones: the
 /// temporary kustomizations other tests write into `manifests/` (a
 /// `.render-*` dir) may be gone before they are read.
@@ -801,6 +923,10 @@ const MISTAKES: &[Mistake] = &[
     bad(
         &["front=DRA"],
         "at '/front': value must be one of 'device-plugin', 'dra'",
+    ),
+    bad(
+        &["deviceClasses=yes"],
+        "at '/deviceClasses': got string, want boolean",
     ),
     bad(
         &[

@@ -45,6 +45,7 @@ const CLUSTER_SCOPED: &[&str] = &[
     "ClusterRole",
     "ClusterRoleBinding",
     "SecurityContextConstraints",
+    "DeviceClass",
 ];
 
 fn root() -> PathBuf {

@@ -14,6 +14,19 @@ release's when that is empty. */}}
 {{ .Values.namespace.name | default .Release.Namespace }}
 {{- end -}}
 
+{{/* The DeviceClass of resource NAME (given as the context): macvtap-NAME
+when that is an object name (a DNS subdomain), else NAME lower-cased with
+every other character as -, and 8 hex digits of NAME's sha256, so that two
+names spelled alike (eth_1, eth-1, ETH-1) get two classes. */}}
+{{- define "macvtap.deviceClassName" -}}
+{{- $plain := printf "macvtap-%s" . -}}
+{{- if regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$" $plain -}}
+{{ $plain }}
+{{- else -}}
+macvtap-{{ regexReplaceAll "[^a-z0-9-]" (lower .) "-" }}-{{ sha256sum . | trunc 8 }}
+{{- end -}}
+{{- end -}}
+
 {{/* The daemon's --metrics-addr: ADDRESS:PORT, an IPv6 address in
 brackets, as the daemon parses a socket address; off when disabled. */}}
 {{- define "macvtap.metricsAddr" -}}
