@@ -1474,6 +1474,63 @@ fn the_notes_give_the_next_steps() {
     assert!(!text.contains("helm test"));
 }
 
+/// In DRA mode the NOTES say where a node's devices are now (its
+/// ResourceSlices, looked up as the daemon lists them; no longer its
+/// allocatable) and name each DeviceClass the chart made with its
+/// resource, or say to make them; no helm test.
+#[test]
+fn the_notes_in_dra_mode_name_the_device_classes() {
+    use macvtap_link::dra::DRIVER;
+    let sets = [
+        "front=dra",
+        "macvtapResources[0].name=dataplane",
+        "macvtapResources[0].lowerDevice=eth1",
+        "macvtapResources[1].name=Eth_2",
+    ];
+    let text = notes("macvtap-system", &sets);
+    assert!(
+        text.contains("the node's allocatable no longer lists the macvtap resources"),
+        "{text}"
+    );
+    assert!(text.contains(&format!(
+        "kubectl get resourceslices --field-selector spec.nodeName=NODE,spec.driver={DRIVER}"
+    )));
+    assert!(!text.contains("{.status.allocatable}"), "{text}");
+    let classes = device_classes(&helm_template_in("macvtap-system", &sets));
+    assert_eq!(classes.len(), 2);
+    for (name, class) in &classes {
+        let line = format!(
+            "{name} for {}",
+            class["spec"]["extendedResourceName"].as_str().unwrap()
+        );
+        assert!(text.contains(&line), "no {line:?} in:\n{text}");
+    }
+    assert!(!text.contains("helm test macvtap-rs"), "{text}");
+    // None made: the user is told to make them, and why there are none.
+    for (more, why) in [
+        (&["deviceClasses=false"][..], "deviceClasses is false"),
+        (&[][..], "macvtapResources names no resource"),
+    ] {
+        let sets: Vec<&str> = if more.is_empty() {
+            vec!["front=dra"]
+        } else {
+            sets.iter().chain(more).copied().collect()
+        };
+        let text = notes("macvtap-system", &sets);
+        assert!(
+            text.contains(&format!("The chart made none ({why})"))
+                && text.contains("manifests/examples/deviceclass.yaml"),
+            "{sets:?}: {text}"
+        );
+    }
+    // The device plugin's NOTES say nothing of DRA.
+    let text = notes("macvtap-system", &sets[1..]);
+    assert!(
+        !text.contains("DeviceClass") && !text.contains("DRA"),
+        "{text}"
+    );
+}
+
 /// A schema node with `$ref` resolved against the schema's definitions.
 fn resolve<'a>(schema: &'a Value, node: &'a Value) -> &'a Value {
     match node["$ref"].as_str() {
