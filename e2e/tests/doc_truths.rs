@@ -224,12 +224,22 @@ fn security_md_lists_exactly_the_rbac_grants() {
     }
     let mut dra = documented_grants_of(&security, true);
     dra.sort();
-    let docs = render_with_component("dra");
-    assert_eq!(
-        rendered_grants("the base with components/dra", &docs),
-        dra,
-        "in DRA mode: SECURITY.md's tables of the daemon's API access are not what it grants"
-    );
+    let chart = render_chart_in(
+        &root().join("charts/macvtap-rs"),
+        "macvtap-system",
+        &["front=dra"],
+    )
+    .unwrap();
+    for (what, docs) in [
+        ("the base with components/dra", render_with_component("dra")),
+        ("the chart with front=dra", chart),
+    ] {
+        assert_eq!(
+            rendered_grants(what, &docs),
+            dra,
+            "{what}: SECURITY.md's tables of the daemon's API access in DRA mode are not what it grants"
+        );
+    }
 }
 
 /// `manifests/base` with `manifests/components/<component>`, rendered from
