@@ -64,6 +64,25 @@ pub enum Front {
     Dra,
 }
 
+/// The DRA front's service socket under the kubelet's directory
+/// `kubelet_dir`: `plugins/macvtap.network.kubevirt.io/dra.sock`, where the
+/// kubelet's own helper puts a driver's (kubernetes/dynamic-resource-allocation
+/// `kubeletplugin/draplugin.go`).
+pub fn dra_socket(kubelet_dir: &Path) -> PathBuf {
+    kubelet_dir
+        .join("plugins")
+        .join(macvtap_link::dra::DRIVER)
+        .join("dra.sock")
+}
+
+/// The DRA front's registration socket, in the kubelet's plugin watcher
+/// directory: `plugins_registry/macvtap.network.kubevirt.io-reg.sock`.
+pub fn registration_socket(kubelet_dir: &Path) -> PathBuf {
+    kubelet_dir
+        .join("plugins_registry")
+        .join(format!("{}-reg.sock", macvtap_link::dra::DRIVER))
+}
+
 impl Options {
     /// `<kubelet dir>/device-plugins`.
     pub(crate) fn plugin_dir(&self) -> PathBuf {

@@ -20,6 +20,7 @@ use crate::core::inflight::InFlight;
 use crate::core::ledger::{AllocationClock, Assignments};
 use crate::core::report::Observer;
 use crate::error::{Error, Result};
+pub use crate::options::{dra_socket, registration_socket};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kubelet_proto::dra::v1::dra_plugin_server::{DraPlugin, DraPluginServer};
 use kubelet_proto::dra::v1::{
@@ -40,18 +41,6 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
-
-/// The DRA service's socket, under the kubelet's directory.
-pub fn dra_socket(kubelet_dir: &Path) -> PathBuf {
-    kubelet_dir.join("plugins").join(DRIVER).join("dra.sock")
-}
-
-/// The registration socket, in the kubelet's plugin watcher directory.
-pub fn registration_socket(kubelet_dir: &Path) -> PathBuf {
-    kubelet_dir
-        .join("plugins_registry")
-        .join(format!("{DRIVER}-reg.sock"))
-}
 
 /// What the kubelet said of our registration.
 #[derive(Debug, Clone, PartialEq, Eq)]
