@@ -62,6 +62,9 @@ pub mod pluginregistration {
 #[cfg(feature = "grpc")]
 pub mod transport;
 
+#[cfg(feature = "grpc")]
+pub mod authority;
+
 /// The kubelet PodResources API.
 pub mod podresources {
     /// PodResources API, package `v1`.

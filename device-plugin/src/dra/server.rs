@@ -11,6 +11,10 @@
 //! plugin watcher finds the registration socket, asks what it is, dials the
 //! endpoint it names and calls the first service version it supports
 //! (kubernetes `pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go`).
+//! The plugin watcher sends the socket's path as `:authority`, which
+//! hyper refuses: both servers take their connections through
+//! `kubelet_proto::authority` (found on the real 1.37 kubelet: `GetInfo`
+//! reset with `PROTOCOL_ERROR`, the driver never registered).
 
 use super::cdi::{CdiDir, Prepared};
 use super::prepare::{Front, answer};
@@ -22,6 +26,7 @@ use crate::core::report::Observer;
 use crate::error::{Error, Result};
 pub use crate::options::{dra_socket, registration_socket};
 use k8s_openapi::api::resource::v1::ResourceClaim;
+use kubelet_proto::authority::serve_unix_any_authority;
 use kubelet_proto::dra::v1::dra_plugin_server::{DraPlugin, DraPluginServer};
 use kubelet_proto::dra::v1::{
     Claim, NodePrepareResourceResponse, NodePrepareResourcesRequest, NodePrepareResourcesResponse,
@@ -31,7 +36,7 @@ use kubelet_proto::pluginregistration::registration_server::{Registration, Regis
 use kubelet_proto::pluginregistration::{
     DRA_PLUGIN, InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
-use kubelet_proto::transport::{Connections, bind_unix, error_chain, serve_unix};
+use kubelet_proto::transport::{Connections, bind_unix, error_chain};
 use macvtap_link::dra::DRIVER;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -323,7 +328,7 @@ impl DraServers {
         let svc = DraPluginServer::new(DraService { ctx });
         let (path, until) = (dra.clone(), wait(stopped.clone()));
         tasks.push(tokio::spawn(async move {
-            if let Err(e) = serve_unix(svc, listener, until, Connections::default()).await {
+            if let Err(e) = serve_unix_any_authority(svc, listener, until, Connections::default()).await {
                 warn!(socket = %path.display(), error = %error_chain(&e), "the DRA server ended with an error");
             }
         }));
@@ -334,7 +339,7 @@ impl DraServers {
         });
         let (path, until) = (reg.clone(), wait(stopped));
         tasks.push(tokio::spawn(async move {
-            if let Err(e) = serve_unix(svc, listener, until, Connections::default()).await {
+            if let Err(e) = serve_unix_any_authority(svc, listener, until, Connections::default()).await {
                 warn!(socket = %path.display(), error = %error_chain(&e), "the DRA registration server ended with an error");
             }
         }));
