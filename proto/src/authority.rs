@@ -75,13 +75,20 @@ pub(crate) fn literal_block(headers: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
     out
 }
 
-/// `headers` with an `:authority` that holds a `/` (a socket path) made
-/// `localhost`; the rest as they were.
+/// Whether h2 takes `value` as an `:authority`: it parses it exactly so
+/// (`http::uri::Authority`, h2 `server.rs` `convert_poll_message`).
+fn valid_authority(value: &[u8]) -> bool {
+    http::uri::Authority::try_from(value).is_ok()
+}
+
+/// `headers` with an `:authority` that h2 would refuse (a socket path, as
+/// it is or percent-encoded as grpc-go encodes it) made `localhost`; the
+/// rest as they were.
 pub(crate) fn fix_authority(headers: Vec<(Vec<u8>, Vec<u8>)>) -> Vec<(Vec<u8>, Vec<u8>)> {
     headers
         .into_iter()
         .map(|(name, value)| {
-            if name == b":authority" && value.contains(&b'/') {
+            if name == b":authority" && !valid_authority(&value) {
                 (name, b"localhost".to_vec())
             } else {
                 (name, value)
@@ -315,8 +322,19 @@ mod tests {
     }
 
     /// `GetInfo` on `socket` as grpc-go sends it when it dials a bare path:
-    /// the path as `:authority`.
+    /// the path, percent-encoded, as `:authority`.
     async fn get_info_with_path_authority(socket: &std::path::Path) -> Answer {
+        let encoded: String = socket
+            .to_string_lossy()
+            .chars()
+            .map(|c| {
+                if c == '/' {
+                    "%2F".to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect();
         let mut s = UnixStream::connect(socket).await.unwrap();
         let block = literal_block(&[
             (b":method".to_vec(), b"POST".to_vec()),
@@ -325,10 +343,7 @@ mod tests {
                 b":path".to_vec(),
                 b"/pluginregistration.Registration/GetInfo".to_vec(),
             ),
-            (
-                b":authority".to_vec(),
-                socket.to_string_lossy().as_bytes().to_vec(),
-            ),
+            (b":authority".to_vec(), encoded.into_bytes()),
             (b"content-type".to_vec(), b"application/grpc".to_vec()),
             (b"te".to_vec(), b"trailers".to_vec()),
         ]);
@@ -423,8 +438,13 @@ mod tests {
         assert_eq!(fixed[0], headers[0]);
         let block = literal_block(&fixed);
         assert_eq!(hpack::Decoder::new().decode(&block).unwrap(), fixed);
-        let kept = fix_authority(vec![(b":authority".to_vec(), b"localhost".to_vec())]);
-        assert_eq!(kept[0].1, b"localhost");
+        let kept = fix_authority(vec![(b":authority".to_vec(), b"localhost:80".to_vec())]);
+        assert_eq!(kept[0].1, b"localhost:80");
+        // grpc-go percent-encodes the path (its clientconn.go
+        // `encodeAuthority`); h2 refuses that too.
+        let encoded = b"%2Fvar%2Flib%2Fkubelet%2Fplugins_registry%2Fx-reg.sock".to_vec();
+        let fixed = fix_authority(vec![(b":authority".to_vec(), encoded)]);
+        assert_eq!(fixed[0].1, b"localhost");
     }
 
     #[test]
