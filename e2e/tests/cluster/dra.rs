@@ -8,8 +8,9 @@
 //! calls our CNI without a `deviceID`, and the guest answers the peer's
 //! pings. A second pod over the capacity of one waits Pending with the
 //! scheduler's reason, and starts on the same device once the first is
-//! deleted (unprepared: its link and CDI spec gone). An uninstall leaves
-//! no slice, spec or link.
+//! deleted (unprepared: its CDI spec gone; its link deleted by the
+//! unprepare, or by the reclaimer when the DEL gave it back after the
+//! unprepare). An uninstall leaves no slice, spec or link.
 
 use super::{
     DAEMON, IMAGE_REPO, NIC, NS, RESOURCE_PREFIX, Run, WAIT, guest_answers, macvtaps_on_nic, repo,
@@ -212,8 +213,13 @@ pub(super) fn dra_mode(run: &mut Run, peer: &TestNs, tag: &str) -> Result<()> {
     run.steps
         .step("vm7 deleted, then uninstall: no slice, spec or link left");
     run.delete_vm_pods(&[vm7.0])?;
-    c.wait("vm7's claim unprepared", WAIT, || {
-        Ok(cdi_specs()?.is_empty().then_some(()))
+    // The kubelet may unprepare a claim before the sandbox's DEL has given
+    // its link back (its DRA manager unprepares the claims of pods that
+    // are no longer running; seen here when a DEL failed and was retried):
+    // such a link is no longer held, and the reclaimer removes it after
+    // the grace (30 s here).
+    c.wait("vm7's claim unprepared and its link gone", WAIT, || {
+        Ok((cdi_specs()?.is_empty() && macvtaps_on_nic()?.is_empty()).then_some(()))
     })?;
     c.kubectl_stdin(&["delete", "-f", "-", "--ignore-not-found"], Some(&class))?;
     c.kubectl_stdin(&["delete", "-f", "-", "--ignore-not-found"], Some(&nad))?;
