@@ -6,6 +6,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         "proto/deviceplugin_v1beta1.proto",
         "proto/podresources_v1.proto",
+        "proto/dra_v1.proto",
+        "proto/pluginregistration_v1.proto",
     ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");

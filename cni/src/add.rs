@@ -1,11 +1,16 @@
 //! ADD: hand the device plugin's macvtap over to the pod.
 //!
+//! The device is the NetConf's `deviceID`, which the kubelet must have
+//! allocated to the pod (`crate::podresources`), or without one a device
+//! the pod holds through Dynamic Resource Allocation (`crate::dra`).
+//!
 //! Everything that can be checked is checked before the first change. After
 //! the link has moved, any failure undoes every change: IPAM gets a DEL and
 //! the link goes back to the host namespace under its `mvt…` name, down and
 //! with its old MAC and MTU, so that a retry starts from the same state.
 
 use crate::config::NetConf;
+use crate::dra;
 use crate::env::{CniEnv, Command};
 use crate::error::{CODE_IPAM_NO_ERROR_JSON, Error, Result};
 use crate::give_back::{back_with_index, host_name_alias};
@@ -31,9 +36,6 @@ pub(crate) fn add(
     settings: &NodeSettings,
     stdin: &[u8],
 ) -> Result<CniResult> {
-    if conf.device_id.is_empty() {
-        return Err(Error::NoDeviceId);
-    }
     let mac = conf.resolve_mac(&env.args)?;
     let prev = conf
         .prev_result
@@ -44,14 +46,26 @@ pub(crate) fn add(
     if let Some(t) = &ipam_type {
         ipam::find_plugin(env, t)?;
     }
-    podresources::check_ownership(env, conf, settings)?;
+    // With a deviceID, the kubelet must have allocated it to the pod;
+    // without one, the pod's devices allocated through DRA are the
+    // candidates (one List either way).
+    let dra = if conf.device_id.is_empty() {
+        Some(dra::candidates(env, conf, settings)?)
+    } else {
+        podresources::check_ownership(env, conf, settings)?;
+        None
+    };
 
     let host_ns = kernel.current_netns()?;
     let host = kernel.links(None)?;
-    let link = find_device_link(host.as_ref(), &conf.device_id)?;
+    let device_id = match &dra {
+        Some(candidates) => dra::pick(candidates, host.as_ref(), &conf.name)?,
+        None => conf.device_id.clone(),
+    };
+    let link = find_device_link(host.as_ref(), &device_id)?;
     if !link.is_macvtap() {
         return Err(Error::NotMacvtap {
-            device_id: conf.device_id.clone(),
+            device_id: device_id.clone(),
             link: link.name.clone(),
             kind: link
                 .kind
@@ -92,7 +106,8 @@ pub(crate) fn add(
     info!(
         pod = %env.args.pod_ref(),
         network = %conf.name,
-        device_id = %conf.device_id,
+        device_id = %device_id,
+        dra = dra.is_some(),
         link = %link.name,
         ifindex = link.index,
         ifname = %env.ifname,

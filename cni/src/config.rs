@@ -25,6 +25,13 @@ pub struct NetConf {
     /// The device ID that the device plugin allocated and Multus injected.
     #[serde(rename = "deviceID", default)]
     pub device_id: String,
+    /// The extended resource this network's device is of
+    /// (`macvtap.network.kubevirt.io/<name>`), as the NAD's
+    /// `k8s.v1.cni.cncf.io/resourceName` annotation names it: only read when
+    /// there is no `deviceID`, to pick among the pod's devices allocated
+    /// through Dynamic Resource Allocation (`crate::dra`); checked there.
+    #[serde(rename = "resourceName")]
+    pub resource_name: Option<String>,
     /// MTU to set; 0 leaves the link's MTU as it is.
     #[serde(default)]
     pub mtu: u32,

@@ -11,6 +11,9 @@
 //! is taken on the host, or DEL cannot tell the name) the link is deleted,
 //! and the device plugin re-creates it if its pod still holds the device.
 //! The name and ifindex rule is ADD's rollback's too: `give_back.rs`.
+//! Without a `deviceID` (a device ADD took through DRA), the name comes from
+//! the pod link's alias alone, which the pod can rewrite: the kubelet must
+//! confirm that the pod holds that link's device first.
 //!
 //! Idempotent: a missing namespace, a missing link or a second DEL all
 //! succeed.
@@ -20,20 +23,29 @@ use crate::env::{CniEnv, Command};
 use crate::error::{Error, Result};
 use crate::give_back::{back_with_index, host_name};
 use crate::ipam;
-use macvtap_link::{Kernel, Link, LinkChange, Links, Netns};
+use crate::podresources::{self, LinkHolding};
+use crate::settings::NodeSettings;
+use macvtap_link::{Kernel, Link, LinkChange, Links, Netns, PodResourcesCheck};
 use nix::errno::Errno;
 use std::path::Path;
 use tracing::{info, warn};
 
-/// Runs DEL.
-pub(crate) fn del(kernel: &dyn Kernel, env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
+/// Runs DEL (`settings` for the check of a host name read from the alias
+/// without a `deviceID`, [`alias_confirmed`]).
+pub(crate) fn del(
+    kernel: &dyn Kernel,
+    env: &CniEnv,
+    conf: &NetConf,
+    settings: &NodeSettings,
+    stdin: &[u8],
+) -> Result<()> {
     let mut problems: Vec<Error> = Vec::new();
     if let Some(plugin) = conf.ipam_type()? {
         if let Err(e) = ipam::exec(env, &plugin, Command::Del, stdin) {
             problems.push(e);
         }
     }
-    if let Err(e) = release_link(kernel, env, conf) {
+    if let Err(e) = release_link(kernel, env, conf, settings) {
         problems.push(e);
     }
     match problems.len() {
@@ -50,7 +62,12 @@ pub(crate) fn del(kernel: &dyn Kernel, env: &CniEnv, conf: &NetConf, stdin: &[u8
     }
 }
 
-fn release_link(kernel: &dyn Kernel, env: &CniEnv, conf: &NetConf) -> Result<()> {
+fn release_link(
+    kernel: &dyn Kernel,
+    env: &CniEnv,
+    conf: &NetConf,
+    settings: &NodeSettings,
+) -> Result<()> {
     if env.netns.is_empty() {
         info!(ifname = %env.ifname, "no CNI_NETNS: the pod namespace is gone, and the link with it");
         return Ok(());
@@ -86,6 +103,9 @@ fn release_link(kernel: &dyn Kernel, env: &CniEnv, conf: &NetConf) -> Result<()>
         );
         return delete(pod.as_ref(), &link, env);
     };
+    if conf.device_id.is_empty() && !alias_confirmed(env, settings, &host_name) {
+        return delete(pod.as_ref(), &link, env);
+    }
     let host_ns = kernel.current_netns()?;
     let host = kernel.links(None)?;
     give_back(
@@ -96,6 +116,53 @@ fn release_link(kernel: &dyn Kernel, env: &CniEnv, conf: &NetConf) -> Result<()>
         &link,
         &host_name,
     )
+}
+
+/// Whether a link may go back under `host_name`, read from its alias
+/// without a `deviceID` to agree with (always so after an ADD that took a
+/// DRA device, since Multus runs DEL with the config it ran ADD with). The
+/// pod can rewrite its link's alias, and a link given back under another
+/// device's name would later be handed to that device's pod, so the
+/// kubelet must say the pod holds the device of that link. When it says
+/// the pod does not (the pod may be gone), the link is deleted, as it
+/// would be at the pod's end anyway; when it cannot be asked,
+/// `podResourcesCheck` decides: `enforce` deletes (the device plugin
+/// re-creates a lost link while its pod holds the device), `warn` gives it
+/// back as before this check, with a warning.
+fn alias_confirmed(env: &CniEnv, settings: &NodeSettings, host_name: &str) -> bool {
+    match podresources::pod_holds_link(env, settings, host_name) {
+        LinkHolding::Held => true,
+        LinkHolding::NotHeld(why) => {
+            warn!(
+                ifname = %env.ifname,
+                host_name,
+                "the link's alias names {host_name}, and {why}: deleting it instead of giving \
+                 it back"
+            );
+            false
+        }
+        LinkHolding::Unknown(why) => match settings.pod_resources_check {
+            PodResourcesCheck::Enforce => {
+                warn!(
+                    ifname = %env.ifname,
+                    host_name,
+                    "cannot check that the pod holds the device of {host_name}, the name in \
+                     the link's alias: {why}; deleting the link instead of giving it back \
+                     (podResourcesCheck is enforce)"
+                );
+                false
+            }
+            PodResourcesCheck::Warn => {
+                warn!(
+                    ifname = %env.ifname,
+                    host_name,
+                    "cannot check that the pod holds the device of {host_name}, the name in \
+                     the link's alias: {why}; giving it back (podResourcesCheck is warn)"
+                );
+                true
+            }
+        },
+    }
 }
 
 /// Resets the link (down, a fresh random MAC, no promiscuity) and moves it

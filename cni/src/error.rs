@@ -2,6 +2,7 @@
 
 use macvtap_link::Error as LinkError;
 use macvtap_link::Op;
+use macvtap_link::PodResourcesCheck;
 use macvtap_link::error::io_cause;
 use nix::errno::Errno;
 
@@ -21,9 +22,11 @@ pub(crate) const CODE_INVALID_CONFIG: u32 = 7;
 pub(crate) const CODE_TRY_AGAIN: u32 = 11;
 /// Spec code 50 (STATUS): the plugin cannot serve ADD requests.
 pub(crate) const CODE_NOT_AVAILABLE: u32 = 50;
-/// Ours: the config has no `deviceID`.
+/// Ours: the config has no `deviceID`, and the pod holds no device through
+/// Dynamic Resource Allocation that could stand in.
 pub(crate) const CODE_NO_DEVICE_ID: u32 = 100;
-/// Ours: the device's link is not in the host namespace.
+/// Ours: the device's link is not in the host namespace (without
+/// `deviceID`: no DRA device of the pod's has its link there).
 pub(crate) const CODE_DEVICE_LINK_MISSING: u32 = 101;
 /// Ours: the device's link is not a macvtap.
 pub(crate) const CODE_NOT_MACVTAP: u32 = 102;
@@ -112,13 +115,79 @@ pub enum Error {
     /// The network configuration is valid JSON but not a valid config.
     #[error("invalid network configuration: {0}")]
     InvalidConfig(String),
-    /// `deviceID` is empty: the pod was not given a macvtap device.
+    /// `deviceID` is empty, and no device the pod holds through Dynamic
+    /// Resource Allocation stands in for it.
     #[error(
-        "the network configuration has no deviceID: the pod probably does not request the \
-         resource named in the NetworkAttachmentDefinition's \
-         k8s.v1.cni.cncf.io/resourceName annotation (macvtap.network.kubevirt.io/<name>)"
+        "the network configuration has no deviceID, and {why}: the pod probably does not \
+         request the resource named in the NetworkAttachmentDefinition's \
+         k8s.v1.cni.cncf.io/resourceName annotation (macvtap.network.kubevirt.io/<name>), \
+         or the annotation is missing"
     )]
-    NoDeviceId,
+    NoDeviceId {
+        /// Why no DRA device was found, as a phrase (e.g. `pod tenant-a/vm
+        /// holds no device of driver macvtap.network.kubevirt.io`).
+        why: String,
+    },
+    /// No `deviceID`, and the pod holds DRA devices of more than one of our
+    /// resources, so the config must say which one this network uses.
+    #[error(
+        "the network configuration has no deviceID, and pod {pod} holds devices of more than \
+         one macvtap resource through Dynamic Resource Allocation ({resources}), so this \
+         network must say which one it uses: add {add} to the config of the \
+         NetworkAttachmentDefinition of network {network:?}, the resource its \
+         k8s.v1.cni.cncf.io/resourceName annotation names"
+    )]
+    DraResourceAmbiguous {
+        /// `namespace/name` of the pod.
+        pod: String,
+        /// The resources, comma-separated.
+        resources: String,
+        /// What to add, e.g. `"resourceName": "macvtap.network.kubevirt.io/eth1"
+        /// or "resourceName": "macvtap.network.kubevirt.io/eth2"`.
+        add: String,
+        /// The NetConf's `name`.
+        network: String,
+    },
+    /// No `deviceID`, and every DRA device of the resource that the pod holds
+    /// has its link outside the host namespace.
+    #[error(
+        "the network configuration has no deviceID, and none of the links of the devices of \
+         {resource} that pod {pod} holds through Dynamic Resource Allocation ({devices}) is in \
+         the host network namespace: each is in use by another network of this pod (a pod \
+         needs one device of the resource per network), or was lost (the device plugin \
+         re-creates a lost link while the pod holds its device; a retry then succeeds)"
+    )]
+    DraDevicesInUse {
+        /// `namespace/name` of the pod.
+        pod: String,
+        /// The resource, `macvtap.network.kubevirt.io/<name>`.
+        resource: String,
+        /// The devices with their link names, e.g. `eth1Mvp0 (mvt…)`.
+        devices: String,
+    },
+    /// No `deviceID`, and the kubelet's PodResources API could not be asked
+    /// for the pod's DRA devices: whatever `podResourcesCheck` says, there is
+    /// no device to go on with.
+    #[error(
+        "the network configuration has no deviceID, and the devices pod {pod} holds through \
+         Dynamic Resource Allocation cannot be looked up: the kubelet's PodResources API at \
+         {socket} {msg}; {}",
+        match check {
+            PodResourcesCheck::Enforce => "podResourcesCheck is enforce",
+            PodResourcesCheck::Warn =>
+                "podResourcesCheck is warn, but without a deviceID there is no device to go on with",
+        }
+    )]
+    DraLookupUnavailable {
+        /// `namespace/name` of the pod.
+        pod: String,
+        /// The socket asked.
+        socket: String,
+        /// What went wrong (`podresources::ListFailure`'s phrase).
+        msg: String,
+        /// The node's `podResourcesCheck`.
+        check: PodResourcesCheck,
+    },
     /// No link exists for the device ID.
     #[error(
         "device {device_id}: link {link} does not exist in the host network namespace (was the \
@@ -259,12 +328,18 @@ impl Error {
             // Writing a sysctl is file I/O below /proc.
             Error::Link(e) if e.op() == Some(Op::Sysctl) => CODE_IO,
             Error::Decode(_) => CODE_DECODE,
-            Error::InvalidConfig(_) | Error::NodeSettings(_) => CODE_INVALID_CONFIG,
-            Error::PodResourcesUnavailable { .. } | Error::TryAgain(_) => CODE_TRY_AGAIN,
+            Error::InvalidConfig(_)
+            | Error::NodeSettings(_)
+            | Error::DraResourceAmbiguous { .. } => CODE_INVALID_CONFIG,
+            Error::PodResourcesUnavailable { .. }
+            | Error::DraLookupUnavailable { .. }
+            | Error::TryAgain(_) => CODE_TRY_AGAIN,
             Error::NotAvailable(_) => CODE_NOT_AVAILABLE,
             Error::DeviceNotAllocated { .. } => CODE_DEVICE_NOT_ALLOCATED,
-            Error::NoDeviceId => CODE_NO_DEVICE_ID,
-            Error::DeviceLinkMissing { .. } => CODE_DEVICE_LINK_MISSING,
+            Error::NoDeviceId { .. } => CODE_NO_DEVICE_ID,
+            Error::DeviceLinkMissing { .. } | Error::DraDevicesInUse { .. } => {
+                CODE_DEVICE_LINK_MISSING
+            }
             Error::NotMacvtap { .. } => CODE_NOT_MACVTAP,
             Error::MtuTooLarge { .. } => CODE_MTU_TOO_LARGE,
             Error::Link(_) | Error::MacInUse { .. } => CODE_LINK,
@@ -321,7 +396,24 @@ mod tests {
             },
             Error::Decode("m".into()),
             Error::InvalidConfig("m".into()),
-            Error::NoDeviceId,
+            Error::NoDeviceId { why: "w".into() },
+            Error::DraResourceAmbiguous {
+                pod: "ns/p".into(),
+                resources: "r".into(),
+                add: "a".into(),
+                network: "n".into(),
+            },
+            Error::DraDevicesInUse {
+                pod: "ns/p".into(),
+                resource: "r".into(),
+                devices: "d".into(),
+            },
+            Error::DraLookupUnavailable {
+                pod: "ns/p".into(),
+                socket: "s".into(),
+                msg: "m".into(),
+                check: PodResourcesCheck::Warn,
+            },
             Error::DeviceLinkMissing {
                 device_id: "d".into(),
                 link: "l".into(),
@@ -352,7 +444,7 @@ mod tests {
                 msg: "m".into(),
             },
             Error::RollbackFailed {
-                cause: Box::new(Error::NoDeviceId),
+                cause: Box::new(Error::Decode("m".into())),
                 rollback: "r".into(),
             },
             Error::LogFileRefused {
@@ -373,7 +465,7 @@ mod tests {
                 socket: "s".into(),
                 msg: "m".into(),
             },
-            Error::TryAgain(Box::new(Error::NoDeviceId)),
+            Error::TryAgain(Box::new(Error::Decode("m".into()))),
         ];
         for e in &all {
             match e {
@@ -383,7 +475,10 @@ mod tests {
                 | Error::Io { .. }
                 | Error::Decode(_)
                 | Error::InvalidConfig(_)
-                | Error::NoDeviceId
+                | Error::NoDeviceId { .. }
+                | Error::DraResourceAmbiguous { .. }
+                | Error::DraDevicesInUse { .. }
+                | Error::DraLookupUnavailable { .. }
                 | Error::DeviceLinkMissing { .. }
                 | Error::NotMacvtap { .. }
                 | Error::MtuTooLarge { .. }

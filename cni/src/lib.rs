@@ -1,10 +1,13 @@
 //! The macvtap CNI plugin.
 //!
 //! Multus runs this plugin (`"type": "macvtap"`) during pod sandbox set-up
-//! with the device ID that the macvtap device plugin allocated to the pod. The
-//! plugin finds the macvtap link the device plugin created for that ID in the
-//! host namespace, moves it into the pod, configures it, gives `/dev/tapN` to
-//! the VM's user and optionally runs IPAM. See `ARCHITECTURE.md`.
+//! with the device ID that the macvtap device plugin allocated to the pod
+//! (or, when the device was allocated through Dynamic Resource Allocation,
+//! without one: the plugin then asks the kubelet which device the pod holds,
+//! `dra.rs`). The plugin finds the macvtap link the device plugin created
+//! for that ID in the host namespace, moves it into the pod, configures it,
+//! gives `/dev/tapN` to the VM's user and optionally runs IPAM. See
+//! `ARCHITECTURE.md`.
 //!
 //! [`run`] is the whole plugin as a function of its environment and stdin;
 //! `main.rs` only wires it to the process.
@@ -17,6 +20,9 @@ pub mod config;
 #[cfg(test)]
 mod crash_tests;
 pub(crate) mod del;
+pub(crate) mod dra;
+#[cfg(test)]
+mod dra_tests;
 pub(crate) mod env;
 pub mod error;
 pub mod escape;
@@ -128,7 +134,7 @@ fn dispatch(
             let result = add::add(kernel, &env, &conf, settings, bytes)?;
             Ok(Some(result.to_value(conf.version).to_string()))
         }
-        Command::Del => del::del(kernel, &env, &conf, bytes).map(|()| None),
+        Command::Del => del::del(kernel, &env, &conf, settings, bytes).map(|()| None),
         Command::Check => check::check(kernel, &env, &conf, bytes).map(|()| None),
         Command::Status => {
             status::status(&env, &conf, settings.problem.as_deref(), bytes).map(|()| None)

@@ -14,6 +14,11 @@
 //! after a jittered back-off (`crate::backoff`) for at most
 //! [`RETRY_BUDGET`], well inside the whole wait ([`TIMEOUT`]).
 //!
+//! The same answer serves ADD without a `deviceID` (`crate::dra`: the
+//! devices of our DRA driver the pod holds, [`dra_device_ids`]) and DEL
+//! without one (`pod_holds_link`: whether the pod holds the device of the
+//! host name in its link's alias).
+//!
 //! The call is the CNI's own unary gRPC client ([`grpc_unary`]); the
 //! answer is decoded by prost with `kubelet-proto`'s messages (built
 //! without tonic), the same messages the device plugin and the test kubelet
@@ -25,9 +30,10 @@ use crate::env::CniEnv;
 use crate::error::{Error, Result};
 use crate::settings::NodeSettings;
 use grpc_unary::{self as grpc, CallError};
-use kubelet_proto::podresources::v1::ListPodResourcesResponse;
+use kubelet_proto::podresources::v1::{ContainerResources, ListPodResourcesResponse};
 use macvtap_link::PodResourcesCheck;
-use macvtap_link::RESOURCE_PREFIX;
+use macvtap_link::dra::{DRIVER, device_id_of_cdi};
+use macvtap_link::{RESOURCE_PREFIX, link_name_for_device};
 use prost::Message;
 use std::fmt;
 use std::io::ErrorKind;
@@ -147,6 +153,10 @@ pub struct PodDevices {
     pub namespace: String,
     /// Every device of every container of the pod.
     pub devices: Vec<HeldDevice>,
+    /// The device IDs of the devices our DRA driver prepared for the pod,
+    /// read from the CDI device IDs of its `dynamic_resources` (see
+    /// [`dra_device_ids`]), each once, in the order listed.
+    pub dra_devices: Vec<String>,
 }
 
 /// Checks, before ADD touches anything, that the kubelet allocated the
@@ -232,6 +242,70 @@ pub(crate) fn check_ownership(env: &CniEnv, conf: &NetConf, settings: &NodeSetti
     })
 }
 
+/// Whether the kubelet says the pod in `CNI_ARGS` holds the device whose
+/// link is `host_name` on the host ([`pod_holds_link`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum LinkHolding {
+    /// The pod holds it (a device plugin device or a DRA device of ours).
+    Held,
+    /// The kubelet answered, and the pod does not hold it; why, as a phrase.
+    NotHeld(String),
+    /// The kubelet could not be asked, or `CNI_ARGS` names no pod; why.
+    Unknown(String),
+}
+
+/// Asks the kubelet whether the pod in `CNI_ARGS` holds a device of ours
+/// whose host link is `host_name` (the name a DEL without `deviceID` reads
+/// from the pod link's alias, which the pod can rewrite): one of its
+/// device plugin devices (`mvt…` of the ID, or the ID itself for a Go-era
+/// link) or of its DRA devices.
+pub(crate) fn pod_holds_link(
+    env: &CniEnv,
+    settings: &NodeSettings,
+    host_name: &str,
+) -> LinkHolding {
+    let (Some(namespace), Some(name)) = (&env.args.pod_namespace, &env.args.pod_name) else {
+        return LinkHolding::Unknown(
+            "CNI_ARGS names no pod (K8S_POD_NAMESPACE, K8S_POD_NAME)".into(),
+        );
+    };
+    let socket = settings.pod_resources_socket();
+    let pods = match list(&socket) {
+        Ok(p) => p,
+        Err(failure) => {
+            return LinkHolding::Unknown(format!(
+                "the kubelet's PodResources API at {} {failure}",
+                socket.display()
+            ));
+        }
+    };
+    let prefix = format!("{RESOURCE_PREFIX}/");
+    let mut found = false;
+    for p in pods
+        .iter()
+        .filter(|p| &p.name == name && &p.namespace == namespace)
+    {
+        found = true;
+        let plugin = p
+            .devices
+            .iter()
+            .filter(|d| d.resource.starts_with(&prefix))
+            .any(|d| d.id == host_name || link_name_for_device(&d.id) == host_name);
+        let dra = p
+            .dra_devices
+            .iter()
+            .any(|id| link_name_for_device(id) == host_name);
+        if plugin || dra {
+            return LinkHolding::Held;
+        }
+    }
+    LinkHolding::NotHeld(if found {
+        format!("pod {namespace}/{name} holds no device whose link is {host_name}")
+    } else {
+        format!("the kubelet lists no pod {namespace}/{name}")
+    })
+}
+
 /// Asks the kubelet at `socket` for every pod's devices, within [`TIMEOUT`];
 /// a refusal worth retrying is tried again for up to [`RETRY_BUDGET`].
 pub fn list(socket: &Path) -> std::result::Result<Vec<PodDevices>, ListFailure> {
@@ -307,6 +381,7 @@ pub(crate) fn decode_list(buf: &[u8]) -> std::result::Result<Vec<PodDevices>, St
         .map(|pod| PodDevices {
             name: pod.name,
             namespace: pod.namespace,
+            dra_devices: dra_device_ids(&pod.containers),
             devices: pod
                 .containers
                 .into_iter()
@@ -321,6 +396,34 @@ pub(crate) fn decode_list(buf: &[u8]) -> std::result::Result<Vec<PodDevices>, St
                 .collect(),
         })
         .collect())
+}
+
+/// The device IDs our DRA driver ([`DRIVER`]) prepared for the pod whose
+/// containers are `containers`, each once: the kubelet lists a prepared
+/// claim under the `dynamic_resources` of each container that uses it, one
+/// `claim_resources` entry per device, whose `cdi_devices` carry our CDI
+/// device IDs (`macvtap.network.kubevirt.io/tap=<claim UID>_<device ID>`,
+/// `macvtap_link::dra::cdi_device_id`). The 1.37 kubelet
+/// (`pkg/kubelet/cm/container_manager_linux.go` `GetDynamicResources`)
+/// gathers the CDI IDs of a driver's devices in one list it does not reset
+/// between devices, so an entry may repeat those of the entries before it;
+/// taking every ID once gives the same set either way. Entries of other
+/// drivers, and CDI IDs that are not ours, are skipped.
+pub fn dra_device_ids(containers: &[ContainerResources]) -> Vec<String> {
+    let mut ids: Vec<String> = Vec::new();
+    let ours = containers
+        .iter()
+        .flat_map(|c| &c.dynamic_resources)
+        .flat_map(|d| &d.claim_resources)
+        .filter(|r| r.driver_name == DRIVER)
+        .flat_map(|r| &r.cdi_devices)
+        .filter_map(|cdi| device_id_of_cdi(&cdi.name));
+    for id in ours {
+        if !ids.iter().any(|have| have == id) {
+            ids.push(id.to_string());
+        }
+    }
+    ids
 }
 
 #[cfg(test)]
@@ -398,6 +501,55 @@ mod tests {
         );
         assert_eq!(devices_of(&pods, "tenant-b", "empty"), Some(vec![]));
         assert_eq!(devices_of(&pods, "tenant-a", "vm-b"), None);
+    }
+
+    #[test]
+    fn our_dra_devices_are_read_from_the_cdi_ids_each_once() {
+        use macvtap_link::dra::cdi_device_id;
+        use test_kubelet::{PreparedClaim, PreparedDevice, dynamic_resources};
+        let device = |driver: &str, name: &str, cdi: &[String]| PreparedDevice {
+            driver: driver.into(),
+            pool: "node-1".into(),
+            device: name.into(),
+            cdi_ids: cdi.to_vec(),
+        };
+        let uid = "0b5f6e8e-1111-4222-8333-444455556666";
+        let claim = PreparedClaim {
+            name: "vm-extended-resources-x7k2p".into(),
+            namespace: "tenant-a".into(),
+            devices: vec![
+                device(DRIVER, "eth1-mvp-2", &[cdi_device_id(uid, "eth1Mvp2")]),
+                device(
+                    "gpu.example.com",
+                    "gpu-0",
+                    &["gpu.example.com/gpu=0".into()],
+                ),
+                // The kubelet repeats the first device's ID in this entry.
+                device(DRIVER, "eth1-mvp-0", &[cdi_device_id(uid, "eth1Mvp0")]),
+                // Not a CDI ID of ours, or not a device ID: skipped.
+                device(
+                    DRIVER,
+                    "odd",
+                    &[
+                        "other.example.com/tap=u_eth1Mvp7".into(),
+                        "macvtap.network.kubevirt.io/tap=u_eth0".into(),
+                    ],
+                ),
+            ],
+        };
+        let mut listed = pod("vm", "tenant-a", &[("r/x", &["id"])]);
+        listed.containers[1].dynamic_resources = dynamic_resources(std::slice::from_ref(&claim));
+        // A second container using the same claim lists it again.
+        listed.containers[0].dynamic_resources = dynamic_resources(&[claim]);
+        let pods = decode_list(
+            &pr::ListPodResourcesResponse {
+                pod_resources: vec![listed],
+            }
+            .encode_to_vec(),
+        )
+        .unwrap();
+        assert_eq!(pods[0].dra_devices, ["eth1Mvp2", "eth1Mvp0"]);
+        assert_eq!(pods[0].devices.len(), 1);
     }
 
     #[test]

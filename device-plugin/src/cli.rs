@@ -4,7 +4,7 @@ use crate::config::ENV_VAR;
 use crate::glog::{self, GlogFlags};
 use crate::logging::{self, LogFormat};
 use crate::operator::owner::Owner;
-use crate::options::Options;
+use crate::options::{Front, Options};
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
@@ -117,6 +117,33 @@ pub struct Args {
     /// these, so it never removes a binary it cannot prove it installed.
     #[arg(long, global = true, value_name = "FILE", default_value = "/macvtap")]
     pub uninstall_cni_source: PathBuf,
+
+    /// Which kubelet API serves this node's macvtap resources:
+    /// `device-plugin` (extended resources in the Node's allocatable), or
+    /// `dra` (ResourceSlices of driver `macvtap.network.kubevirt.io`, which
+    /// pods request under the same names through a DeviceClass's
+    /// `extendedResourceName`; Kubernetes 1.37 or newer, a runtime with CDI,
+    /// and `NODE_NAME` and API access). Also read from `MACVTAP_FRONT`,
+    /// which the DRA kustomize component and the chart set.
+    #[arg(
+        long,
+        global = true,
+        env = "MACVTAP_FRONT",
+        value_enum,
+        default_value = "device-plugin"
+    )]
+    pub front: Front,
+
+    /// The container runtime's CDI spec directory, where the DRA front
+    /// writes one spec per prepared claim (containerd 2.x and CRI-O read
+    /// `/etc/cdi` and `/var/run/cdi`).
+    #[arg(
+        long,
+        global = true,
+        value_name = "DIR",
+        default_value = "/var/run/cdi"
+    )]
+    pub cdi_dir: PathBuf,
 }
 
 /// One-off tasks of the binary.
@@ -278,6 +305,8 @@ impl Args {
             },
             uninstall_cni_dir: self.uninstall_cni_dir.clone(),
             uninstall_cni_source: self.uninstall_cni_source.clone(),
+            front: self.front,
+            cdi_dir: self.cdi_dir.clone(),
         })
     }
 }

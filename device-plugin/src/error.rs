@@ -221,6 +221,23 @@ pub enum Error {
     /// A helper task or thread of the daemon died or could not start.
     #[error("{0}")]
     Task(String),
+    /// A ResourceClaim the kubelet asked the DRA front to prepare that it
+    /// cannot prepare as allocated.
+    #[error("ResourceClaim {claim} cannot be prepared on this node: {why}")]
+    Claim {
+        /// The claim, `namespace/name`.
+        claim: String,
+        /// Why.
+        why: String,
+    },
+    /// A call to the Kubernetes API server failed.
+    #[error("{op}: {msg}")]
+    Api {
+        /// What was asked, e.g. `getting ResourceClaim default/vm-1`.
+        op: String,
+        /// The API server's or the client's answer.
+        msg: String,
+    },
 }
 
 /// `resource`'s device IDs as a range, e.g. `dpMvp0 to dpMvp3`.

@@ -23,6 +23,7 @@ pub mod cli;
 pub mod config;
 pub mod core;
 pub mod daemon;
+pub mod dra;
 pub mod error;
 pub(crate) mod fswatch;
 pub mod glog;

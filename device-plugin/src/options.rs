@@ -44,6 +44,43 @@ pub struct Options {
     /// The CNI binary this image ships: the installed one is removed at an
     /// uninstall only when its bytes are these.
     pub uninstall_cni_source: PathBuf,
+    /// Which kubelet API serves the resources on this node.
+    pub front: Front,
+    /// The runtime's CDI spec directory, where the DRA front writes a spec
+    /// per prepared claim.
+    pub cdi_dir: PathBuf,
+}
+
+/// The kubelet API through which a node's macvtap resources are served:
+/// one per node, so a resource name is never served by both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Front {
+    /// The device plugin API: extended resources in the Node's allocatable.
+    #[default]
+    DevicePlugin,
+    /// Dynamic Resource Allocation: ResourceSlices of driver
+    /// `macvtap.network.kubevirt.io`, requested under the same names
+    /// through a DeviceClass's `extendedResourceName` (Kubernetes 1.37+).
+    Dra,
+}
+
+/// The DRA front's service socket under the kubelet's directory
+/// `kubelet_dir`: `plugins/macvtap.network.kubevirt.io/dra.sock`, where the
+/// kubelet's own helper puts a driver's (kubernetes/dynamic-resource-allocation
+/// `kubeletplugin/draplugin.go`).
+pub fn dra_socket(kubelet_dir: &Path) -> PathBuf {
+    kubelet_dir
+        .join("plugins")
+        .join(macvtap_link::dra::DRIVER)
+        .join("dra.sock")
+}
+
+/// The DRA front's registration socket, in the kubelet's plugin watcher
+/// directory: `plugins_registry/macvtap.network.kubevirt.io-reg.sock`.
+pub fn registration_socket(kubelet_dir: &Path) -> PathBuf {
+    kubelet_dir
+        .join("plugins_registry")
+        .join(format!("{}-reg.sock", macvtap_link::dra::DRIVER))
 }
 
 impl Options {
@@ -119,6 +156,8 @@ impl Options {
             owner: None,
             uninstall_cni_dir: None,
             uninstall_cni_source: PathBuf::from("/macvtap"),
+            front: Front::DevicePlugin,
+            cdi_dir: PathBuf::from("/var/run/cdi"),
         }
     }
 }

@@ -144,6 +144,12 @@ fn helm_lint_passes_with_the_defaults_and_every_option() {
             "test.enabled=false",
         ],
         vec!["metrics.enabled=false", "namespace.name=other"],
+        vec![
+            "front=dra",
+            "kubeletDir=/var/lib/k0s/kubelet",
+            "macvtapResources[0].name=dataplane",
+            "macvtapResources[0].lowerDevice=eth1",
+        ],
     ] {
         let mut args = vec!["lint", "--strict", chart];
         for s in &sets {
@@ -292,11 +298,298 @@ fn the_monitoring_values_render_the_base_with_the_monitoring_component() {
     assert_eq!(pm["spec"]["podMetricsEndpoints"][0]["interval"], "10s");
 }
 
-/// Copies `from` into `to`, directories and files.
+/// `manifests/base` with `manifests/components/<component>`, rendered
+/// from a kustomization in a temporary dir under `manifests/` (kustomize
+/// takes no absolute paths), as a user's kustomization beside ours would.
+fn kustomize_with_component(component: &str) -> Vec<Value> {
+    let dir = tempfile::Builder::new()
+        .prefix(".render-")
+        .tempdir_in(root().join("manifests"))
+        .unwrap();
+    std::fs::write(
+        dir.path().join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../base\ncomponents:\n  - ../components/{component}\n"
+        ),
+    )
+    .unwrap();
+    render(dir.path()).unwrap_or_else(|e| panic!("base with components/{component}: {e:#}"))
+}
+
+/// `front=dra` is `manifests/components/dra` on the base: the daemon's
+/// MACVTAP_FRONT, the kubelet's plugin dirs and /var/run/cdi, the
+/// ClusterRole macvtap-cni-dra and its binding; `front=device-plugin`
+/// (the default) is the base.
+#[test]
+fn the_dra_front_renders_the_base_with_the_dra_component() {
+    let kustomized = kustomize_with_component("dra");
+    assert!(
+        kustomized
+            .iter()
+            .any(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "macvtap-cni-dra"),
+        "the component adds its ClusterRole"
+    );
+    let sets = ["front=dra"];
+    assert_same_objects(
+        "manifests/base with manifests/components/dra",
+        &kustomized,
+        &sets,
+        &helm_template(&sets),
+    );
+    // Helm's way: the release's namespace, which the binding names.
+    let without_ns: Vec<Value> = kustomized
+        .iter()
+        .filter(|d| d["kind"] != "Namespace")
+        .cloned()
+        .collect();
+    assert_same_objects(
+        "manifests/base with manifests/components/dra, without its Namespace",
+        &without_ns,
+        &["--namespace macvtap-system", "front=dra"],
+        &helm_template_in("macvtap-system", &sets),
+    );
+    let sets = ["front=device-plugin"];
+    assert_same_objects(
+        "manifests/base",
+        &kustomize("base"),
+        &sets,
+        &helm_template(&sets),
+    );
+}
+
+/// In DRA mode the daemon's sockets (under `<kubeletDir>/plugins` and
+/// `plugins_registry`, as the daemon derives them from `--kubelet-dir`)
+/// and its CDI specs (`--cdi-dir`) land in mounts of the host's own paths,
+/// with `kubeletDir` honoured; the front is one the binary takes.
+#[test]
+fn the_dra_front_mounts_where_the_daemon_serves_and_writes() {
+    use macvtap_deviceplugin::dra::server::{dra_socket, registration_socket};
+    use macvtap_deviceplugin::options::Front;
+    let docs = helm_template(&["front=dra", "kubeletDir=/var/lib/k0s/kubelet"]);
+    let spec = &daemonset(&docs)["spec"]["template"]["spec"];
+    let main = container(&docs, "containers", "macvtap-deviceplugin");
+    let front = main["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "MACVTAP_FRONT")
+        .expect("MACVTAP_FRONT");
+    let a = args(main);
+    let with_front = format!("--front={}", front["value"].as_str().unwrap());
+    let line = parse_from(
+        std::iter::once("/macvtap-deviceplugin")
+            .chain(a.iter().copied())
+            .chain([with_front.as_str()]),
+    )
+    .unwrap_or_else(|e| panic!("the daemon refuses {a:?} {with_front}: {e}"));
+    assert_eq!(line.args.front, Front::Dra);
+    let kubelet = line.args.kubelet_dir.clone();
+    assert_eq!(kubelet, Path::new("/var/lib/k0s/kubelet"));
+    let mounts = main["volumeMounts"].as_array().unwrap();
+    let volumes = spec["volumes"].as_array().unwrap();
+    for (what, path, host) in [
+        (
+            "the DRA socket",
+            dra_socket(&kubelet),
+            "/var/lib/k0s/kubelet/plugins",
+        ),
+        (
+            "the registration socket",
+            registration_socket(&kubelet),
+            "/var/lib/k0s/kubelet/plugins_registry",
+        ),
+        (
+            "the CDI specs",
+            line.args.cdi_dir.join("x.json"),
+            "/var/run/cdi",
+        ),
+    ] {
+        let m = mounts
+            .iter()
+            .filter(|m| path.starts_with(m["mountPath"].as_str().unwrap()))
+            .max_by_key(|m| m["mountPath"].as_str().unwrap().len())
+            .unwrap_or_else(|| panic!("{what} ({}) is in no mount", path.display()));
+        assert_eq!(m["mountPath"], host, "{what}");
+        let v = volumes.iter().find(|v| v["name"] == m["name"]).unwrap();
+        assert_eq!(
+            v["hostPath"],
+            serde_json::json!({"path": host, "type": "DirectoryOrCreate"}),
+            "{what}: the host's own path"
+        );
+        assert!(m.get("readOnly").is_none(), "{what}: written");
+    }
+    // No helm test pod: doctor checks the device plugin's sockets.
+    assert!(test_pod("macvtap-system", &["front=dra"]).is_none());
+    assert!(test_pod("macvtap-system", &["front=device-plugin"]).is_some());
+}
+
+/// A resource's name is a DRA device attribute's value in DRA mode: the
+/// chart refuses, with the daemon's advice, exactly the names the daemon
+/// would not serve through DRA (macvtap-link's `dra_name_problem`), and
+/// only in DRA mode.
+#[test]
+fn dra_mode_refuses_a_resource_name_no_device_attribute_holds() {
+    for len in [36, 37] {
+        let name = format!("d{}", "a".repeat(len - 1));
+        let entry = [
+            format!("macvtapResources[0].name={name}"),
+            "macvtapResources[0].lowerDevice=eth0".to_string(),
+        ];
+        let entry: Vec<&str> = entry.iter().map(String::as_str).collect();
+        let dra: Vec<&str> = entry.iter().copied().chain(["front=dra"]).collect();
+        let rendered = render_chart(&chart_dir(), &dra);
+        match macvtap_link::dra::dra_name_problem(&name) {
+            None => {
+                rendered.unwrap_or_else(|e| panic!("{len} characters: {e:#}"));
+            }
+            Some(why) => {
+                let err = rendered.expect_err("refused").to_string();
+                let advice = why.rsplit(": ").next().unwrap();
+                assert!(
+                    err.contains(advice)
+                        && err.contains(&format!("entry 0, {}/{name}", macvtap_link::dra::DRIVER)),
+                    "{len} characters: the chart should say {advice:?}: {err}"
+                );
+            }
+        }
+        render_chart(&chart_dir(), &entry)
+            .unwrap_or_else(|e| panic!("the device plugin serves {len} characters: {e:#}"));
+    }
+    assert!(macvtap_link::dra::dra_name_problem(&"a".repeat(37)).is_some());
+}
+
+/// The DeviceClasses of a rendering, by name.
+fn device_classes(docs: &[Value]) -> std::collections::BTreeMap<String, Value> {
+    docs.iter()
+        .filter(|d| d["kind"] == "DeviceClass")
+        .map(|d| {
+            (
+                d["metadata"]["name"].as_str().unwrap().to_string(),
+                d.clone(),
+            )
+        })
+        .collect()
+}
+
+/// Whether `name` is a DNS subdomain, as the API requires of a
+/// DeviceClass's name.
+fn is_dns_subdomain(name: &str) -> bool {
+    name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+/// In DRA mode the chart makes a DeviceClass per `macvtapResources`
+/// entry: for `eth1` exactly `manifests/examples/deviceclass.yaml`; for
+/// every name one of a valid object name, whose `extendedResourceName` is
+/// the resource's and whose CEL selector picks our driver's devices by the
+/// attribute the daemon publishes (macvtap-link's `DRIVER` and
+/// `ATTR_RESOURCE_NAME`); names spelled alike get classes of their own.
+/// None with `deviceClasses=false`, in device-plugin mode, or without
+/// named resources.
+#[test]
+fn dra_mode_renders_a_device_class_per_resource() {
+    use macvtap_link::dra::{ATTR_RESOURCE_NAME, DRIVER};
+    let sets = [
+        "front=dra",
+        "macvtapResources[0].name=eth1",
+        "macvtapResources[1].name=Data_Plane.x",
+        "macvtapResources[1].lowerDevice=eth2",
+        "macvtapResources[2].name=eth_1",
+        "macvtapResources[2].lowerDevice=eth3",
+        "macvtapResources[3].name=eth-1",
+        "macvtapResources[3].lowerDevice=eth4",
+        "macvtapResources[4].name=ETH-1",
+        "macvtapResources[4].lowerDevice=eth5",
+        "macvtapResources[5].name=v1.2",
+        "macvtapResources[5].lowerDevice=eth6",
+    ];
+    let docs = helm_template(&sets);
+    let classes = device_classes(&docs);
+    let example = &parse_docs(
+        &std::fs::read_to_string(root().join("manifests/examples/deviceclass.yaml")).unwrap(),
+    )
+    .unwrap()[0];
+    assert_eq!(
+        first_difference(example, &classes["macvtap-eth1"], ""),
+        None,
+        "the class of eth1 is manifests/examples/deviceclass.yaml"
+    );
+    let (domain, attribute) = ATTR_RESOURCE_NAME.split_once('/').unwrap();
+    let want: Vec<(&str, &str)> = vec![
+        ("eth1", "macvtap-eth1"),
+        ("Data_Plane.x", "macvtap-data-plane-x-6aa30310"),
+        ("eth_1", "macvtap-eth-1-c8485302"),
+        ("eth-1", "macvtap-eth-1"),
+        ("ETH-1", "macvtap-eth-1-24ebc4f8"),
+        ("v1.2", "macvtap-v1.2"),
+    ];
+    assert_eq!(classes.len(), want.len(), "{:?}", classes.keys());
+    for (resource, name) in want {
+        assert!(is_dns_subdomain(name), "{name}");
+        let class = classes.get(name).unwrap_or_else(|| {
+            panic!("no DeviceClass {name} for {resource}: {:?}", classes.keys())
+        });
+        let extended = format!("{DRIVER}/{resource}");
+        let expected = serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": name},
+            "spec": {
+                "extendedResourceName": extended,
+                "selectors": [{"cel": {"expression": format!(
+                    "device.driver == \"{DRIVER}\" && device.attributes[\"{domain}\"].{attribute} == \"{extended}\""
+                )}}],
+            },
+        });
+        assert_eq!(
+            first_difference(&expected, class, ""),
+            None,
+            "the DeviceClass of {resource}"
+        );
+        let typed: k8s_openapi::api::resource::v1::DeviceClass =
+            serde_json::from_value(class.clone()).unwrap();
+        assert_eq!(
+            first_difference(class, &serde_json::to_value(&typed).unwrap(), ""),
+            None,
+            "{name} has a field DeviceClass does not"
+        );
+    }
+    // Only in DRA mode, when asked, for named resources.
+    let off: Vec<&str> = sets
+        .iter()
+        .copied()
+        .chain(["deviceClasses=false"])
+        .collect();
+    assert!(device_classes(&helm_template(&off)).is_empty());
+    let dp: Vec<&str> = sets[1..].to_vec();
+    assert!(device_classes(&helm_template(&dp)).is_empty());
+    assert!(device_classes(&helm_template(&["front=dra"])).is_empty());
+    assert!(
+        device_classes(&render_chart_json(&[
+            "front=\"dra\"",
+            "macvtapResources=[]"
+        ]))
+        .is_empty()
+    );
+}
+
+/// Copies `from` into `to`, directories and files, but hidden ones: the
+/// temporary kustomizations other tests write into `manifests/` (a
+/// `.render-*` dir) may be gone before they are read.
 fn copy_tree(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {
         let e = e.unwrap();
+        if e.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
         if e.file_type().unwrap().is_dir() {
             copy_tree(&e.path(), &to.join(e.file_name()));
         } else {
@@ -620,6 +913,30 @@ const MISTAKES: &[Mistake] = &[
         "extraArgs: --metrics-addr is set by the chart",
     ),
     bad(
+        &["extraArgs[0]=--front=dra"],
+        "extraArgs: --front is set by the chart (value: front,",
+    ),
+    bad(
+        &["extraArgs[0]=--cdi-dir=/etc/cdi"],
+        "extraArgs: --cdi-dir is set by the chart",
+    ),
+    bad(
+        &["front=DRA"],
+        "at '/front': value must be one of 'device-plugin', 'dra'",
+    ),
+    bad(
+        &["deviceClasses=yes"],
+        "at '/deviceClasses': got string, want boolean",
+    ),
+    bad(
+        &[
+            "front=dra",
+            "macvtapResources[0].name=dataplane-of-the-east-wing-rack-seven",
+            "macvtapResources[0].lowerDevice=eth1",
+        ],
+        "macvtapResources: entry 0, macvtap.network.kubevirt.io/dataplane-of-the-east-wing-rack-seven, is 65 characters, and with front=dra it is a DRA device attribute's value, which holds at most 64: give the resource a name of at most 36 characters",
+    ),
+    bad(
         &["kubeletDir=var/lib/kubelet"],
         "at '/kubeletDir': 'var/lib/kubelet' does not match pattern",
     ),
@@ -835,6 +1152,35 @@ fn mistakes_are_refused_with_a_message() {
         "{err}"
     );
     run_helm(&["template", "macvtap-rs", chart, "--kube-version", "1.26.0"]).unwrap();
+    // DRA mode needs 1.37 (a DeviceClass's extendedResourceName).
+    let err = run_helm(&[
+        "template",
+        "macvtap-rs",
+        chart,
+        "--kube-version",
+        "1.36.4",
+        "--set",
+        "front=dra",
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("front=dra needs Kubernetes 1.37 or newer")
+            && err.contains("the cluster is v1.36.4: keep front=device-plugin"),
+        "{err}"
+    );
+    for v in ["1.37.0", "1.37.1-eks-4a2b"] {
+        run_helm(&[
+            "template",
+            "macvtap-rs",
+            chart,
+            "--kube-version",
+            v,
+            "--set",
+            "front=dra",
+        ])
+        .unwrap_or_else(|e| panic!("{v}: {e:#}"));
+    }
 }
 
 /// The pod of `helm test`, from `helm template` with the tests.
@@ -1126,6 +1472,63 @@ fn the_notes_give_the_next_steps() {
     assert!(text.contains("kubectl -n macvtap-system exec $(kubectl -n macvtap-system get pod"));
     assert!(!text.contains("kubectl label namespace"));
     assert!(!text.contains("helm test"));
+}
+
+/// In DRA mode the NOTES say where a node's devices are now (its
+/// ResourceSlices, looked up as the daemon lists them; no longer its
+/// allocatable) and name each DeviceClass the chart made with its
+/// resource, or say to make them; no helm test.
+#[test]
+fn the_notes_in_dra_mode_name_the_device_classes() {
+    use macvtap_link::dra::DRIVER;
+    let sets = [
+        "front=dra",
+        "macvtapResources[0].name=dataplane",
+        "macvtapResources[0].lowerDevice=eth1",
+        "macvtapResources[1].name=Eth_2",
+    ];
+    let text = notes("macvtap-system", &sets);
+    assert!(
+        text.contains("the node's allocatable no longer lists the macvtap resources"),
+        "{text}"
+    );
+    assert!(text.contains(&format!(
+        "kubectl get resourceslices --field-selector spec.nodeName=NODE,spec.driver={DRIVER}"
+    )));
+    assert!(!text.contains("{.status.allocatable}"), "{text}");
+    let classes = device_classes(&helm_template_in("macvtap-system", &sets));
+    assert_eq!(classes.len(), 2);
+    for (name, class) in &classes {
+        let line = format!(
+            "{name} for {}",
+            class["spec"]["extendedResourceName"].as_str().unwrap()
+        );
+        assert!(text.contains(&line), "no {line:?} in:\n{text}");
+    }
+    assert!(!text.contains("helm test macvtap-rs"), "{text}");
+    // None made: the user is told to make them, and why there are none.
+    for (more, why) in [
+        (&["deviceClasses=false"][..], "deviceClasses is false"),
+        (&[][..], "macvtapResources names no resource"),
+    ] {
+        let sets: Vec<&str> = if more.is_empty() {
+            vec!["front=dra"]
+        } else {
+            sets.iter().chain(more).copied().collect()
+        };
+        let text = notes("macvtap-system", &sets);
+        assert!(
+            text.contains(&format!("The chart made none ({why})"))
+                && text.contains("manifests/examples/deviceclass.yaml"),
+            "{sets:?}: {text}"
+        );
+    }
+    // The device plugin's NOTES say nothing of DRA.
+    let text = notes("macvtap-system", &sets[1..]);
+    assert!(
+        !text.contains("DeviceClass") && !text.contains("DRA"),
+        "{text}"
+    );
 }
 
 /// A schema node with `$ref` resolved against the schema's definitions.

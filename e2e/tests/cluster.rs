@@ -39,7 +39,8 @@
 //! link just handed out kept until README's manual step), leaving nothing
 //! of ours (the CNI, its settings, the record, device plugin sockets,
 //! macvtaps, RBAC, the namespace); the Go project's and the operator's
-//! DaemonSets with our image.
+//! DaemonSets with our image. A second test runs DRA mode on the same
+//! cluster (`cluster/dra.rs`).
 //!
 //! The cluster uses the node's fixed paths (`/var/lib/kubelet`,
 //! `/opt/cni/bin`, `/dev`), so this test holds the locks every test that
@@ -47,6 +48,9 @@
 //! It brings the cluster up (reusing one that runs) and down again when it
 //! brought it up (`MACVTAP_CLUSTER_KEEP=1` keeps it, to look around).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "cluster/dra.rs"]
+mod dra;
 
 use anyhow::{Context, Result, bail, ensure};
 use macvtap_e2e::cluster::{Cluster, NODE, last_lines, vm_rootfs};
@@ -581,6 +585,43 @@ fn the_daemonset_and_vm_pods_on_a_real_node() -> Result<()> {
     outcome.and(cleanup)
 }
 
+/// DRA mode on the real node (`cluster/dra.rs`), on the cluster the test
+/// above leaves or brings up, holding the same locks.
+#[test]
+fn dra_mode_on_a_real_node() -> Result<()> {
+    require_root()?;
+    let _tap_lock = test_support::tap_node_lock()?;
+    let _dirs = node_locks::lock_node_dirs()?;
+    let cluster = Cluster::up()?;
+    let mut run = Run {
+        c: &cluster,
+        steps: Steps::new(),
+    };
+    if !cluster.started_here() {
+        run.steps
+            .step("the cluster was running: what an earlier run left, removed");
+        clean_up(&run)?;
+    }
+    let outcome = (|| -> Result<()> {
+        run.steps.step("the node's NIC and the peer host");
+        let peer = TestNs::new("clpeerd")?;
+        let _nic = HostNic::add(&peer)?;
+        run.steps
+            .step("our image (hack/cluster.sh image) and the VM pod's image");
+        let tag = "e2e-dra";
+        cluster.import_our_image(&format!("{IMAGE_REPO}:{tag}"))?;
+        let guest = guest::build(&repo().join("target/e2e-guest"))?;
+        let rootfs = tempfile::tempdir()?;
+        vm_rootfs(&guest, rootfs.path())?;
+        cluster.import_rootfs(VM_IMAGE, &["/vm/start"], "107:107", rootfs.path())?;
+        dra::dra_mode(&mut run, &peer, tag)
+    })();
+    let cleanup = clean_up(&run);
+    run.steps.finish();
+    println!("{}", run.steps.summary());
+    outcome.and(cleanup)
+}
+
 fn clean_up(run: &Run) -> Result<()> {
     let c = run.c;
     let _ = c.helm(&[
@@ -639,6 +680,14 @@ fn clean_up(run: &Run) -> Result<()> {
         "--ignore-not-found",
         "--wait=true",
         "--timeout=120s",
+    ]);
+    // What DRA mode adds (dra.rs).
+    let _ = c.kubectl(&[
+        "delete",
+        "clusterrolebinding/macvtap-cni-dra",
+        "clusterrole/macvtap-cni-dra",
+        "deviceclass/macvtap-dradata",
+        "--ignore-not-found",
     ]);
     Ok(())
 }

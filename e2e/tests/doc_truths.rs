@@ -89,10 +89,35 @@ fn quoted(cell: &str) -> Vec<String> {
 
 /// SECURITY.md's table under *The daemon's access to the API server*.
 fn documented_grants(security: &str) -> Vec<Grant> {
+    documented_grants_of(security, false)
+}
+
+/// The grants SECURITY.md lists for every install, and with `dra` also
+/// those its subsection *In DRA mode* adds (`manifests/components/dra`).
+fn documented_grants_of(security: &str, dra: bool) -> Vec<Grant> {
     let text = section(security, "## The daemon's access to the API server");
+    let mut parts = text.split("\n### ");
+    let mut tables = vec![parts.next().unwrap_or_default()];
+    if dra {
+        tables.push(
+            parts
+                .find(|p| p.starts_with("In DRA mode"))
+                .expect("SECURITY.md has a subsection 'In DRA mode'"),
+        );
+    }
+    let mut out = Vec::new();
+    for t in tables {
+        out.extend(grants_of_table(t));
+    }
+    out
+}
+
+/// The rows of the first table in `text`, as grants.
+fn grants_of_table(text: &str) -> Vec<Grant> {
     let rows: Vec<&str> = text
         .lines()
-        .filter(|l| l.starts_with('|'))
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
         .skip(2)
         .collect();
     assert!(!rows.is_empty(), "SECURITY.md lists no grants");
@@ -187,7 +212,8 @@ fn rendered_grants(what: &str, docs: &[Value]) -> Vec<Grant> {
 
 #[test]
 fn security_md_lists_exactly_the_rbac_grants() {
-    let mut documented = documented_grants(&read("SECURITY.md"));
+    let security = read("SECURITY.md");
+    let mut documented = documented_grants(&security);
     documented.sort();
     for (what, docs) in renderings() {
         assert_eq!(
@@ -196,6 +222,41 @@ fn security_md_lists_exactly_the_rbac_grants() {
             "{what}: SECURITY.md's table of the daemon's API access is not what it grants"
         );
     }
+    let mut dra = documented_grants_of(&security, true);
+    dra.sort();
+    let chart = render_chart_in(
+        &root().join("charts/macvtap-rs"),
+        "macvtap-system",
+        &["front=dra"],
+    )
+    .unwrap();
+    for (what, docs) in [
+        ("the base with components/dra", render_with_component("dra")),
+        ("the chart with front=dra", chart),
+    ] {
+        assert_eq!(
+            rendered_grants(what, &docs),
+            dra,
+            "{what}: SECURITY.md's tables of the daemon's API access in DRA mode are not what it grants"
+        );
+    }
+}
+
+/// `manifests/base` with `manifests/components/<component>`, rendered from
+/// a kustomization beside them (kustomize takes no absolute paths).
+fn render_with_component(component: &str) -> Vec<Value> {
+    let dir = tempfile::Builder::new()
+        .prefix(".render-")
+        .tempdir_in(root().join("manifests"))
+        .unwrap();
+    std::fs::write(
+        dir.path().join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../base\ncomponents:\n  - ../components/{component}\n"
+        ),
+    )
+    .unwrap();
+    render(dir.path()).unwrap_or_else(|e| panic!("base with components/{component}: {e:#}"))
 }
 
 #[test]

@@ -386,11 +386,16 @@ fn host_paths_match_the_binaries_flags_and_defaults() {
     }
 }
 
-/// Copies `from` into `to`, directories and files.
+/// Copies `from` into `to`, directories and files, but hidden ones: the
+/// temporary kustomizations other tests write into `manifests/` (a
+/// `.render-*` dir) may be gone before they are read.
 fn copy_tree(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {
         let e = e.unwrap();
+        if e.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
         if e.file_type().unwrap().is_dir() {
             copy_tree(&e.path(), &to.join(e.file_name()));
         } else {

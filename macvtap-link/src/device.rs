@@ -103,6 +103,44 @@ pub fn device_index(name: &str, capacity: u32, id: &str) -> Option<u32> {
         .map(|(_, i)| i)
 }
 
+/// Checks that `name` may follow `macvtap.network.kubevirt.io/` in an
+/// extended resource name: a Kubernetes qualified name's name part (1 to 63
+/// letters, digits, `-`, `_` and `.`, starting and ending with a letter or
+/// digit). The error says what is wrong, quoting `name` escaped.
+pub fn check_resource_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("the name after the prefix is empty".into());
+    }
+    if name.len() > 63 {
+        return Err(format!(
+            "the name after the prefix is {} characters, more than the 63 a resource name allows",
+            name.len()
+        ));
+    }
+    let inner_ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    let ends_ok = name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if !ends_ok || !name.chars().all(inner_ok) {
+        return Err(format!(
+            "{name:?} is not a resource name (letters, digits, '-', '_' and '.', starting and \
+             ending with a letter or digit)"
+        ));
+    }
+    Ok(())
+}
+
+/// The name `<name>` of an extended resource of ours written in full,
+/// `macvtap.network.kubevirt.io/<name>`, by [`check_resource_name`]; the
+/// error says what is wrong.
+pub fn resource_short_name(full: &str) -> Result<&str, String> {
+    let name = full
+        .strip_prefix(RESOURCE_PREFIX)
+        .and_then(|rest| rest.strip_prefix('/'))
+        .ok_or_else(|| format!("it does not start with {RESOURCE_PREFIX}/"))?;
+    check_resource_name(name)?;
+    Ok(name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,6 +246,34 @@ mod tests {
             "eth0Mvp99999999999",
         ] {
             assert_eq!(parse_device_id(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn full_resource_names_are_ours_and_well_formed() {
+        assert_eq!(
+            resource_short_name("macvtap.network.kubevirt.io/eth1"),
+            Ok("eth1")
+        );
+        assert_eq!(
+            resource_short_name("macvtap.network.kubevirt.io/a.b-c_9"),
+            Ok("a.b-c_9")
+        );
+        let long = format!("macvtap.network.kubevirt.io/{}", "a".repeat(64));
+        for bad in [
+            "eth1",
+            "intel.com/sriov",
+            "macvtap.network.kubevirt.io",
+            "macvtap.network.kubevirt.io/",
+            "macvtap.network.kubevirt.io/-a",
+            "macvtap.network.kubevirt.io/a/b",
+            "macvtap.network.kubevirt.io/a\nb",
+            "macvtap.network.kubevirt.io/../x",
+            "macvtap.network.kubevirt.ioX/a",
+            long.as_str(),
+        ] {
+            let e = resource_short_name(bad).unwrap_err();
+            assert!(!e.contains('\n'), "{e}");
         }
     }
 }

@@ -3,7 +3,8 @@
 //! The device plugin creates a macvtap link for a device ID in the host
 //! network namespace; the CNI finds that same link by the same name and moves
 //! it into a pod. Everything both sides must agree on lives here exactly once:
-//! how a device ID maps to a link name ([`device`]), which interface names
+//! how a device ID maps to a link name ([`device`]) and to a DRA device name
+//! ([`dra`]), which interface names
 //! are valid ([`ifname`]), the CNI's node settings file ([`settings`]), how
 //! network namespaces are held and entered ([`netns`]), the netlink link,
 //! address and route operations ([`netlink`], [`link`], [`addr`],
@@ -14,6 +15,7 @@
 
 pub mod addr;
 pub mod device;
+pub mod dra;
 pub mod error;
 pub mod ifname;
 pub mod kernel;
@@ -28,8 +30,9 @@ pub mod settings;
 pub mod tapdev;
 
 pub use device::{
-    DeviceLinkName, RESOURCE_PREFIX, device_id, device_index, is_link_of_resource,
-    link_name_for_device, parse_device_id, parse_link_name,
+    DeviceLinkName, RESOURCE_PREFIX, check_resource_name, device_id, device_index,
+    is_link_of_resource, link_name_for_device, parse_device_id, parse_link_name,
+    resource_short_name,
 };
 pub use error::{Error, Result};
 pub use ifname::check_ifname;

@@ -4,7 +4,12 @@
 //!   on `<kubelet dir>/device-plugins/kubelet.sock`; each plugin serves
 //!   `DevicePlugin` on its own socket in that directory.
 //! - [`podresources::v1`]: the PodResources API, which says which device IDs
-//!   the kubelet has handed to which pod.
+//!   (and which DRA-prepared devices) the kubelet has handed to which pod.
+//! - [`dra::v1`]: the Dynamic Resource Allocation plugin API, which the
+//!   kubelet calls to prepare and unprepare a claim's devices.
+//! - [`pluginregistration`]: the kubelet's plugin watcher API, through which
+//!   a DRA plugin registers: the kubelet dials the plugin's socket in
+//!   `<kubelet dir>/plugins_registry/` and asks it what it is.
 //!
 //! The `.proto` files in `proto/` were written for this project from the
 //! published field names and numbers; the Rust code is generated into
@@ -30,8 +35,35 @@ pub mod v1beta1 {
     pub const KUBELET_SOCKET: &str = "kubelet.sock";
 }
 
+/// The kubelet's DRA plugin API.
+pub mod dra {
+    /// DRA plugin API, package `k8s.io.kubelet.pkg.apis.dra.v1`.
+    #[allow(missing_docs, clippy::all, clippy::unwrap_used, clippy::expect_used)]
+    pub mod v1 {
+        include!(concat!(
+            env!("OUT_DIR"),
+            "/k8s.io.kubelet.pkg.apis.dra.v1.rs"
+        ));
+
+        /// The service name a DRA plugin lists in `PluginInfo.supported_versions`.
+        pub const SERVICE: &str = "v1.DRAPlugin";
+    }
+}
+
+/// The kubelet's plugin registration API (package `pluginregistration`).
+#[allow(missing_docs, clippy::all, clippy::unwrap_used, clippy::expect_used)]
+pub mod pluginregistration {
+    include!(concat!(env!("OUT_DIR"), "/pluginregistration.rs"));
+
+    /// `PluginInfo.type` of a DRA plugin.
+    pub const DRA_PLUGIN: &str = "DRAPlugin";
+}
+
 #[cfg(feature = "grpc")]
 pub mod transport;
+
+#[cfg(feature = "grpc")]
+pub mod authority;
 
 /// The kubelet PodResources API.
 pub mod podresources {
@@ -70,6 +102,58 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(dev.encode_to_vec(), vec![0x1a, 4, 0x0a, 2, 0x08, 1]);
+    }
+
+    #[test]
+    fn dra_field_numbers_match_the_published_api() {
+        use crate::dra::v1 as dra;
+        // Device.cdi_device_ids is field 4 (tag 0x22), share_id field 5 (0x2a).
+        let dev = dra::Device {
+            cdi_device_ids: vec!["a".into()],
+            share_id: Some("s".into()),
+            ..Default::default()
+        };
+        assert_eq!(dev.encode_to_vec(), vec![0x22, 1, b'a', 0x2a, 1, b's']);
+        // Claim: namespace 1, uid 2, name 3.
+        let claim = dra::Claim {
+            namespace: "n".into(),
+            uid: "u".into(),
+            name: "c".into(),
+        };
+        assert_eq!(
+            claim.encode_to_vec(),
+            vec![0x0a, 1, b'n', 0x12, 1, b'u', 0x1a, 1, b'c']
+        );
+        // PluginInfo.supported_versions is field 4 (tag 0x22).
+        let info = crate::pluginregistration::PluginInfo {
+            supported_versions: vec!["v".into()],
+            ..Default::default()
+        };
+        assert_eq!(info.encode_to_vec(), vec![0x22, 1, b'v']);
+        // PodResources ClaimResource: driver_name 2, pool_name 3, device_name 4.
+        let res = crate::podresources::v1::ClaimResource {
+            driver_name: "d".into(),
+            pool_name: "p".into(),
+            device_name: "x".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            res.encode_to_vec(),
+            vec![0x12, 1, b'd', 0x1a, 1, b'p', 0x22, 1, b'x']
+        );
+    }
+
+    #[cfg(feature = "grpc")]
+    #[test]
+    fn dra_and_registration_grpc_paths_use_the_published_packages() {
+        assert_eq!(
+            <crate::dra::v1::dra_plugin_server::DraPluginServer<()> as tonic::server::NamedService>::NAME,
+            "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
+        );
+        assert_eq!(
+            <crate::pluginregistration::registration_server::RegistrationServer<()> as tonic::server::NamedService>::NAME,
+            "pluginregistration.Registration"
+        );
     }
 
     #[cfg(feature = "grpc")]

@@ -122,7 +122,7 @@ fn restrict_socket(path: &Path) -> Result<()> {
 /// How many connections a server holds open, so that a stop can wait for
 /// its clients to close theirs.
 #[derive(Debug, Clone)]
-pub struct Connections(Arc<watch::Sender<usize>>);
+pub struct Connections(pub(crate) Arc<watch::Sender<usize>>);
 
 impl Default for Connections {
     fn default() -> Self {
@@ -145,33 +145,33 @@ impl Connections {
 
 /// An accepted connection, counted in its server's [`Connections`] until it
 /// is dropped.
-struct Counted {
-    inner: UnixStream,
+pub(crate) struct Counted<T = UnixStream> {
+    inner: T,
     count: Arc<watch::Sender<usize>>,
 }
 
-impl Counted {
-    fn new(inner: UnixStream, count: Arc<watch::Sender<usize>>) -> Self {
+impl<T> Counted<T> {
+    pub(crate) fn new(inner: T, count: Arc<watch::Sender<usize>>) -> Self {
         count.send_modify(|n| *n += 1);
         Self { inner, count }
     }
 }
 
-impl Drop for Counted {
+impl<T> Drop for Counted<T> {
     fn drop(&mut self) {
         self.count.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
 
-impl Connected for Counted {
-    type ConnectInfo = <UnixStream as Connected>::ConnectInfo;
+impl<T: Connected> Connected for Counted<T> {
+    type ConnectInfo = T::ConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
         self.inner.connect_info()
     }
 }
 
-impl AsyncRead for Counted {
+impl<T: AsyncRead + Unpin> AsyncRead for Counted<T> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -181,7 +181,7 @@ impl AsyncRead for Counted {
     }
 }
 
-impl AsyncWrite for Counted {
+impl<T: AsyncWrite + Unpin> AsyncWrite for Counted<T> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -34,7 +34,9 @@ pub use apiserver::{ApiRequest, FakeApiServer, validate_event_v1};
 pub use daemon::Daemon;
 pub use http::{http_get, http_get_here};
 pub use plugin_client::{DeviceWatch, PluginClient, summary};
-pub use pod_resources::{TEST_POD, TestPodResources};
+pub use pod_resources::{
+    PreparedClaim, PreparedDevice, TEST_POD, TestPodResources, dynamic_resources,
+};
 pub use rate_limit::TokenBucket;
 pub use registration::{Disconnect, Refusal, ResourceView, TestKubelet, is_extended_resource_name};
 /// The gRPC status codes [`TestPodResources::fail`] answers with.

@@ -9,9 +9,9 @@ use kubelet_proto::podresources::v1::pod_resources_lister_server::{
     PodResourcesLister, PodResourcesListerServer,
 };
 use kubelet_proto::podresources::v1::{
-    AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices,
-    ContainerResources, GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesRequest,
-    ListPodResourcesResponse, PodResources,
+    AllocatableResourcesRequest, AllocatableResourcesResponse, CdiDevice, ClaimResource,
+    ContainerDevices, ContainerResources, DynamicResource, GetPodResourcesRequest,
+    GetPodResourcesResponse, ListPodResourcesRequest, ListPodResourcesResponse, PodResources,
 };
 use kubelet_proto::transport::{Connections, bind_unix, serve_unix};
 use std::path::Path;
@@ -153,6 +153,77 @@ impl PodResourcesLister for PodResourcesService {
     }
 }
 
+/// One device a DRA driver prepared for a claim, as the kubelet's DRA
+/// manager keeps it in the claim's state (`NodePrepareResources`' answer:
+/// pool, device and CDI device IDs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparedDevice {
+    /// The driver's name.
+    pub driver: String,
+    /// The device's pool.
+    pub pool: String,
+    /// The device's name in its pool.
+    pub device: String,
+    /// The CDI device IDs the driver answered for it.
+    pub cdi_ids: Vec<String>,
+}
+
+/// A ResourceClaim the kubelet prepared for a container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparedClaim {
+    /// The claim's name (for an extended resource request the scheduler's
+    /// generated `<pod>-extended-resources-…`).
+    pub name: String,
+    /// The claim's namespace, the pod's.
+    pub namespace: String,
+    /// Its devices, in the driver's order.
+    pub devices: Vec<PreparedDevice>,
+}
+
+/// The `dynamic_resources` the kubelet lists for a container using
+/// `claims`, built as Kubernetes 1.37 builds them
+/// (`pkg/kubelet/cm/container_manager_linux.go` `GetDynamicResources`,
+/// served by `pkg/kubelet/apis/podresources/server_v1.go` `List`, from the
+/// claim infos of `pkg/kubelet/cm/dra/manager.go`
+/// `GetContainerClaimInfos`): one entry per claim; per driver, one
+/// `ClaimResource` per device, whose `cdi_devices` list is the driver's
+/// list so far, as the kubelet appends each device's CDI IDs to one list it
+/// does not reset between the devices of a driver (so the second device's
+/// entry repeats the first one's IDs). The kubelet walks the drivers of a
+/// claim in Go's map order; here they come in order of first appearance.
+pub fn dynamic_resources(claims: &[PreparedClaim]) -> Vec<DynamicResource> {
+    claims
+        .iter()
+        .map(|claim| {
+            let mut drivers: Vec<&str> = Vec::new();
+            for d in &claim.devices {
+                if !drivers.contains(&d.driver.as_str()) {
+                    drivers.push(&d.driver);
+                }
+            }
+            let mut claim_resources = Vec::new();
+            for driver in drivers {
+                let mut cdi_devices: Vec<CdiDevice> = Vec::new();
+                for d in claim.devices.iter().filter(|d| d.driver == driver) {
+                    cdi_devices.extend(d.cdi_ids.iter().map(|id| CdiDevice { name: id.clone() }));
+                    claim_resources.push(ClaimResource {
+                        cdi_devices: cdi_devices.clone(),
+                        driver_name: d.driver.clone(),
+                        pool_name: d.pool.clone(),
+                        device_name: d.device.clone(),
+                        share_id: None,
+                    });
+                }
+            }
+            DynamicResource {
+                claim_name: claim.name.clone(),
+                claim_namespace: claim.namespace.clone(),
+                claim_resources,
+            }
+        })
+        .collect()
+}
+
 /// The pod [`TestPodResources::set_allocated`] reports devices for:
 /// (namespace, name), unless [`TestPodResources::set_pod`] names another.
 pub const TEST_POD: (&str, &str) = ("default", "test-pod");
@@ -253,6 +324,19 @@ impl TestPodResources {
     /// Adds another pod, `namespace/name`, holding `devices` (resource,
     /// device IDs) in its `compute` container, after a sidecar without any.
     pub fn add_pod(&self, namespace: &str, name: &str, devices: &[(&str, &[&str])]) {
+        self.add_pod_with_claims(namespace, name, devices, &[]);
+    }
+
+    /// [`TestPodResources::add_pod`], the `compute` container also using
+    /// the prepared `claims`, listed as the kubelet lists them
+    /// ([`dynamic_resources`]).
+    pub fn add_pod_with_claims(
+        &self,
+        namespace: &str,
+        name: &str,
+        devices: &[(&str, &[&str])],
+        claims: &[PreparedClaim],
+    ) {
         let mut others = self.others.lock().unwrap_or_else(|e| e.into_inner());
         others.push(PodResources {
             name: name.into(),
@@ -272,6 +356,7 @@ impl TestPodResources {
                             topology: None,
                         })
                         .collect(),
+                    dynamic_resources: dynamic_resources(claims),
                     ..Default::default()
                 },
             ],
@@ -377,6 +462,44 @@ mod tests {
         assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
         // Every call counted where it arrived: 11 answered, 3 refused.
         assert_eq!((pr.calls(), pr.refused()), (14, 3));
+    }
+
+    #[test]
+    fn dynamic_resources_repeat_a_drivers_earlier_cdi_ids_as_the_kubelet_does() {
+        let device = |driver: &str, device: &str| PreparedDevice {
+            driver: driver.into(),
+            pool: "node-1".into(),
+            device: device.into(),
+            cdi_ids: vec![format!("{driver}/x={device}")],
+        };
+        let claims = [PreparedClaim {
+            name: "vm-extended-resources-abcde".into(),
+            namespace: "tenant-a".into(),
+            devices: vec![device("a", "a0"), device("b", "b0"), device("a", "a1")],
+        }];
+        let listed = dynamic_resources(&claims);
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].claim_name, "vm-extended-resources-abcde");
+        assert_eq!(listed[0].claim_namespace, "tenant-a");
+        let seen: Vec<(&str, &str, Vec<&str>)> = listed[0]
+            .claim_resources
+            .iter()
+            .map(|r| {
+                (
+                    r.driver_name.as_str(),
+                    r.device_name.as_str(),
+                    r.cdi_devices.iter().map(|c| c.name.as_str()).collect(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("a", "a0", vec!["a/x=a0"]),
+                ("a", "a1", vec!["a/x=a0", "a/x=a1"]),
+                ("b", "b0", vec!["b/x=b0"]),
+            ]
+        );
     }
 
     #[tokio::test]

@@ -14,6 +14,19 @@ release's when that is empty. */}}
 {{ .Values.namespace.name | default .Release.Namespace }}
 {{- end -}}
 
+{{/* The DeviceClass of resource NAME (given as the context): macvtap-NAME
+when that is an object name (a DNS subdomain), else NAME lower-cased with
+every other character as -, and 8 hex digits of NAME's sha256, so that two
+names spelled alike (eth_1, eth-1, ETH-1) get two classes. */}}
+{{- define "macvtap.deviceClassName" -}}
+{{- $plain := printf "macvtap-%s" . -}}
+{{- if regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$" $plain -}}
+{{ $plain }}
+{{- else -}}
+macvtap-{{ regexReplaceAll "[^a-z0-9-]" (lower .) "-" }}-{{ sha256sum . | trunc 8 }}
+{{- end -}}
+{{- end -}}
+
 {{/* The daemon's --metrics-addr: ADDRESS:PORT, an IPv6 address in
 brackets, as the daemon parses a socket address; off when disabled. */}}
 {{- define "macvtap.metricsAddr" -}}
@@ -60,15 +73,26 @@ runs it. */}}
 {{- end }}
 {{- range .Values.extraArgs }}
 {{- $arg := . }}
-{{- range $flag, $value := dict "--kubelet-dir" "kubeletDir" "--metrics-addr" "metrics.enabled, metrics.bindAddress and metrics.port" "--log-format" "none: the chart logs JSON" "--config" "macvtapResources, or your own ConfigMap macvtap-deviceplugin-config" "--owner-daemonset" "none: the DaemonSet's own name" "--uninstall-cni-dir" "cniBinDir" }}
+{{- range $flag, $value := dict "--kubelet-dir" "kubeletDir" "--metrics-addr" "metrics.enabled, metrics.bindAddress and metrics.port" "--log-format" "none: the chart logs JSON" "--config" "macvtapResources, or your own ConfigMap macvtap-deviceplugin-config" "--owner-daemonset" "none: the DaemonSet's own name" "--uninstall-cni-dir" "cniBinDir" "--front" "front, which also mounts and grants what the front needs" "--cdi-dir" "none: the chart mounts the runtime's /var/run/cdi" }}
 {{- if or (eq $arg $flag) (hasPrefix (printf "%s=" $flag) $arg) }}
 {{- fail (printf "extraArgs: %s is set by the chart (value: %s); leave it out of extraArgs" $flag $value) }}
 {{- end }}
 {{- end }}
 {{- end }}
+{{- $dra := eq .Values.front "dra" }}
+{{- if and $dra (semverCompare "<1.37.0-0" .Capabilities.KubeVersion.Version) }}
+{{- fail (printf "front=dra needs Kubernetes 1.37 or newer (a DeviceClass's extendedResourceName, KEP-5004, is what lets pods request the resources by name), and the cluster is %s: keep front=device-plugin" .Capabilities.KubeVersion.Version) }}
+{{- end }}
+{{- /* A resource's name is a device attribute's value in DRA mode, which
+the API holds to 64 characters (macvtap-link's dra_name_problem). */}}
+{{- $prefix := "macvtap.network.kubevirt.io/" }}
+{{- $longest := sub 64 (len $prefix) }}
 {{- $names := dict }}
 {{- $nics := dict }}
 {{- range $i, $r := .Values.macvtapResources }}
+{{- if and $dra (gt (len $r.name) (int $longest)) }}
+{{- fail (printf "macvtapResources: entry %d, %s%s, is %d characters, and with front=dra it is a DRA device attribute's value, which holds at most 64: give the resource a name of at most %d characters to serve it through DRA" $i $prefix $r.name (len (printf "%s%s" $prefix $r.name)) $longest) }}
+{{- end }}
 {{- if hasKey $names $r.name }}
 {{- fail (printf "macvtapResources: entries %v and %d are both named %s; the daemon refuses the whole list" (get $names $r.name) $i $r.name) }}
 {{- end }}

@@ -5,7 +5,7 @@
 //! use it, plus the node settings file that points the plugin at it.
 
 use std::path::{Path, PathBuf};
-use test_kubelet::{Code, TestPodResources, TokenBucket};
+use test_kubelet::{Code, PreparedClaim, PreparedDevice, TestPodResources, TokenBucket};
 
 /// A running test PodResources server in its own kubelet dir.
 pub struct PodResourcesKubelet {
@@ -43,6 +43,18 @@ impl PodResourcesKubelet {
             .as_ref()
             .unwrap()
             .add_pod(namespace, name, devices);
+    }
+
+    /// Adds a pod holding `device_ids` through one ResourceClaim our DRA
+    /// driver prepared (`<claim UID>_<device ID>` CDI IDs, DRA device names
+    /// `<name>-mvp-<i>`), listed as the 1.37 kubelet lists it.
+    pub fn add_dra_pod(&self, namespace: &str, name: &str, device_ids: &[&str]) {
+        self.server.as_ref().unwrap().add_pod_with_claims(
+            namespace,
+            name,
+            &[],
+            &[dra_claim(namespace, name, device_ids)],
+        );
     }
 
     /// Replaces the kubelet's rate limit (on by default) with `bucket`.
@@ -91,4 +103,28 @@ pub fn settings_file(dir: &Path, kubelet_dir: &Path, check: &str) -> PathBuf {
     )
     .unwrap();
     path
+}
+
+/// The extended-resource claim of pod `namespace/name` our DRA driver
+/// prepared with `device_ids` (the scheduler names it
+/// `<pod>-extended-resources-<suffix>`).
+pub fn dra_claim(namespace: &str, name: &str, device_ids: &[&str]) -> PreparedClaim {
+    use macvtap_link::dra::{DRIVER, cdi_device_id, dra_device_name};
+    let uid = format!("6f1c2d3e-{:04x}-4abc-8def-0123456789ab", name.len());
+    PreparedClaim {
+        name: format!("{name}-extended-resources-q4w8z"),
+        namespace: namespace.into(),
+        devices: device_ids
+            .iter()
+            .map(|id| {
+                let (resource, index) = macvtap_link::parse_device_id(id).unwrap();
+                PreparedDevice {
+                    driver: DRIVER.into(),
+                    pool: "node-1".into(),
+                    device: dra_device_name(resource, index),
+                    cdi_ids: vec![cdi_device_id(&uid, id)],
+                }
+            })
+            .collect(),
+    }
 }

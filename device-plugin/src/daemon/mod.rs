@@ -40,6 +40,7 @@
 //! newest client of a resource when an older stream ends, so the old stream
 //! must be over before the new registration exists.
 
+mod dra;
 mod plugin;
 mod registration;
 mod registrations;
@@ -66,7 +67,7 @@ use crate::operator::liveness::Liveness;
 use crate::operator::metrics::Metrics;
 use crate::operator::observer::MetricsAndEvents;
 use crate::operator::owner::Uninstall;
-use crate::options::{Options, load_config};
+use crate::options::{Front, Options, load_config};
 use nix::sys::inotify::WatchDescriptor;
 use registrations::{RegistrationDone, Registrations};
 use resources::Resources;
@@ -143,8 +144,11 @@ struct Daemon {
     resources: Resources,
     /// The inotify watches and the socket check's timer.
     watches: Watches,
-    /// Each served resource's server and registration with the kubelet.
+    /// Each served resource's server and registration with the kubelet
+    /// (the device plugin front).
     registrations: Registrations,
+    /// The DRA front, which serves the resources instead under `--front dra`.
+    dra: Option<dra::DraPart>,
     /// The reclaim loop, aborted at shutdown.
     tasks: Vec<JoinHandle<()>>,
     /// The loop's heartbeat, which `/healthz` reads.
@@ -279,6 +283,10 @@ impl Daemon {
             metrics,
             events.clone(),
         );
+        let dra = match opts.front {
+            Front::Dra => Some(dra::DraPart::start(&opts, &ctx).await?),
+            Front::DevicePlugin => None,
+        };
         let mut d = Daemon {
             opts,
             ctx,
@@ -286,13 +294,14 @@ impl Daemon {
             resources,
             watches,
             registrations,
+            dra,
             tasks,
             liveness,
             _http: http,
             uninstall,
         };
         let served = d.resources.reconcile();
-        d.registrations.serve(served);
+        d.serve(served);
         d.registrations.start_due_registrations();
         let inputs = Inputs {
             sigterm,
@@ -314,6 +323,15 @@ impl Daemon {
             .map_or(check, |at| at.min(check))
     }
 
+    /// Hands the resources that came and went to the front that serves
+    /// them: the DRA front, or the kubelet registrations.
+    fn serve(&mut self, served: Vec<resources::Served>) {
+        match &self.dra {
+            Some(dra) => dra.serve(served),
+            None => self.registrations.serve(served),
+        }
+    }
+
     /// Routes `input` to the part it is for, and what that part answers to
     /// the part it concerns; then runs the timers (an input can make a
     /// registration due at once). Breaks on a signal.
@@ -325,7 +343,7 @@ impl Daemon {
             }
             Input::Links(update) => {
                 let served = self.resources.on_links(update);
-                self.registrations.serve(served);
+                self.serve(served);
             }
             Input::Fs(batch) => self.on_fs_events(&batch),
             Input::Stream(ev) => self.registrations.on_stream_event(ev),
@@ -355,7 +373,7 @@ impl Daemon {
         }
         if config_touched {
             let served = self.resources.reload_config(&self.opts);
-            self.registrations.serve(served);
+            self.serve(served);
         }
         self.watches.tell_reclaim();
     }
@@ -384,9 +402,13 @@ impl Daemon {
             mut watches,
             registrations,
             resources,
+            dra,
             ..
         } = self;
         watches.unwatch_plugin_dir();
+        if let Some(dra) = dra {
+            dra.stop().await;
+        }
         let stops = registrations.stop_all();
         drop(resources);
         for s in stops {

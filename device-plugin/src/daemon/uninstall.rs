@@ -10,9 +10,10 @@ use crate::core::host::Host;
 use crate::core::inflight::{Closed, InFlight};
 use crate::core::ledger::{AllocationClock, Assignments};
 use crate::core::reclaim::list_allocated;
+use crate::dra::cdi::CdiDir;
 use crate::operator::events::{EventSink, NodeEvent};
 use crate::operator::owner::{Uninstall, Verdict};
-use crate::options::Options;
+use crate::options::{Front, Options};
 use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
@@ -76,9 +77,12 @@ async fn clean(exit: Exit) {
     }
     exit.assignments.close();
     let held = match list_allocated(&exit.opts.pod_resources_socket(), ASK_KUBELET).await {
-        Ok(ids) => Held::Devices(ids),
+        Ok(held) => Held::Devices(held.ids(&exit.resources)),
         Err(e) => Held::Unknown(e.to_string()),
     };
+    if let (Front::Dra, Held::Devices(ids)) = (exit.opts.front, &held) {
+        remove_unheld_specs(&exit.opts.cdi_dir, ids);
+    }
     let Exit {
         opts,
         clock,
@@ -110,6 +114,21 @@ async fn clean(exit: Exit) {
             warn!(error = %e, "uninstall: the host's namespace could not be opened; nothing was cleaned")
         }
         Err(e) => warn!(error = %e, "uninstall: the clean-up task failed"),
+    }
+}
+
+/// DRA mode: removes the CDI specs of claims whose devices no pod holds
+/// (no daemon is left to unprepare them), saying which.
+fn remove_unheld_specs(dir: &std::path::Path, held: &std::collections::HashSet<String>) {
+    let removed = CdiDir::open(dir).and_then(|cdi| cdi.remove_unheld(held));
+    match removed {
+        Ok(uids) if uids.is_empty() => {}
+        Ok(uids) => {
+            info!(claims = %uids.join(", "), "uninstall: removed the CDI specs of claims no pod holds")
+        }
+        Err(e) => {
+            warn!(error = %e, "uninstall: the CDI specs of claims no pod holds could not be removed")
+        }
     }
 }
 

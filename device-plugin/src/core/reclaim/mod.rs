@@ -38,6 +38,7 @@ mod rules;
 mod tap_watch;
 
 pub(crate) use pod_resources::list_allocated;
+pub use rules::Held;
 pub(crate) use rules::{forget_unconfigured, go_era_leaked_links, leaked_links};
 pub(crate) use tap_watch::{tap_node_deleted, watch_tap_nodes};
 
@@ -196,7 +197,7 @@ impl Reclaimer {
             .await
             .map_err(|e| Error::Task(format!("the task listing links failed: {e}")))??;
         let allocated = match list_allocated(&self.socket, POD_RESOURCES_WAIT).await {
-            Ok(allocated) => allocated,
+            Ok(held) => held.ids(resources),
             Err(e) => {
                 self.cannot_read(e.to_string());
                 return Ok(RoundOutcome::Failed);

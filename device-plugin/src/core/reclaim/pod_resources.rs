@@ -1,16 +1,15 @@
 //! The kubelet's PodResources API, asked which devices pods hold.
 
-use super::rules::allocated_ids;
+use super::rules::Held;
 use crate::error::{Error, Result};
 use kubelet_proto::podresources::v1::ListPodResourcesRequest;
 use kubelet_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
 use kubelet_proto::transport::connect_unix;
-use std::collections::HashSet;
 use std::path::Path;
 use std::time::Duration;
 
-/// Asks the PodResources API which device IDs of ours are allocated.
-pub(crate) async fn list_allocated(socket: &Path, timeout: Duration) -> Result<HashSet<String>> {
+/// Asks the PodResources API what pods hold of ours.
+pub(crate) async fn list_allocated(socket: &Path, timeout: Duration) -> Result<Held> {
     let channel = connect_unix(socket, timeout).await?;
     let mut client = PodResourcesListerClient::new(channel);
     let resp = tokio::time::timeout(timeout, client.list(ListPodResourcesRequest {}))
@@ -26,5 +25,5 @@ pub(crate) async fn list_allocated(socket: &Path, timeout: Duration) -> Result<H
             op: "listing pod resources".into(),
             status: Box::new(status),
         })?;
-    Ok(allocated_ids(resp.get_ref()))
+    Ok(Held::from_response(resp.get_ref()))
 }

@@ -1,28 +1,64 @@
 //! The reclaim rules as plain functions: which device IDs of ours the
-//! kubelet says are allocated, and which links look leaked (this plugin's
+//! kubelet says are allocated (to the device plugin or through DRA), and which links look leaked (this plugin's
 //! `mvt…` macvtaps and the Go plugin's v0.13.1 `<name>Mvp<i>` ones). The
 //! round ([`super::Reclaimer`]) applies them; `doctor` reports by them.
 
 use crate::config::ResourceConfig;
 use crate::core::ledger::Assignments;
 use kubelet_proto::podresources::v1::ListPodResourcesResponse;
-use macvtap_link::{DeviceLinkName, Link, RESOURCE_PREFIX, link_name_for_device, parse_link_name};
+use macvtap_link::dra::{DRIVER, dra_device_index};
+use macvtap_link::{
+    DeviceLinkName, Link, RESOURCE_PREFIX, device_id, link_name_for_device, parse_link_name,
+};
 use std::collections::{HashMap, HashSet};
 
 /// A link as the reclaimer tells links apart: a link deleted and created
 /// again under the same name has another ifindex, and starts over.
 pub(crate) type LinkIdentity = (String, u32);
 
-/// The device IDs of our resources that the kubelet reports as allocated.
-pub(crate) fn allocated_ids(resp: &ListPodResourcesResponse) -> HashSet<String> {
-    let prefix = format!("{RESOURCE_PREFIX}/");
-    resp.pod_resources
-        .iter()
-        .flat_map(|p| &p.containers)
-        .flat_map(|c| &c.devices)
-        .filter(|d| d.resource_name.starts_with(&prefix))
-        .flat_map(|d| d.device_ids.iter().cloned())
-        .collect()
+/// What pods hold of ours, as the kubelet's PodResources `List` says it:
+/// device plugin IDs, and devices of our DRA driver by DRA device name (a
+/// pod's `dynamic_resources`), which [`Held::ids`] turns into device IDs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Held {
+    ids: HashSet<String>,
+    dra_devices: HashSet<String>,
+}
+
+impl Held {
+    /// What `resp` says pods hold of ours.
+    pub(crate) fn from_response(resp: &ListPodResourcesResponse) -> Self {
+        let prefix = format!("{RESOURCE_PREFIX}/");
+        let containers = || resp.pod_resources.iter().flat_map(|p| &p.containers);
+        Self {
+            ids: containers()
+                .flat_map(|c| &c.devices)
+                .filter(|d| d.resource_name.starts_with(&prefix))
+                .flat_map(|d| d.device_ids.iter().cloned())
+                .collect(),
+            dra_devices: containers()
+                .flat_map(|c| &c.dynamic_resources)
+                .flat_map(|d| &d.claim_resources)
+                .filter(|r| r.driver_name == DRIVER)
+                .map(|r| r.device_name.clone())
+                .collect(),
+        }
+    }
+
+    /// The device IDs held: the device plugin's as listed, and each DRA
+    /// device of one of `resources` as its device ID (a DRA device of a
+    /// resource not among them cannot be named, and no link of such a
+    /// resource is reclaimed or healed either).
+    pub fn ids(&self, resources: &[ResourceConfig]) -> HashSet<String> {
+        let mut ids = self.ids.clone();
+        for name in &self.dra_devices {
+            let id = resources.iter().find_map(|cfg| {
+                dra_device_index(&cfg.name, cfg.capacity, name).map(|i| device_id(&cfg.name, i))
+            });
+            ids.extend(id);
+        }
+        ids
+    }
 }
 
 /// The links that look leaked: macvtaps named like device links, on one of
@@ -100,6 +136,46 @@ mod tests {
     use test_support::fake::link;
 
     #[test]
+    fn dra_devices_of_our_driver_are_held_as_their_device_ids() {
+        use kubelet_proto::podresources::v1::{ClaimResource, DynamicResource};
+        let claim = |driver: &str, device: &str| DynamicResource {
+            claim_name: "vm-extended-resources-x".into(),
+            claim_namespace: "default".into(),
+            claim_resources: vec![ClaimResource {
+                driver_name: driver.into(),
+                pool_name: "node-1".into(),
+                device_name: device.into(),
+                ..Default::default()
+            }],
+        };
+        let resp = ListPodResourcesResponse {
+            pod_resources: vec![PodResources {
+                name: "vm".into(),
+                namespace: "default".into(),
+                containers: vec![ContainerResources {
+                    name: "compute".into(),
+                    dynamic_resources: vec![
+                        claim(DRIVER, "eth1-mvp-2"),
+                        claim("gpu.example.com", "eth1-mvp-3"),
+                        claim(DRIVER, "eth9-mvp-0"),
+                    ],
+                    ..Default::default()
+                }],
+            }],
+        };
+        let eth1 = ResourceConfig {
+            capacity: 4,
+            ..ResourceConfig::for_nic("eth1")
+        };
+        let held = Held::from_response(&resp);
+        assert_eq!(held.ids(&[eth1]), HashSet::from(["eth1Mvp2".to_string()]));
+        assert!(
+            held.ids(&[]).is_empty(),
+            "an unserved resource's device is not named"
+        );
+    }
+
+    #[test]
     fn allocated_ids_are_ours_only() {
         let resp = ListPodResourcesResponse {
             pod_resources: vec![PodResources {
@@ -124,7 +200,7 @@ mod tests {
             }],
         };
         assert_eq!(
-            allocated_ids(&resp),
+            Held::from_response(&resp).ids(&[]),
             HashSet::from(["eth0Mvp1".to_string()])
         );
     }

@@ -6,9 +6,8 @@ use super::{Finding, Level, TIMEOUT};
 use crate::config::ResourceConfig;
 use crate::core::degraded::Degraded;
 use crate::core::reclaim;
-use crate::options::Options;
+use crate::options::{Front, Options, dra_socket, registration_socket};
 use kubelet_proto::v1beta1::KUBELET_SOCKET;
-use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 use std::os::unix::fs::FileTypeExt;
@@ -95,9 +94,9 @@ pub(crate) fn check_pod_resources(socket: &Path) -> Finding {
     }
 }
 
-/// The device IDs pods hold, per the kubelet's PodResources `List` (the
+/// What pods hold of ours, per the kubelet's PodResources `List` (the
 /// reclaimer's call).
-pub(crate) async fn list_allocated(opts: &Options) -> Result<HashSet<String>, String> {
+pub(crate) async fn list_allocated(opts: &Options) -> Result<reclaim::Held, String> {
     reclaim::list_allocated(&opts.pod_resources_socket(), TIMEOUT)
         .await
         .map_err(|e| e.to_string())
@@ -123,6 +122,10 @@ pub(crate) fn check_registration(opts: &Options, configs: &[ResourceConfig]) -> 
             ),
         });
     }
+    if opts.front == Front::Dra {
+        out.extend(check_dra_sockets(&opts.kubelet_dir));
+        return out;
+    }
     for cfg in configs {
         let sock = opts.plugin_dir().join(cfg.socket_name());
         out.push(match probe_socket(&sock) {
@@ -146,6 +149,35 @@ pub(crate) fn check_registration(opts: &Options, configs: &[ResourceConfig]) -> 
         });
     }
     out
+}
+
+/// DRA mode (`--front dra`): the daemon's DRA socket and its registration
+/// socket in the kubelet's plugin watcher directory, both live.
+fn check_dra_sockets(kubelet_dir: &Path) -> Vec<Finding> {
+    [
+        ("dra-socket", dra_socket(kubelet_dir), "its DRA service"),
+        (
+            "dra-registration",
+            registration_socket(kubelet_dir),
+            "its registration with the kubelet",
+        ),
+    ]
+    .into_iter()
+    .map(|(check, sock, what)| match probe_socket(&sock) {
+        Ok(()) => Finding::ok(
+            check,
+            format!("the DRA driver serves {what} on {}", sock.display()),
+        ),
+        Err(why) => Finding::problem(
+            check,
+            format!(
+                "the DRA driver's socket for {what} at {} is not usable ({why}): the daemon is \
+                 not running in DRA mode here",
+                sock.display()
+            ),
+        ),
+    })
+    .collect()
 }
 
 /// `addr` with an unspecified IP (`0.0.0.0`, `::`) replaced by loopback.
@@ -183,6 +215,37 @@ fn healthz(addr: SocketAddr) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn in_dra_mode_the_dra_sockets_are_checked_not_the_device_plugins() {
+        let tmp = tempfile::tempdir().unwrap();
+        let opts = Options {
+            kubelet_dir: tmp.path().to_path_buf(),
+            front: Front::Dra,
+            ..Options::for_tests(None)
+        };
+        let configs = [ResourceConfig::for_nic("eth1")];
+        let checks = |f: &[Finding]| -> Vec<(String, Level)> {
+            f.iter().map(|f| (f.check.to_string(), f.level)).collect()
+        };
+        assert_eq!(
+            checks(&check_registration(&opts, &configs)),
+            [
+                ("dra-socket".to_string(), Level::Problem),
+                ("dra-registration".to_string(), Level::Problem)
+            ]
+        );
+        let sock = dra_socket(tmp.path());
+        std::fs::create_dir_all(sock.parent().unwrap()).unwrap();
+        let _live = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let found = check_registration(&opts, &configs);
+        assert_eq!(found[0].level, Level::Ok, "{}", found[0].message);
+        assert!(
+            found[0].message.contains("dra.sock"),
+            "{}",
+            found[0].message
+        );
+    }
 
     #[test]
     fn an_unspecified_address_is_asked_on_loopback() {

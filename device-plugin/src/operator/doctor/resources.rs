@@ -6,7 +6,7 @@ use super::Finding;
 use crate::config::{ResourceConfig, Resources};
 use crate::core::nic::discovery;
 use crate::core::nic::health::{NicHealth, resource_health};
-use crate::core::reclaim::{go_era_leaked_links, leaked_links};
+use crate::core::reclaim::{Held, go_era_leaked_links, leaked_links};
 use crate::options::{Options, load_config};
 use macvtap_link::device::parse_device_id;
 use macvtap_link::{Handle, Link, Links};
@@ -22,9 +22,9 @@ pub(crate) struct Gathered {
 }
 
 /// Loads the configuration `opts` names, lists the links of the calling
-/// thread's namespace and checks every resource; `allocated` is the device
-/// IDs pods hold, when the kubelet could be asked.
-pub(crate) fn gather(opts: &Options, allocated: Option<&HashSet<String>>) -> Gathered {
+/// thread's namespace and checks every resource; `held` is what pods hold,
+/// when the kubelet could be asked.
+pub(crate) fn gather(opts: &Options, held: Option<&Held>) -> Gathered {
     let resolved = match load_config(opts) {
         Ok((r, _)) => r,
         Err(e) => {
@@ -62,6 +62,8 @@ pub(crate) fn gather(opts: &Options, allocated: Option<&HashSet<String>>) -> Gat
         &opts.discover_kinds,
         &mut findings,
     );
+    let allocated = held.map(|h| h.ids(&configs));
+    let allocated = allocated.as_ref();
     findings.extend(check_resources(&configs, &links, allocated));
     if let Some(allocated) = allocated {
         findings.extend(check_leaked(

@@ -1,0 +1,247 @@
+//! DRA mode on the real node (issue 47): our DaemonSet with
+//! `manifests/components/dra`, a ConfigMap naming a resource the device
+//! plugin never served here, the example DeviceClass for it, and VM pods
+//! in KubeVirt's shape that request the resource by its extended name. The
+//! real scheduler serves the request from our ResourceSlice (KEP-5004), the
+//! real kubelet prepares the claim through our DRA socket, containerd
+//! gives the container `/dev/tapN` from our CDI spec, the released Multus
+//! calls our CNI without a `deviceID`, and the guest answers the peer's
+//! pings. A second pod over the capacity of one waits Pending with the
+//! scheduler's reason, and starts on the same device once the first is
+//! deleted (unprepared: its CDI spec gone; its link deleted by the
+//! unprepare, or by the reclaimer when the DEL gave it back after the
+//! unprepare). An uninstall leaves no slice, spec or link.
+
+use super::{
+    DAEMON, IMAGE_REPO, NIC, NS, RESOURCE_PREFIX, Run, WAIT, guest_answers, macvtaps_on_nic, repo,
+};
+use anyhow::{Context, Result, ensure};
+use macvtap_e2e::sandbox::TestNs;
+use serde_json::{Value, json};
+use std::net::Ipv4Addr;
+use std::path::Path;
+
+/// The resource DRA serves here: one device on the NIC.
+const NAME: &str = "dradata";
+/// The runtime's CDI directory.
+const CDI_DIR: &str = "/var/run/cdi";
+/// Our driver.
+const DRIVER: &str = "macvtap.network.kubevirt.io";
+
+/// Our CDI spec files on the node.
+fn cdi_specs() -> Result<Vec<String>> {
+    let mut out: Vec<String> = match std::fs::read_dir(CDI_DIR) {
+        Ok(rd) => rd
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| n.starts_with("macvtap.network.kubevirt.io-tap_"))
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e.into()),
+    };
+    out.sort();
+    Ok(out)
+}
+
+/// The node's ResourceSlices of our driver.
+fn slices(run: &Run) -> Result<Vec<Value>> {
+    let list = run.c.get_json(&[
+        "resourceslices",
+        "--field-selector",
+        &format!("spec.driver={DRIVER}"),
+    ])?;
+    Ok(list["items"].as_array().cloned().unwrap_or_default())
+}
+
+/// The install: the base with the DRA component, our image, the test's
+/// daemon flags (as the main scenario's), and the ConfigMap of one
+/// resource of capacity 1 on the NIC; the DaemonSet's pod's state and
+/// log are said when it does not get Ready.
+fn install(run: &Run, tag: &str, kdir: &Path) -> Result<()> {
+    let manifests = repo().join("manifests").canonicalize()?;
+    let rel = |p: &str| super::pathdiff(&manifests.join(p), kdir);
+    let args = json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": super::DS, "namespace": NS},
+        "spec": {"template": {"spec": {"containers": [{"name": DAEMON, "args": [
+            "--kubelet-dir=/var/lib/kubelet", "--metrics-addr=0.0.0.0:9402",
+            "--log-format=json", "--owner-daemonset=macvtap-cni",
+            "--uninstall-cni-dir=/host/cni-bin", "--discover-kinds=veth",
+            "--reclaim-grace=30s", "--reclaim-interval=2s"]}]}}}
+    });
+    std::fs::write(kdir.join("args.yaml"), args.to_string())?;
+    std::fs::write(
+        kdir.join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\ncomponents:\n  - {}\nimages:\n  - name: ghcr.io/kubevirt/macvtap-rs\n    newName: {IMAGE_REPO}\n    newTag: {tag}\npatches:\n  - path: args.yaml\n",
+            rel("base"),
+            rel("components/dra"),
+        ),
+    )?;
+    let conf = format!(r#"[{{"name":"{NAME}","lowerDevice":"{NIC}","capacity":1}}]"#);
+    run.c.kubectl(&["apply", "-k", &kdir.to_string_lossy()])?;
+    run.c.apply(&json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "macvtap-deviceplugin-config", "namespace": NS},
+        "data": {"DP_MACVTAP_CONF": conf}
+    }))?;
+    run.wait_ds_ready().map_err(|e| {
+        let pods = run
+            .c
+            .kubectl(&["-n", NS, "get", "pods", "-o", "wide"])
+            .unwrap_or_default();
+        let log = run.daemon_logs().unwrap_or_default();
+        e.context(format!(
+            "our pods:\n{pods}\nthe daemon's log:\n{}",
+            super::last_lines(&log, 30)
+        ))
+    })
+}
+
+/// The scenario; `peer` is the namespace beyond the NIC, `tag` our
+/// image's tag (of `IMAGE_REPO`).
+pub(super) fn dra_mode(run: &mut Run, peer: &TestNs, tag: &str) -> Result<()> {
+    let c = run.c;
+    let resource = format!("{RESOURCE_PREFIX}{NAME}");
+
+    run.steps
+        .step("DRA mode: the base with components/dra, a ConfigMap of one device");
+    let kdir = tempfile::tempdir()?;
+    install(run, tag, kdir.path())?;
+    let registry =
+        Path::new("/var/lib/kubelet/plugins_registry").join(format!("{DRIVER}-reg.sock"));
+    c.wait("our registration socket", WAIT, || {
+        Ok(registry.exists().then_some(()))
+    })?;
+    let published = c.wait("our ResourceSlice with the resource's device", WAIT, || {
+        let s = slices(run)?;
+        let names: Vec<String> = s
+            .iter()
+            .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+            .filter_map(|d| d["name"].as_str().map(str::to_string))
+            .collect();
+        Ok((names == [format!("{NAME}-mvp-0")]).then_some(s))
+    })?;
+    let device = &published[0]["spec"]["devices"][0];
+    ensure!(
+        device["attributes"]["k8s.cni.cncf.io/resourceName"]["string"] == resource.as_str()
+            && device["attributes"]["k8s.cni.cncf.io/deviceID"]["string"]
+                == format!("{NAME}Mvp0").as_str(),
+        "the device's attributes: {device}"
+    );
+    ensure!(
+        published[0]["spec"]["nodeName"] == super::NODE
+            && published[0]["spec"]["pool"]["name"] == super::NODE,
+        "the slice's node and pool: {}",
+        published[0]["spec"]
+    );
+    ensure!(
+        run.allocatable_of(&resource)?.is_none_or(|n| n == 0),
+        "the node's allocatable lists {resource}: the device plugin serves it too"
+    );
+    run.steps.say(format!(
+        "slice {} published: device {NAME}-mvp-0 with deviceID {NAME}Mvp0; {resource} not in the node's allocatable",
+        published[0]["metadata"]["name"]
+    ));
+
+    run.steps
+        .step("the example DeviceClass and NAD for the resource");
+    let class = std::fs::read_to_string(repo().join("manifests/examples/deviceclass.yaml"))?
+        .replace("eth1", NAME);
+    c.kubectl_stdin(&["apply", "-f", "-"], Some(&class))?;
+    let nad = std::fs::read_to_string(repo().join("manifests/examples/nad.yaml"))?.replace(
+        &format!("{RESOURCE_PREFIX}eth1\n"),
+        &format!("{resource}\n"),
+    );
+    c.kubectl_stdin(&["apply", "-f", "-"], Some(&nad))?;
+
+    run.steps
+        .step("a VM pod on the resource: scheduled through the DeviceClass, prepared, pinging");
+    let vm6 = (
+        "virt-launcher-vm6",
+        "02:00:c6:33:64:a7",
+        Ipv4Addr::new(198, 51, 100, 167),
+    );
+    run.start_vm_on(&resource, vm6.0, vm6.1, vm6.2)?;
+    guest_answers(peer, vm6.0, vm6.2)?;
+    let pod = c.get_json(&["-n", "default", "pod", vm6.0])?;
+    let claim = pod["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
+        .as_str()
+        .context("the VM pod has no extended resource claim: the device plugin served it")?
+        .to_string();
+    let specs = cdi_specs()?;
+    ensure!(specs.len() == 1, "CDI specs on the node: {specs:?}");
+    run.steps.say(format!(
+        "{}: claim {claim}, CDI spec {}, tap {}, guest answers",
+        vm6.0,
+        specs[0],
+        run.vm_tap_node(vm6.0)?
+    ));
+
+    run.steps
+        .step("a second VM pod over the capacity: Pending until the first is deleted");
+    let vm7 = (
+        "virt-launcher-vm7",
+        "02:00:c6:33:64:a8",
+        Ipv4Addr::new(198, 51, 100, 168),
+    );
+    run.apply_vm_pod(&resource, vm7.0, vm7.1, vm7.2)?;
+    let why = c.wait(&format!("{} unschedulable", vm7.0), WAIT, || {
+        let p = c.get_json(&["-n", "default", "pod", vm7.0])?;
+        let cond = p["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "PodScheduled" && c["reason"] == "Unschedulable")
+            .cloned();
+        Ok(cond.map(|c| c["message"].as_str().unwrap_or("").to_string()))
+    })?;
+    run.steps.say(format!("{} Pending: {why}", vm7.0));
+    run.delete_vm_pods(&[vm6.0])?;
+    run.wait_vm_serving(vm7.0)?;
+    guest_answers(peer, vm7.0, vm7.2)?;
+    let now = cdi_specs()?;
+    ensure!(
+        now.len() == 1 && now != specs,
+        "after vm6's unprepare and vm7's prepare the CDI specs are {now:?} (before: {specs:?})"
+    );
+    run.steps.say(format!(
+        "{} started on the device vm6 gave back; CDI specs now {now:?}",
+        vm7.0
+    ));
+
+    run.steps
+        .step("vm7 deleted, then uninstall: no slice, spec or link left");
+    run.delete_vm_pods(&[vm7.0])?;
+    // The kubelet may unprepare a claim before the sandbox's DEL has given
+    // its link back (its DRA manager unprepares the claims of pods that
+    // are no longer running; seen here when a DEL failed and was retried):
+    // such a link is no longer held, and the reclaimer removes it after
+    // the grace (30 s here).
+    c.wait("vm7's claim unprepared and its link gone", WAIT, || {
+        Ok((cdi_specs()?.is_empty() && macvtaps_on_nic()?.is_empty()).then_some(()))
+    })?;
+    c.kubectl_stdin(&["delete", "-f", "-", "--ignore-not-found"], Some(&class))?;
+    c.kubectl_stdin(&["delete", "-f", "-", "--ignore-not-found"], Some(&nad))?;
+    c.kubectl(&[
+        "delete",
+        "-k",
+        &kdir.path().to_string_lossy(),
+        "--wait=true",
+        "--timeout=180s",
+    ])?;
+    c.wait("our ResourceSlices gone", WAIT, || {
+        Ok(slices(run)?.is_empty().then_some(()))
+    })?;
+    c.wait("no macvtap of ours on the NIC", WAIT, || {
+        Ok(macvtaps_on_nic()?.is_empty().then_some(()))
+    })?;
+    ensure!(
+        !registry.exists(),
+        "the uninstall left the registration socket {}",
+        registry.display()
+    );
+    run.steps
+        .say("no ResourceSlice, CDI spec, socket or macvtap of ours left");
+    Ok(())
+}
