@@ -469,7 +469,28 @@ impl Cluster {
                 std::thread::sleep(Duration::from_millis(5));
             };
             let answered = pinger.wait_for(AFTER, |l| l.replies_after(completed) >= REPLIES_AFTER);
-            let target_status = target_vm.qmp.status().context("asking the target QEMU")?;
+            let target_status = match target_vm.qmp.status() {
+                Ok(s) => s,
+                Err(e) => {
+                    // Seen twice under a cold build's load: the target QEMU
+                    // gone after `completed`; say how it ended.
+                    let exit = target_vm.qemu.process.child.try_wait();
+                    let mut stderr = String::new();
+                    // Read only from a QEMU that exited: a live one's
+                    // stderr would block.
+                    if let (Ok(Some(_)), Some(err)) =
+                        (&exit, target_vm.qemu.process.child.stderr.as_mut())
+                    {
+                        use std::io::Read;
+                        let _ = err.read_to_string(&mut stderr);
+                    }
+                    return Err(e.context(format!(
+                        "asking the target QEMU after the migration completed ({}); its exit: {exit:?}; its stderr:\n{stderr}\nits console:\n{}",
+                        info["status"],
+                        target_vm.qemu.console_text()
+                    )));
+                }
+            };
             let port_after = self.segment.port_of(VM_MAC)?;
             let log = pinger.stop(REPLY_GRACE)?;
             ensure!(
