@@ -1234,7 +1234,7 @@ fn helm_test_runs_doctor_on_a_node_of_the_daemonset() {
     assert_eq!(meta["namespace"], "macvtap-system");
     assert_eq!(
         meta["annotations"]["helm.sh/hook-delete-policy"],
-        "before-hook-creation,hook-succeeded"
+        "before-hook-creation"
     );
     let installed = helm_template_in("macvtap-system", &sets);
     let ds = daemonset(&installed);
