@@ -236,6 +236,59 @@ pub fn containers_mut(doc: &mut Value) -> Vec<&mut Value> {
     out
 }
 
+/// `text` split into words as sh would for the quoting README uses
+/// (single and double quotes; `$(...)` kept as one word), for the tests
+/// that run README's commands.
+pub fn shell_words(text: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut in_word = false;
+    let mut quote: Option<char> = None;
+    let mut depth = 0;
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if depth > 0 {
+            word.push(c);
+            match c {
+                '(' => depth += 1,
+                ')' => depth -= 1,
+                _ => {}
+            }
+            continue;
+        }
+        match (quote, c) {
+            (_, '$') if chars.peek() == Some(&'(') => {
+                word.push(c);
+                // The `(` just peeked.
+                chars.next();
+                word.push('(');
+                depth = 1;
+                in_word = true;
+            }
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => word.push(c),
+            (None, '\'' | '"') => {
+                quote = Some(c);
+                in_word = true;
+            }
+            (None, c) if c.is_whitespace() => {
+                if in_word {
+                    words.push(std::mem::take(&mut word));
+                    in_word = false;
+                }
+            }
+            (None, c) => {
+                word.push(c);
+                in_word = true;
+            }
+        }
+    }
+    if in_word {
+        words.push(word);
+    }
+    words
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

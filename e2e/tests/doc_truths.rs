@@ -9,7 +9,7 @@
 //! that `Cargo.toml` names.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use macvtap_e2e::manifests::{render, render_chart_in};
+use macvtap_e2e::manifests::{render, render_chart_in, shell_words};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -274,56 +274,6 @@ fn a_grant_missing_from_security_md_is_caught() {
     let mut wider = documented_grants(&wider);
     wider.sort();
     assert_ne!(rendered_grants("base", &docs), wider);
-}
-
-/// `text` split into words as sh would for the quoting README uses
-/// (single and double quotes; `$(...)` kept as one word).
-fn shell_words(text: &str) -> Vec<String> {
-    let mut words = Vec::new();
-    let mut word = String::new();
-    let mut in_word = false;
-    let mut quote: Option<char> = None;
-    let mut depth = 0;
-    let mut chars = text.chars().peekable();
-    while let Some(c) = chars.next() {
-        if depth > 0 {
-            word.push(c);
-            match c {
-                '(' => depth += 1,
-                ')' => depth -= 1,
-                _ => {}
-            }
-            continue;
-        }
-        match (quote, c) {
-            (_, '$') if chars.peek() == Some(&'(') => {
-                word.push(c);
-                word.push(chars.next().unwrap());
-                depth = 1;
-                in_word = true;
-            }
-            (Some(q), c) if c == q => quote = None,
-            (Some(_), c) => word.push(c),
-            (None, '\'' | '"') => {
-                quote = Some(c);
-                in_word = true;
-            }
-            (None, c) if c.is_whitespace() => {
-                if in_word {
-                    words.push(std::mem::take(&mut word));
-                    in_word = false;
-                }
-            }
-            (None, c) => {
-                word.push(c);
-                in_word = true;
-            }
-        }
-    }
-    if in_word {
-        words.push(word);
-    }
-    words
 }
 
 /// The value after `flag` in `words`.

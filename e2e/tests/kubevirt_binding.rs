@@ -7,7 +7,7 @@
 //! HyperConverged CR with other settings but the binding and the gate.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use macvtap_e2e::manifests::parse_docs;
+use macvtap_e2e::manifests::{parse_docs, shell_words};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -153,39 +153,6 @@ fn hyperconverged_cr() -> Value {
             "liveMigrationConfig": {"parallelMigrationsPerCluster": 5}
         }
     })
-}
-
-/// `line` split into words as sh splits it, for the quoting README uses
-/// (single and double quotes, no expansions).
-fn shell_words(line: &str) -> Vec<String> {
-    let mut words = Vec::new();
-    let mut word = String::new();
-    let mut in_word = false;
-    let mut quote: Option<char> = None;
-    for c in line.chars() {
-        match (quote, c) {
-            (Some(q), c) if c == q => quote = None,
-            (Some(_), c) => word.push(c),
-            (None, '\'' | '"') => {
-                quote = Some(c);
-                in_word = true;
-            }
-            (None, c) if c.is_whitespace() => {
-                if in_word {
-                    words.push(std::mem::take(&mut word));
-                    in_word = false;
-                }
-            }
-            (None, c) => {
-                word.push(c);
-                in_word = true;
-            }
-        }
-    }
-    if in_word {
-        words.push(word);
-    }
-    words
 }
 
 /// The `kubectl ... patch` command lines of `text`'s shell blocks that
