@@ -18,5 +18,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(grpc)
         .build_server(grpc)
         .compile_fds(fds)?;
+    // DRA health's package is `v1`, as PodResources' is: prost writes one
+    // file per package, so it goes to a directory of its own.
+    let health = "proto/dra_health_v1.proto";
+    println!("cargo:rerun-if-changed={health}");
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("dra_health");
+    std::fs::create_dir_all(&out)?;
+    tonic_prost_build::configure()
+        .build_client(grpc)
+        .build_server(grpc)
+        .out_dir(out)
+        .compile_fds(protox::compile([health], ["proto"])?)?;
     Ok(())
 }

@@ -7,6 +7,8 @@
 //!   (and which DRA-prepared devices) the kubelet has handed to which pod.
 //! - [`dra::v1`]: the Dynamic Resource Allocation plugin API, which the
 //!   kubelet calls to prepare and unprepare a claim's devices.
+//! - [`dra::health::v1`]: the DRA device health API, through which the
+//!   kubelet follows the health of a driver's devices (KEP-4680).
 //! - [`pluginregistration`]: the kubelet's plugin watcher API, through which
 //!   a DRA plugin registers: the kubelet dials the plugin's socket in
 //!   `<kubelet dir>/plugins_registry/` and asks it what it is.
@@ -48,6 +50,18 @@ pub mod dra {
         /// The service name a DRA plugin lists in `PluginInfo.supported_versions`.
         pub const SERVICE: &str = "v1.DRAPlugin";
     }
+
+    /// The kubelet's DRA device health API, `v1.DRAResourceHealth`
+    /// (KEP-4680), served beside the DRA plugin service.
+    pub mod health {
+        #[allow(missing_docs, clippy::all, clippy::unwrap_used, clippy::expect_used)]
+        pub mod v1 {
+            include!(concat!(env!("OUT_DIR"), "/dra_health/v1.rs"));
+
+            /// The service's name in a registration's supported versions.
+            pub const SERVICE: &str = "v1.DRAResourceHealth";
+        }
+    }
 }
 
 /// The kubelet's plugin registration API (package `pluginregistration`).
@@ -64,6 +78,9 @@ pub mod transport;
 
 #[cfg(feature = "grpc")]
 pub mod authority;
+
+#[cfg(feature = "grpc")]
+pub mod routes;
 
 /// The kubelet PodResources API.
 pub mod podresources {
@@ -140,6 +157,38 @@ mod tests {
         assert_eq!(
             res.encode_to_vec(),
             vec![0x12, 1, b'd', 0x1a, 1, b'p', 0x22, 1, b'x']
+        );
+    }
+
+    #[test]
+    fn dra_health_field_numbers_match_the_published_api() {
+        use crate::dra::health::v1 as h;
+        let d = h::DeviceHealth {
+            device: Some(h::DeviceIdentifier {
+                pool_name: "p".into(),
+                device_name: "d".into(),
+            }),
+            health: h::HealthStatus::Unhealthy as i32,
+            last_updated_time: 1,
+            health_check_timeout_seconds: 2,
+            message: "m".into(),
+        };
+        assert_eq!(
+            d.encode_to_vec(),
+            vec![
+                0x0a, 6, 0x0a, 1, b'p', 0x12, 1, b'd', 0x10, 2, 0x18, 1, 0x20, 2, 0x2a, 1, b'm'
+            ]
+        );
+        let r = h::NodeWatchResourcesResponse { devices: vec![d] };
+        assert_eq!(r.encode_to_vec()[0], 0x0a);
+    }
+
+    #[cfg(feature = "grpc")]
+    #[test]
+    fn dra_health_grpc_path_uses_the_published_package() {
+        assert_eq!(
+            <crate::dra::health::v1::dra_resource_health_server::DraResourceHealthServer<()> as tonic::server::NamedService>::NAME,
+            "v1.DRAResourceHealth"
         );
     }
 

@@ -9,6 +9,7 @@
 use super::resources::Served;
 use crate::config::ResourceConfig;
 use crate::dra::cdi::CdiDir;
+use crate::dra::health::HealthService;
 use crate::dra::publish::{Publisher, publish_loop};
 use crate::dra::server::{Claims, DraContext, DraServers, Registered};
 use crate::dra::slices::Offered;
@@ -70,7 +71,8 @@ impl DraPart {
             observer: ctx.observer.clone(),
             inflight: ctx.inflight.clone(),
         };
-        let servers = DraServers::start(&opts.kubelet_dir, dra_ctx, status_tx)?;
+        let health = HealthService::new(offered_rx.clone(), &node);
+        let servers = DraServers::start(&opts.kubelet_dir, dra_ctx, health, status_tx)?;
         let mut tasks = Vec::new();
         tasks.push(tokio::spawn(async move {
             while let Some(s) = status_rx.recv().await {

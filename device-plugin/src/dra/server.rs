@@ -17,6 +17,7 @@
 //! reset with `PROTOCOL_ERROR`, the driver never registered).
 
 use super::cdi::{CdiDir, Prepared};
+use super::health::HealthService;
 use super::prepare::{Front, answer};
 use crate::config::ResourceConfig;
 use crate::core::host::SharedHost;
@@ -27,6 +28,7 @@ use crate::error::{Error, Result};
 pub use crate::options::{dra_socket, registration_socket};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kubelet_proto::authority::serve_unix_any_authority;
+use kubelet_proto::dra::health::v1::dra_resource_health_server::DraResourceHealthServer;
 use kubelet_proto::dra::v1::dra_plugin_server::{DraPlugin, DraPluginServer};
 use kubelet_proto::dra::v1::{
     Claim, NodePrepareResourceResponse, NodePrepareResourcesRequest, NodePrepareResourcesResponse,
@@ -36,6 +38,7 @@ use kubelet_proto::pluginregistration::registration_server::{Registration, Regis
 use kubelet_proto::pluginregistration::{
     DRA_PLUGIN, InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
+use kubelet_proto::routes::Pair;
 use kubelet_proto::transport::{Connections, bind_unix, error_chain};
 use macvtap_link::dra::DRIVER;
 use std::collections::BTreeMap;
@@ -262,7 +265,10 @@ pub fn plugin_info(endpoint: &Path) -> PluginInfo {
         r#type: DRA_PLUGIN.to_string(),
         name: DRIVER.to_string(),
         endpoint: endpoint.to_string_lossy().into_owned(),
-        supported_versions: vec![kubelet_proto::dra::v1::SERVICE.to_string()],
+        supported_versions: vec![
+            kubelet_proto::dra::v1::SERVICE.to_string(),
+            kubelet_proto::dra::health::v1::SERVICE.to_string(),
+        ],
     }
 }
 
@@ -302,13 +308,15 @@ pub(crate) struct DraServers {
 }
 
 impl DraServers {
-    /// Binds and serves the DRA service on [`dra_socket`] and then the
-    /// registration service on [`registration_socket`] (last, so the
-    /// kubelet never finds a registration whose endpoint is not served
-    /// yet); what the kubelet says of the registration goes to `status`.
+    /// Binds and serves the DRA service and the device health service
+    /// `health` on [`dra_socket`] and then the registration service on
+    /// [`registration_socket`] (last, so the kubelet never finds a
+    /// registration whose endpoint is not served yet); what the kubelet
+    /// says of the registration goes to `status`.
     pub fn start(
         kubelet_dir: &Path,
         ctx: DraContext,
+        health: HealthService,
         status: mpsc::UnboundedSender<Registered>,
     ) -> Result<Self> {
         let dra = dra_socket(kubelet_dir);
@@ -325,7 +333,10 @@ impl DraServers {
             let _ = rx.wait_for(|s| *s).await;
         };
         let listener = bind_unix(&dra)?;
-        let svc = DraPluginServer::new(DraService { ctx });
+        let svc = Pair::new(
+            DraResourceHealthServer::new(health),
+            DraPluginServer::new(DraService { ctx }),
+        );
         let (path, until) = (dra.clone(), wait(stopped.clone()));
         tasks.push(tokio::spawn(async move {
             if let Err(e) = serve_unix_any_authority(svc, listener, until, Connections::default()).await {
@@ -369,6 +380,8 @@ mod tests {
     use super::*;
     use crate::core::host::HostPaths;
     use crate::core::report::Silent;
+    use kubelet_proto::dra::health::v1::dra_resource_health_client::DraResourceHealthClient;
+    use kubelet_proto::dra::health::v1::{HealthStatus, NodeWatchResourcesRequest};
     use kubelet_proto::dra::v1::dra_plugin_client::DraPluginClient;
     use kubelet_proto::pluginregistration::registration_client::RegistrationClient;
     use kubelet_proto::transport::connect_unix;
@@ -423,7 +436,15 @@ mod tests {
         };
         let cdi = ctx.cdi.clone();
         let (status_tx, mut status) = mpsc::unbounded_channel();
-        let servers = DraServers::start(&kubelet_dir, ctx, status_tx).unwrap();
+        let (_offers_tx, offers) = watch::channel(vec![super::super::slices::Offered {
+            cfg: ResourceConfig {
+                capacity: 4,
+                ..ResourceConfig::for_nic("eth1")
+            },
+            unhealthy: Some("nic_down"),
+        }]);
+        let health = HealthService::new(offers, "node-1");
+        let servers = DraServers::start(&kubelet_dir, ctx, health, status_tx).unwrap();
 
         let wait = Duration::from_secs(10);
         let channel = connect_unix(&registration_socket(&kubelet_dir), wait)
@@ -447,6 +468,21 @@ mod tests {
         );
 
         let channel = connect_unix(Path::new(&info.endpoint), wait).await.unwrap();
+        let mut watch = DraResourceHealthClient::new(channel.clone())
+            .node_watch_resources(NodeWatchResourcesRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        let first = watch.message().await.unwrap().unwrap();
+        assert_eq!(first.devices.len(), 4, "{first:?}");
+        assert!(
+            first
+                .devices
+                .iter()
+                .all(|d| d.health == HealthStatus::Unhealthy as i32),
+            "{first:?}"
+        );
+        drop(watch);
         let mut dra = DraPluginClient::new(channel);
         let prepared = dra
             .node_prepare_resources(NodePrepareResourcesRequest {
@@ -506,6 +542,9 @@ mod tests {
             info.endpoint,
             "/var/lib/kubelet/plugins/macvtap.network.kubevirt.io/dra.sock"
         );
-        assert_eq!(info.supported_versions, ["v1.DRAPlugin"]);
+        assert_eq!(
+            info.supported_versions,
+            ["v1.DRAPlugin", "v1.DRAResourceHealth"]
+        );
     }
 }
