@@ -51,6 +51,8 @@
 
 #[path = "cluster/dra.rs"]
 mod dra;
+#[path = "cluster/dra_faults.rs"]
+mod dra_faults;
 
 use anyhow::{Context, Result, bail, ensure};
 use macvtap_e2e::cluster::{Cluster, NODE, last_lines, vm_rootfs};
@@ -687,6 +689,13 @@ fn clean_up(run: &Run) -> Result<()> {
         "clusterrolebinding/macvtap-cni-dra",
         "clusterrole/macvtap-cni-dra",
         "deviceclass/macvtap-dradata",
+        "--ignore-not-found",
+    ]);
+    let _ = c.kubectl(&[
+        "-n",
+        "default",
+        "delete",
+        "resourceclaimtemplate/macvtap-dradata",
         "--ignore-not-found",
     ]);
     Ok(())

@@ -10,7 +10,9 @@
 //! scheduler's reason, and starts on the same device once the first is
 //! deleted (unprepared: its CDI spec gone; its link deleted by the
 //! unprepare, or by the reclaimer when the DEL gave it back after the
-//! unprepare). An uninstall leaves no slice, spec or link.
+//! unprepare). With that pod running, `dra_faults.rs` kills the daemon and
+//! the kubelet during prepares and takes the NIC down. An uninstall leaves
+//! no slice, spec or link.
 
 use super::{
     DAEMON, IMAGE_REPO, NIC, NS, RESOURCE_PREFIX, Run, WAIT, guest_answers, macvtaps_on_nic, repo,
@@ -22,14 +24,14 @@ use std::net::Ipv4Addr;
 use std::path::Path;
 
 /// The resource DRA serves here: one device on the NIC.
-const NAME: &str = "dradata";
+pub(super) const NAME: &str = "dradata";
 /// The runtime's CDI directory.
-const CDI_DIR: &str = "/var/run/cdi";
+pub(super) const CDI_DIR: &str = "/var/run/cdi";
 /// Our driver.
 const DRIVER: &str = "macvtap.network.kubevirt.io";
 
 /// Our CDI spec files on the node.
-fn cdi_specs() -> Result<Vec<String>> {
+pub(super) fn cdi_specs() -> Result<Vec<String>> {
     let mut out: Vec<String> = match std::fs::read_dir(CDI_DIR) {
         Ok(rd) => rd
             .flatten()
@@ -44,7 +46,7 @@ fn cdi_specs() -> Result<Vec<String>> {
 }
 
 /// The node's ResourceSlices of our driver.
-fn slices(run: &Run) -> Result<Vec<Value>> {
+pub(super) fn slices(run: &Run) -> Result<Vec<Value>> {
     let list = run.c.get_json(&[
         "resourceslices",
         "--field-selector",
@@ -209,6 +211,9 @@ pub(super) fn dra_mode(run: &mut Run, peer: &TestNs, tag: &str) -> Result<()> {
         "{} started on the device vm6 gave back; CDI specs now {now:?}",
         vm7.0
     ));
+
+    super::dra_faults::killed_during_prepare(run, peer, &resource, (vm7.0, vm7.2))?;
+    super::dra_faults::nic_down(run, peer, &resource, (vm7.0, vm7.2))?;
 
     run.steps
         .step("vm7 deleted, then uninstall: no slice, spec or link left");
