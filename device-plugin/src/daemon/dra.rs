@@ -8,6 +8,7 @@
 
 use super::resources::Served;
 use crate::config::ResourceConfig;
+use crate::core::reclaim::Holding;
 use crate::dra::cdi::CdiDir;
 use crate::dra::health::HealthService;
 use crate::dra::publish::{Publisher, publish_loop};
@@ -18,8 +19,9 @@ use crate::kubelet::context::ServerContext;
 use crate::kubelet::server::ResourceState;
 use crate::options::Options;
 use kubelet_proto::v1beta1::UNHEALTHY;
+use macvtap_link::device_id;
 use macvtap_link::dra::dra_name_problem;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -70,6 +72,7 @@ impl DraPart {
             claims: Claims::new(client.clone()),
             observer: ctx.observer.clone(),
             inflight: ctx.inflight.clone(),
+            holding: ctx.holding.clone(),
         };
         let health = HealthService::new(offered_rx.clone(), &node);
         let servers = DraServers::start(&opts.kubelet_dir, dra_ctx, health, status_tx)?;
@@ -87,7 +90,12 @@ impl DraPart {
             resync_rx,
         )));
         let (changes, changes_rx) = mpsc::unbounded_channel();
-        tasks.push(tokio::spawn(follow(changes_rx, served_tx, offered_tx)));
+        tasks.push(tokio::spawn(follow(
+            changes_rx,
+            ctx.holding.clone(),
+            served_tx,
+            offered_tx,
+        )));
         info!(node = %node, "serving the macvtap resources through DRA");
         Ok(Self {
             servers,
@@ -129,9 +137,12 @@ async fn api_client() -> Result<kube::Client> {
 }
 
 /// What `states` offer: each resource DRA can name (one it cannot is said
-/// once, via `refused`), its NIC's health read from its devices.
+/// once, via `refused`), its NIC's health read from its devices, without
+/// the devices that `plugin_held` (device IDs) says pods hold through the
+/// device plugin front.
 fn offered(
     states: &BTreeMap<String, ResourceState>,
+    plugin_held: &HashSet<String>,
     refused: &mut BTreeSet<String>,
 ) -> Vec<Offered> {
     let mut out = Vec::new();
@@ -143,25 +154,38 @@ fn offered(
             continue;
         }
         let unhealthy = st.devices.iter().any(|d| d.health == UNHEALTHY);
+        let withheld = (0..st.config.capacity)
+            .filter(|&i| plugin_held.contains(&device_id(name, i)))
+            .collect();
         out.push(Offered {
             cfg: st.config.clone(),
             unhealthy: unhealthy.then_some(UNHEALTHY_REASON),
+            withheld,
         });
     }
     out
 }
 
 /// Follows the served resources: their set from `changes`, each one's
-/// state from its watch; after each change, what is served goes to
-/// `served` and what is offered to `offered`. Ends when `changes` closes.
+/// state from its watch, and what pods hold from `holding`; after each
+/// change, what is served goes to `served` and what is offered to
+/// `offers`. Nothing is offered before the first reclaim round has asked
+/// the kubelet what pods hold (a device the device plugin front handed out
+/// before the node switched fronts is never offered); when the kubelet
+/// cannot be asked, everything is offered, and that is said once. Ends
+/// when `changes` closes.
 async fn follow(
     mut changes: mpsc::UnboundedReceiver<Vec<Served>>,
+    mut holding: watch::Receiver<Holding>,
     served: watch::Sender<Vec<ResourceConfig>>,
     offers: watch::Sender<Vec<Offered>>,
 ) {
     let mut streams: StreamMap<String, WatchStream<ResourceState>> = StreamMap::new();
     let mut states: BTreeMap<String, ResourceState> = BTreeMap::new();
     let mut refused = BTreeSet::new();
+    let mut plugin_held: Option<HashSet<String>> = None;
+    let mut holding_open = true;
+    let mut said_unreadable = false;
     loop {
         tokio::select! {
             batch = changes.recv() => {
@@ -183,8 +207,31 @@ async fn follow(
             Some((name, st)) = streams.next(), if !streams.is_empty() => {
                 states.insert(name, st);
             }
+            changed = holding.changed(), if holding_open => {
+                if changed.is_err() {
+                    holding_open = false;
+                }
+            }
         }
-        let now = offered(&states, &mut refused);
+        match &*holding.borrow_and_update() {
+            Holding::Unknown => {}
+            Holding::Known(held) => {
+                said_unreadable = false;
+                plugin_held = Some(held.plugin_ids().clone());
+            }
+            Holding::Unreadable => {
+                if !std::mem::replace(&mut said_unreadable, true) {
+                    warn!(
+                        "PodResources cannot be read: devices the device plugin front handed out before this node switched to DRA cannot be left out of the ResourceSlices"
+                    );
+                }
+                plugin_held.get_or_insert_with(HashSet::new);
+            }
+        }
+        let Some(plugin_held) = &plugin_held else {
+            continue;
+        };
+        let now = offered(&states, plugin_held, &mut refused);
         let configs: Vec<ResourceConfig> = now.iter().map(|o| o.cfg.clone()).collect();
         served.send_if_modified(|cur| {
             let changed = *cur != configs;
@@ -202,6 +249,7 @@ async fn follow(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::reclaim::Held;
     use kubelet_proto::v1beta1::{Device, HEALTHY};
 
     fn state(name: &str, health: &str) -> ResourceState {
@@ -220,7 +268,8 @@ mod tests {
         let (tx, rx) = mpsc::unbounded_channel();
         let (served_tx, mut served) = watch::channel(Vec::new());
         let (offers_tx, mut offers) = watch::channel(Vec::new());
-        let task = tokio::spawn(follow(rx, served_tx, offers_tx));
+        let (holding_tx, holding) = watch::channel(Holding::Unknown);
+        let task = tokio::spawn(follow(rx, holding, served_tx, offers_tx));
         let (eth1_tx, eth1_rx) = watch::channel(state("eth1", HEALTHY));
         let long = "a".repeat(40);
         let (_long_tx, long_rx) = watch::channel(state(&long, HEALTHY));
@@ -235,6 +284,11 @@ mod tests {
             },
         ])
         .unwrap();
+        // Nothing before the kubelet was asked what pods hold.
+        tokio::task::yield_now().await;
+        assert!(offers.borrow().is_empty());
+        assert!(served.borrow().is_empty());
+        holding_tx.send(Holding::Known(Held::default())).unwrap();
         let first = offers.wait_for(|o| !o.is_empty()).await.unwrap().clone();
         assert_eq!(first.len(), 1, "a name DRA cannot carry is not offered");
         assert_eq!(first[0].cfg.name, "eth1");
@@ -250,6 +304,17 @@ mod tests {
             .unwrap()
             .clone();
         assert_eq!(down[0].unhealthy, Some(UNHEALTHY_REASON));
+        // A device a pod holds through the device plugin front is withheld.
+        holding_tx
+            .send(Holding::Known(Held::of_plugin_ids(["eth1Mvp0"])))
+            .unwrap();
+        let withheld = offers
+            .wait_for(|o| o.first().is_some_and(|o| !o.withheld.is_empty()))
+            .await
+            .unwrap()
+            .clone();
+        assert_eq!(withheld[0].withheld, BTreeSet::from([0]));
+        assert_eq!(withheld[0].indices().next(), Some(1));
         tx.send(vec![Served::Gone {
             name: "eth1".into(),
         }])

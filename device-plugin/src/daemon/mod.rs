@@ -57,7 +57,7 @@ use crate::core::ledger::AllocationClock;
 use crate::core::ledger::Assignments;
 use crate::core::link_table::{LinkUpdate, spawn_link_watcher};
 use crate::core::nic::discovery::Discovery;
-use crate::core::reclaim::{Reclaimer, reclaim_loop, watch_tap_nodes};
+use crate::core::reclaim::{Holding, Reclaimer, reclaim_loop, watch_tap_nodes};
 use crate::core::report::Observer;
 use crate::error::{Error, Result};
 use crate::fswatch::{DirWatcher, FsEvent};
@@ -236,6 +236,7 @@ impl Daemon {
         .judged();
         let observer: Arc<dyn Observer> =
             Arc::new(MetricsAndEvents::new(metrics.clone(), events.clone()));
+        let (holding_tx, holding) = watch::channel(Holding::Unknown);
         let ctx = ServerContext {
             host: Arc::new(SharedHost::new(KERNEL, paths.clone())),
             observer: observer.clone(),
@@ -243,6 +244,7 @@ impl Daemon {
             clock: AllocationClock::default(),
             assignments: Assignments::persisted(&plugin_dir, observer.clone()),
             inflight: InFlight::default(),
+            holding,
         };
         let (tap_gone_tx, tap_gone) = mpsc::unbounded_channel();
         let tap_nodes = watch_or_say(&fs, &paths, &events, tap_gone_tx);
@@ -253,6 +255,7 @@ impl Daemon {
             configs_rx,
             paths,
             tap_gone,
+            holding_tx,
         ));
         let (reg_tx, reg_rx) = mpsc::unbounded_channel();
         let resources = Resources::new(
@@ -441,8 +444,8 @@ fn watch_or_say(
 
 /// Starts the reclaim loop (leaked links, lost links healed, on a tap
 /// node's deletion in `paths`' tap node directory at once, as `tap_gone`
-/// reports) over the
-/// resources published on `configs`, reporting to `observer`.
+/// reports) over the resources published on `configs`, reporting to
+/// `observer`, saying on `holding` what its rounds learn pods hold.
 fn spawn_reclaim(
     opts: &Options,
     ctx: &ServerContext,
@@ -450,6 +453,7 @@ fn spawn_reclaim(
     configs: watch::Receiver<Vec<ResourceConfig>>,
     paths: HostPaths,
     tap_gone: mpsc::UnboundedReceiver<()>,
+    holding: watch::Sender<Holding>,
 ) -> JoinHandle<()> {
     let reclaimer = Reclaimer::new(
         Arc::new(*KERNEL),
@@ -461,7 +465,7 @@ fn spawn_reclaim(
     .with_observer(observer)
     .with_inflight(ctx.inflight.clone());
     tokio::spawn(reclaim_loop(
-        reclaimer,
+        reclaimer.with_holding(holding),
         opts.reclaim_interval,
         configs,
         tap_gone,

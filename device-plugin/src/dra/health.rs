@@ -52,7 +52,7 @@ pub fn report(offers: &[Offered], pool: &str, now: i64) -> NodeWatchResourcesRes
                 ),
             ),
         };
-        for i in 0..o.cfg.capacity {
+        for i in o.indices() {
             devices.push(DeviceHealth {
                 device: Some(DeviceIdentifier {
                     pool_name: pool.to_string(),
@@ -142,6 +142,7 @@ mod tests {
                 ..ResourceConfig::for_nic(nic)
             },
             unhealthy,
+            withheld: Default::default(),
         }
     }
 

@@ -23,6 +23,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kubelet_proto::dra::v1::Device;
 use macvtap_link::link_name_for_device;
 use nix::errno::Errno;
+use std::collections::HashSet;
 use std::sync::Mutex;
 use tracing::{info, warn};
 
@@ -45,6 +46,10 @@ pub struct Front<'a, 'k> {
     /// Held across each prepare and unprepare, so that an unprepare never
     /// decides from a set of prepared claims that a prepare is changing.
     pub serial: &'a Mutex<()>,
+    /// The device IDs pods hold through the device plugin front (the node
+    /// switched fronts with them running), as the last reclaim round was
+    /// told: never prepared for a claim.
+    pub plugin_held: &'a HashSet<String>,
 }
 
 /// The kubelet's answer for claim `uid` of pool `pool` whose devices are
@@ -89,6 +94,23 @@ impl Front<'_, '_> {
         }
         let claim = fetch()?;
         let wanted = allocated(&claim, uid, self.pool, self.served)?;
+        if let Some(a) = wanted
+            .iter()
+            .find(|a| self.plugin_held.contains(&a.device_id))
+        {
+            return Err(Error::Claim {
+                claim: format!(
+                    "{}/{}",
+                    claim.metadata.namespace.as_deref().unwrap_or(""),
+                    claim.metadata.name.as_deref().unwrap_or("")
+                ),
+                why: format!(
+                    "its device {} ({}) is held by a pod through the device plugin front \
+                     (this node switched to DRA with that pod running); it is offered again once that pod is gone",
+                    a.device_name, a.device_id
+                ),
+            });
+        }
         let mut made: Vec<PreparedDevice> = Vec::new();
         let result = self.hand_out_all(&wanted, &mut made).and_then(|devices| {
             self.cdi.write(uid, &spec(uid, &devices))?;
@@ -280,6 +302,7 @@ mod tests {
         assignments: Assignments,
         cdi_root: tempfile::TempDir,
         serial: Mutex<()>,
+        plugin_held: HashSet<String>,
     }
 
     impl Node {
@@ -294,6 +317,7 @@ mod tests {
                 assignments: Assignments::default(),
                 cdi_root: tempfile::tempdir().unwrap(),
                 serial: Mutex::new(()),
+                plugin_held: HashSet::new(),
             }
         }
 
@@ -310,6 +334,7 @@ mod tests {
                 cdi: &cdi,
                 pool: "n",
                 serial: &self.serial,
+                plugin_held: &self.plugin_held,
             })
         }
 
@@ -366,6 +391,26 @@ mod tests {
             node.assignments.get("eth1Mvp2").map(|a| a.ifindex),
             Some(link.index)
         );
+    }
+
+    /// A device a pod holds through the device plugin front (the node
+    /// switched to DRA with it running) is refused, and nothing is made.
+    #[test]
+    fn a_device_held_through_the_device_plugin_is_not_prepared() {
+        let mut node = Node::new();
+        node.plugin_held.insert("eth1Mvp1".into());
+        let err = node
+            .with(|f| f.prepare("u-1", || Ok(claim("u-1", &["eth2-mvp-0", "eth1-mvp-1"]))))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("eth1-mvp-1 (eth1Mvp1) is held by a pod through the device plugin front"),
+            "{err}"
+        );
+        assert_eq!(node.host_links(), ["eth1", "eth2"]);
+        assert!(node.specs().is_empty());
+        node.with(|f| f.prepare("u-2", || Ok(claim("u-2", &["eth1-mvp-0"]))))
+            .unwrap();
     }
 
     #[test]

@@ -23,6 +23,7 @@ use crate::config::ResourceConfig;
 use crate::core::host::SharedHost;
 use crate::core::inflight::InFlight;
 use crate::core::ledger::{AllocationClock, Assignments};
+use crate::core::reclaim::Holding;
 use crate::core::report::Observer;
 use crate::error::{Error, Result};
 pub use crate::options::{dra_socket, registration_socket};
@@ -110,6 +111,8 @@ pub(crate) struct DraContext {
     pub observer: Arc<dyn Observer>,
     /// The gate each prepare and unprepare passes, closed by a clean exit.
     pub inflight: InFlight,
+    /// What pods hold, as the reclaim rounds are told.
+    pub holding: watch::Receiver<Holding>,
 }
 
 impl DraContext {
@@ -121,6 +124,10 @@ impl DraContext {
         let ctx = self.clone();
         tokio::task::spawn_blocking(move || {
             let served = ctx.served.borrow().clone();
+            let plugin_held = match &*ctx.holding.borrow() {
+                Holding::Known(held) => held.plugin_ids().clone(),
+                Holding::Unknown | Holding::Unreadable => Default::default(),
+            };
             let front = Front {
                 host: &ctx.host,
                 served: &served,
@@ -129,6 +136,7 @@ impl DraContext {
                 cdi: &ctx.cdi,
                 pool: &ctx.node,
                 serial: &ctx.serial,
+                plugin_held: &plugin_held,
             };
             f(&front)
         })
@@ -433,6 +441,7 @@ mod tests {
             claims: Claims::new(kube::Client::try_from(nowhere).unwrap()),
             observer: Arc::new(Silent),
             inflight: InFlight::default(),
+            holding: watch::channel(Holding::Unknown).1,
         };
         let cdi = ctx.cdi.clone();
         let (status_tx, mut status) = mpsc::unbounded_channel();
@@ -442,6 +451,7 @@ mod tests {
                 ..ResourceConfig::for_nic("eth1")
             },
             unhealthy: Some("nic_down"),
+            withheld: Default::default(),
         }]);
         let health = HealthService::new(offers, "node-1");
         let servers = DraServers::start(&kubelet_dir, ctx, health, status_tx).unwrap();

@@ -27,7 +27,7 @@ use macvtap_link::device_id;
 use macvtap_link::dra::{
     ATTR_DEVICE_ID, ATTR_MODE, ATTR_NIC, ATTR_RESOURCE_NAME, DRIVER, dra_device_name,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use xxhash_rust::xxh64::xxh64;
 
 /// Most devices in one slice: the API's limit for a slice in which any
@@ -46,6 +46,17 @@ pub struct Offered {
     pub cfg: ResourceConfig,
     /// Why its NIC is unhealthy (a `NicHealth` reason), or `None`.
     pub unhealthy: Option<&'static str>,
+    /// The indices of its devices that pods hold through the device plugin
+    /// front (the node switched fronts with them running): not offered
+    /// until given back.
+    pub withheld: BTreeSet<u32>,
+}
+
+impl Offered {
+    /// The indices of the devices offered, in order.
+    pub fn indices(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.cfg.capacity).filter(|i| !self.withheld.contains(i))
+    }
 }
 
 /// A string attribute.
@@ -70,7 +81,7 @@ pub fn devices(offered: &[Offered]) -> Vec<Device> {
                 time_added: None,
             }]
         });
-        for i in 0..cfg.capacity {
+        for i in o.indices() {
             let attributes = BTreeMap::from([
                 (ATTR_RESOURCE_NAME.to_string(), text(cfg.resource_name())),
                 (ATTR_DEVICE_ID.to_string(), text(device_id(&cfg.name, i))),
@@ -290,6 +301,7 @@ mod tests {
         let ds = devices(&[Offered {
             cfg: eth1.clone(),
             unhealthy: None,
+            withheld: Default::default(),
         }]);
         assert_eq!(ds.len(), 2);
         assert_eq!(ds[1].name, "eth1-mvp-1");
@@ -312,6 +324,7 @@ mod tests {
         let ds = devices(&[Offered {
             cfg: eth1.clone(),
             unhealthy: Some("nic_down"),
+            withheld: Default::default(),
         }]);
         let t = &ds[0].taints.as_ref().unwrap()[0];
         assert_eq!(
@@ -327,10 +340,12 @@ mod tests {
             Offered {
                 cfg: a.clone(),
                 unhealthy: None,
+                withheld: Default::default(),
             },
             Offered {
                 cfg: b.clone(),
                 unhealthy: None,
+                withheld: Default::default(),
             },
         ]);
         let s = slices("node-1", ds, 7);
@@ -388,6 +403,7 @@ mod tests {
         let offered = [Offered {
             cfg: eth1.clone(),
             unhealthy: Some("nic_down"),
+            withheld: Default::default(),
         }];
         let first = plan("n", &published, devices(&offered));
         assert!(
@@ -408,6 +424,7 @@ mod tests {
             devices(&[Offered {
                 cfg: big.clone(),
                 unhealthy: None,
+                withheld: Default::default(),
             }]),
         );
         apply(&mut published, &first, &mut rv);
@@ -418,6 +435,7 @@ mod tests {
             devices(&[Offered {
                 cfg: small.clone(),
                 unhealthy: None,
+                withheld: Default::default(),
             }]),
         );
         assert!(
@@ -435,6 +453,7 @@ mod tests {
             devices(&[Offered {
                 cfg: small.clone(),
                 unhealthy: Some("nic_down"),
+                withheld: Default::default(),
             }]),
         );
         assert!(matches!(down.as_slice(), [Change::Replace(s)] if s.spec.pool.generation == 3));
@@ -449,6 +468,7 @@ mod tests {
             devices(&[Offered {
                 cfg: eth1.clone(),
                 unhealthy: None,
+                withheld: Default::default(),
             }]),
             4,
         );
@@ -462,6 +482,7 @@ mod tests {
             devices(&[Offered {
                 cfg: eth1.clone(),
                 unhealthy: None,
+                withheld: Default::default(),
             }]),
         );
         assert_eq!(changes.len(), 2);
@@ -484,6 +505,7 @@ mod tests {
             devices(&[Offered {
                 cfg: eth1.clone(),
                 unhealthy: None,
+                withheld: Default::default(),
             }]),
         );
         assert!(

@@ -7,9 +7,10 @@ use crate::core::host::SharedHost;
 use crate::core::inflight::InFlight;
 use crate::core::ledger::AllocationClock;
 use crate::core::ledger::Assignments;
+use crate::core::reclaim::Holding;
 use crate::core::report::Observer;
 use std::sync::Arc;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 /// A ListAndWatch stream of one server that opened or ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,4 +39,8 @@ pub(crate) struct ServerContext {
     /// The gate each Allocate passes for its whole length (its blocking
     /// half included), which a clean exit closes.
     pub inflight: InFlight,
+    /// What pods hold, as the reclaim rounds are told: ListAndWatch says
+    /// the devices held through DRA are unhealthy, so the kubelet hands
+    /// none of them out (a node switched back from DRA with pods running).
+    pub holding: watch::Receiver<Holding>,
 }

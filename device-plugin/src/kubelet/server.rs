@@ -7,6 +7,7 @@
 //! [`StreamEvent`], and each Allocate restarts its devices' leak clocks.
 
 use crate::config::ResourceConfig;
+use crate::core::reclaim::Holding;
 use crate::error::{Error, Result};
 use crate::kubelet::allocate;
 use crate::kubelet::context::{ServerContext, StreamEvent};
@@ -15,7 +16,7 @@ use kubelet_proto::v1beta1::device_plugin_server::{DevicePlugin, DevicePluginSer
 use kubelet_proto::v1beta1::{
     AllocateRequest, AllocateResponse, Device, DevicePluginOptions, Empty, ListAndWatchResponse,
     PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
-    PreferredAllocationResponse,
+    PreferredAllocationResponse, UNHEALTHY,
 };
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -47,11 +48,23 @@ pub(crate) fn plugin_options() -> DevicePluginOptions {
     }
 }
 
-/// The ListAndWatch message for a snapshot.
-pub(crate) fn list_and_watch_response(state: &ResourceState) -> ListAndWatchResponse {
-    ListAndWatchResponse {
-        devices: state.devices.clone(),
+/// The ListAndWatch message for a snapshot, in which every device that
+/// `holding` says a pod holds through DRA is unhealthy.
+pub(crate) fn list_and_watch_response(
+    state: &ResourceState,
+    holding: &Holding,
+) -> ListAndWatchResponse {
+    let dra_held = match holding {
+        Holding::Known(held) => held.dra_ids(std::slice::from_ref(&state.config)),
+        Holding::Unknown | Holding::Unreadable => Default::default(),
+    };
+    let mut devices = state.devices.clone();
+    for d in &mut devices {
+        if dra_held.contains(&d.id) {
+            d.health = UNHEALTHY.to_string();
+        }
     }
+    ListAndWatchResponse { devices }
 }
 
 /// The gRPC service of one resource.
@@ -98,6 +111,7 @@ impl DevicePlugin for PluginService {
     ) -> Result<Response<Self::ListAndWatchStream>, Status> {
         let (tx, rx) = mpsc::channel(4);
         let mut state = self.state.clone();
+        let mut holding = self.ctx.holding.clone();
         let mut stop = self.stop.clone();
         let events = self.ctx.streams.clone();
         let server = self.id;
@@ -106,24 +120,35 @@ impl DevicePlugin for PluginService {
             opened: true,
         });
         tokio::spawn(async move {
-            let mut last = list_and_watch_response(&state.borrow_and_update());
+            let mut last =
+                list_and_watch_response(&state.borrow_and_update(), &holding.borrow_and_update());
             let resource = state.borrow().config.resource_name();
             debug!(%resource, "ListAndWatch started");
             let mut ok = tx.send(Ok(last.clone())).await.is_ok();
+            let mut holding_open = true;
             while ok {
                 tokio::select! {
                     changed = state.changed() => {
                         if changed.is_err() { break; }
-                        // A change of the configuration alone is no message.
-                        let now = list_and_watch_response(&state.borrow_and_update());
-                        if now == last { continue; }
-                        last = now;
-                        ok = tx.send(Ok(last.clone())).await.is_ok();
+                    }
+                    changed = holding.changed(), if holding_open => {
+                        holding_open = changed.is_ok();
                     }
                     // The kubelet closed the stream or its connection.
                     _ = tx.closed() => break,
                     _ = async { let _ = stop.wait_for(|s| *s).await; } => break,
                 }
+                // A change of the configuration alone, or of what pods
+                // hold of other devices, is no message.
+                let now = list_and_watch_response(
+                    &state.borrow_and_update(),
+                    &holding.borrow_and_update(),
+                );
+                if now == last {
+                    continue;
+                }
+                last = now;
+                ok = tx.send(Ok(last.clone())).await.is_ok();
             }
             debug!(%resource, "ListAndWatch ended");
             let _ = events.send(StreamEvent {
@@ -284,7 +309,59 @@ impl FileIdentity {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::reclaim::Held;
+    use kubelet_proto::podresources::v1::{
+        ClaimResource, ContainerResources, DynamicResource, ListPodResourcesResponse, PodResources,
+    };
     use std::os::unix::fs::PermissionsExt;
+
+    /// A device a pod holds through DRA (the node switched back to the
+    /// device plugin with it running) is listed unhealthy, so the kubelet
+    /// hands it to no pod; the others keep their health.
+    #[test]
+    fn devices_held_through_dra_are_listed_unhealthy() {
+        let config = ResourceConfig {
+            capacity: 3,
+            ..ResourceConfig::for_nic("eth1")
+        };
+        let state = ResourceState {
+            devices: crate::kubelet::devices::device_list("eth1", 3, true, None),
+            config,
+        };
+        let resp = ListPodResourcesResponse {
+            pod_resources: vec![PodResources {
+                name: "vm".into(),
+                namespace: "default".into(),
+                containers: vec![ContainerResources {
+                    name: "compute".into(),
+                    dynamic_resources: vec![DynamicResource {
+                        claim_name: "vm-extended-resources-x".into(),
+                        claim_namespace: "default".into(),
+                        claim_resources: vec![ClaimResource {
+                            driver_name: macvtap_link::dra::DRIVER.into(),
+                            pool_name: "node-1".into(),
+                            device_name: "eth1-mvp-1".into(),
+                            ..Default::default()
+                        }],
+                    }],
+                    ..Default::default()
+                }],
+            }],
+        };
+        let health = |holding: &Holding| -> Vec<String> {
+            list_and_watch_response(&state, holding)
+                .devices
+                .into_iter()
+                .map(|d| d.health)
+                .collect()
+        };
+        assert_eq!(
+            health(&Holding::Known(Held::from_response(&resp))),
+            ["Healthy", "Unhealthy", "Healthy"]
+        );
+        assert_eq!(health(&Holding::Unknown), ["Healthy"; 3]);
+        assert_eq!(health(&Holding::Unreadable), ["Healthy"; 3]);
+    }
 
     #[test]
     fn a_chmod_keeps_the_socket_ours() {

@@ -39,6 +39,7 @@ mod tap_watch;
 
 pub(crate) use pod_resources::list_allocated;
 pub use rules::Held;
+
 pub(crate) use rules::{forget_unconfigured, go_era_leaked_links, leaked_links};
 pub(crate) use tap_watch::{tap_node_deleted, watch_tap_nodes};
 
@@ -70,6 +71,21 @@ const POD_RESOURCES_WAIT: Duration = Duration::from_secs(5);
 /// that is longer); older ones are forgotten so the map stays small.
 const MIN_CLOCK_MEMORY: Duration = Duration::from_secs(1);
 
+/// What the daemon knows of the devices pods hold, as the last reclaim
+/// round was told by PodResources; the fronts read it to leave alone what
+/// the other front handed out (a node switched between them with pods
+/// running).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Holding {
+    /// No round has asked the kubelet yet.
+    #[default]
+    Unknown,
+    /// What the last round was told.
+    Known(Held),
+    /// The last round could not ask the kubelet.
+    Unreadable,
+}
+
 /// Remembers since when each link has looked leaked.
 pub struct Reclaimer {
     kernel: SharedKernel,
@@ -85,6 +101,8 @@ pub struct Reclaimer {
     /// The gate a round passes for its whole length, its blocking half
     /// included, so a clean exit waits for it.
     inflight: InFlight,
+    /// Where each round says what pods hold.
+    holding: tokio::sync::watch::Sender<Holding>,
 }
 
 impl Reclaimer {
@@ -109,7 +127,24 @@ impl Reclaimer {
             unreadable: false,
             observer: Arc::new(Silent),
             inflight: InFlight::default(),
+            holding: tokio::sync::watch::Sender::new(Holding::Unknown),
         }
+    }
+
+    /// Says what pods hold, as each round is told, on `holding`: known
+    /// after the first round that could ask the kubelet.
+    pub(crate) fn with_holding(mut self, holding: tokio::sync::watch::Sender<Holding>) -> Self {
+        self.holding = holding;
+        self
+    }
+
+    /// Says what pods hold, when that changed.
+    fn tell_holding(&self, now: Holding) {
+        self.holding.send_if_modified(|cur| {
+            let changed = *cur != now;
+            *cur = now;
+            changed
+        });
     }
 
     /// Runs each round through `gate` (the daemon's, which a clean exit
@@ -188,6 +223,7 @@ impl Reclaimer {
         };
         if !self.socket.exists() {
             self.cannot_read("it does not exist".into());
+            self.tell_holding(Holding::Unreadable);
             self.first_seen.clear();
             return Ok(RoundOutcome::Skipped);
         }
@@ -197,9 +233,14 @@ impl Reclaimer {
             .await
             .map_err(|e| Error::Task(format!("the task listing links failed: {e}")))??;
         let allocated = match list_allocated(&self.socket, POD_RESOURCES_WAIT).await {
-            Ok(held) => held.ids(resources),
+            Ok(held) => {
+                let ids = held.ids(resources);
+                self.tell_holding(Holding::Known(held));
+                ids
+            }
             Err(e) => {
                 self.cannot_read(e.to_string());
+                self.tell_holding(Holding::Unreadable);
                 return Ok(RoundOutcome::Failed);
             }
         };

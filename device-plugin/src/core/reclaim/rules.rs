@@ -45,19 +45,40 @@ impl Held {
         }
     }
 
+    /// What pods hold when they hold device plugin IDs `ids` only.
+    pub fn of_plugin_ids<'a>(ids: impl IntoIterator<Item = &'a str>) -> Self {
+        Self {
+            ids: ids.into_iter().map(str::to_string).collect(),
+            dra_devices: HashSet::new(),
+        }
+    }
+
+    /// The device IDs the kubelet handed out through the device plugin
+    /// front (of ours, by their resource name's prefix).
+    pub fn plugin_ids(&self) -> &HashSet<String> {
+        &self.ids
+    }
+
     /// The device IDs held: the device plugin's as listed, and each DRA
     /// device of one of `resources` as its device ID (a DRA device of a
     /// resource not among them cannot be named, and no link of such a
     /// resource is reclaimed or healed either).
     pub fn ids(&self, resources: &[ResourceConfig]) -> HashSet<String> {
         let mut ids = self.ids.clone();
-        for name in &self.dra_devices {
-            let id = resources.iter().find_map(|cfg| {
-                dra_device_index(&cfg.name, cfg.capacity, name).map(|i| device_id(&cfg.name, i))
-            });
-            ids.extend(id);
-        }
+        ids.extend(self.dra_ids(resources));
         ids
+    }
+
+    /// The device IDs of `resources` that pods hold through DRA.
+    pub fn dra_ids(&self, resources: &[ResourceConfig]) -> HashSet<String> {
+        self.dra_devices
+            .iter()
+            .filter_map(|name| {
+                resources.iter().find_map(|cfg| {
+                    dra_device_index(&cfg.name, cfg.capacity, name).map(|i| device_id(&cfg.name, i))
+                })
+            })
+            .collect()
     }
 }
 
