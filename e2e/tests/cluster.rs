@@ -53,6 +53,8 @@
 mod dra;
 #[path = "cluster/dra_faults.rs"]
 mod dra_faults;
+#[path = "cluster/dra_switch.rs"]
+mod dra_switch;
 
 use anyhow::{Context, Result, bail, ensure};
 use macvtap_e2e::cluster::{Cluster, NODE, last_lines, vm_rootfs};

@@ -12,7 +12,8 @@
 //! unprepare, or by the reclaimer when the DEL gave it back after the
 //! unprepare). With that pod running, `dra_faults.rs` kills the daemon and
 //! the kubelet during prepares and takes the NIC down. An uninstall leaves
-//! no slice, spec or link.
+//! no slice, spec or link. Then `dra_switch.rs` switches a node with a VM
+//! pod running from the device plugin front to DRA.
 
 use super::{
     DAEMON, IMAGE_REPO, NIC, NS, RESOURCE_PREFIX, Run, WAIT, guest_answers, macvtaps_on_nic, repo,
@@ -55,11 +56,12 @@ pub(super) fn slices(run: &Run) -> Result<Vec<Value>> {
     Ok(list["items"].as_array().cloned().unwrap_or_default())
 }
 
-/// The install: the base with the DRA component, our image, the test's
-/// daemon flags (as the main scenario's), and the ConfigMap of one
-/// resource of capacity 1 on the NIC; the DaemonSet's pod's state and
-/// log are said when it does not get Ready.
-fn install(run: &Run, tag: &str, kdir: &Path) -> Result<()> {
+/// The install: the base with the DRA component (without it when `dra`
+/// is false: the device plugin front), our image, the test's daemon
+/// flags (as the main scenario's), and the ConfigMap of one resource of
+/// `capacity` on the NIC; the DaemonSet's pod's state and log are said
+/// when it does not get Ready.
+pub(super) fn install(run: &Run, tag: &str, kdir: &Path, dra: bool, capacity: u32) -> Result<()> {
     let manifests = repo().join("manifests").canonicalize()?;
     let rel = |p: &str| super::pathdiff(&manifests.join(p), kdir);
     let args = json!({
@@ -72,15 +74,19 @@ fn install(run: &Run, tag: &str, kdir: &Path) -> Result<()> {
             "--reclaim-grace=30s", "--reclaim-interval=2s"]}]}}}
     });
     std::fs::write(kdir.join("args.yaml"), args.to_string())?;
+    let components = if dra {
+        format!("components:\n  - {}\n", rel("components/dra"))
+    } else {
+        String::new()
+    };
     std::fs::write(
         kdir.join("kustomization.yaml"),
         format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\ncomponents:\n  - {}\nimages:\n  - name: ghcr.io/kubevirt/macvtap-rs\n    newName: {IMAGE_REPO}\n    newTag: {tag}\npatches:\n  - path: args.yaml\n",
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\n{components}images:\n  - name: ghcr.io/kubevirt/macvtap-rs\n    newName: {IMAGE_REPO}\n    newTag: {tag}\npatches:\n  - path: args.yaml\n",
             rel("base"),
-            rel("components/dra"),
         ),
     )?;
-    let conf = format!(r#"[{{"name":"{NAME}","lowerDevice":"{NIC}","capacity":1}}]"#);
+    let conf = format!(r#"[{{"name":"{NAME}","lowerDevice":"{NIC}","capacity":{capacity}}}]"#);
     run.c.kubectl(&["apply", "-k", &kdir.to_string_lossy()])?;
     run.c.apply(&json!({
         "apiVersion": "v1", "kind": "ConfigMap",
@@ -100,6 +106,17 @@ fn install(run: &Run, tag: &str, kdir: &Path) -> Result<()> {
     })
 }
 
+/// The example DeviceClass and NAD, for [`NAME`] instead of `eth1`.
+pub(super) fn examples() -> Result<(String, String)> {
+    let class = std::fs::read_to_string(repo().join("manifests/examples/deviceclass.yaml"))?
+        .replace("eth1", NAME);
+    let nad = std::fs::read_to_string(repo().join("manifests/examples/nad.yaml"))?.replace(
+        &format!("{RESOURCE_PREFIX}eth1\n"),
+        &format!("{RESOURCE_PREFIX}{NAME}\n"),
+    );
+    Ok((class, nad))
+}
+
 /// The scenario; `peer` is the namespace beyond the NIC, `tag` our
 /// image's tag (of `IMAGE_REPO`).
 pub(super) fn dra_mode(run: &mut Run, peer: &TestNs, tag: &str) -> Result<()> {
@@ -109,7 +126,7 @@ pub(super) fn dra_mode(run: &mut Run, peer: &TestNs, tag: &str) -> Result<()> {
     run.steps
         .step("DRA mode: the base with components/dra, a ConfigMap of one device");
     let kdir = tempfile::tempdir()?;
-    install(run, tag, kdir.path())?;
+    install(run, tag, kdir.path(), true, 1)?;
     let registry =
         Path::new("/var/lib/kubelet/plugins_registry").join(format!("{DRIVER}-reg.sock"));
     c.wait("our registration socket", WAIT, || {
@@ -148,13 +165,8 @@ pub(super) fn dra_mode(run: &mut Run, peer: &TestNs, tag: &str) -> Result<()> {
 
     run.steps
         .step("the example DeviceClass and NAD for the resource");
-    let class = std::fs::read_to_string(repo().join("manifests/examples/deviceclass.yaml"))?
-        .replace("eth1", NAME);
+    let (class, nad) = examples()?;
     c.kubectl_stdin(&["apply", "-f", "-"], Some(&class))?;
-    let nad = std::fs::read_to_string(repo().join("manifests/examples/nad.yaml"))?.replace(
-        &format!("{RESOURCE_PREFIX}eth1\n"),
-        &format!("{resource}\n"),
-    );
     c.kubectl_stdin(&["apply", "-f", "-"], Some(&nad))?;
 
     run.steps
@@ -248,5 +260,5 @@ pub(super) fn dra_mode(run: &mut Run, peer: &TestNs, tag: &str) -> Result<()> {
     );
     run.steps
         .say("no ResourceSlice, CDI spec, socket or macvtap of ours left");
-    Ok(())
+    super::dra_switch::from_the_device_plugin(run, peer, tag)
 }
