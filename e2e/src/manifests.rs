@@ -174,6 +174,26 @@ pub fn by_identity(docs: &[Value]) -> Result<BTreeMap<String, Value>> {
     Ok(out)
 }
 
+/// The first difference between two renderings, as a sentence naming the
+/// object (its identity, [`by_identity`]) and the field, or `None` when
+/// they hold the same objects; the order of the objects is not compared.
+pub fn rendering_difference(a: &[Value], b: &[Value]) -> Result<Option<String>> {
+    let (a, b) = (by_identity(a)?, by_identity(b)?);
+    for (id, obj) in &a {
+        match b.get(id) {
+            None => return Ok(Some(format!("{id} is missing"))),
+            Some(other) => {
+                if let Some(d) = first_difference(obj, other, "") {
+                    return Ok(Some(format!("{id}: {d}")));
+                }
+            }
+        }
+    }
+    Ok(b.keys()
+        .find(|id| !a.contains_key(*id))
+        .map(|id| format!("{id} is extra")))
+}
+
 /// The first place where `b` differs from `a`, as a sentence naming the
 /// field's path (`.spec.template.spec.volumes[3].hostPath.path`), or `None`
 /// when they are equal.
@@ -231,6 +251,82 @@ pub fn containers_mut(doc: &mut Value) -> Vec<&mut Value> {
             if let Some(list) = v.as_array_mut() {
                 out.extend(list.iter_mut());
             }
+        }
+    }
+    out
+}
+
+/// Copies `from` into `to`, directories and files, but hidden ones: the
+/// temporary kustomizations tests write into `manifests/` (a `.render-*`
+/// dir) may be gone before they are read.
+pub fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to).with_context(|| format!("creating {}", to.display()))?;
+    for e in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+        let e = e?;
+        if e.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        if e.file_type()?.is_dir() {
+            copy_tree(&e.path(), &to.join(e.file_name()))?;
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name()))
+                .with_context(|| format!("copying {}", e.path().display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Markdown `text` without its fenced code blocks, and those blocks.
+pub fn split_fences(text: &str) -> (String, Vec<String>) {
+    let mut prose = String::new();
+    let mut blocks = Vec::new();
+    let mut block: Option<String> = None;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            match block.take() {
+                Some(b) => blocks.push(b),
+                None => block = Some(String::new()),
+            }
+            continue;
+        }
+        match block.as_mut() {
+            Some(b) => {
+                b.push_str(line);
+                b.push('\n');
+            }
+            None => {
+                prose.push_str(line);
+                prose.push('\n');
+            }
+        }
+    }
+    (prose, blocks)
+}
+
+/// Every kustomization README (`readme`) shows in a code block, as the
+/// operator's own beside a checkout named `macvtap-rs`
+/// (`../macvtap-rs/manifests/...`), and again with each alternative its
+/// comments name (`# or manifests/base`).
+pub fn readme_kustomizations(readme: &str) -> Vec<String> {
+    let (_, blocks) = split_fences(readme);
+    let mut out = Vec::new();
+    for b in blocks.iter().filter(|b| b.contains("kind: Kustomization")) {
+        out.push(b.clone());
+        for line in b.lines() {
+            let Some((code, comment)) = line.split_once('#') else {
+                continue;
+            };
+            let Some(alt) = comment.trim().strip_prefix("or ") else {
+                continue;
+            };
+            let Some(path) = code.trim().strip_prefix("- ") else {
+                continue;
+            };
+            let alt = alt.trim();
+            let Some(i) = path.find("manifests/") else {
+                continue;
+            };
+            out.push(b.replace(path, &format!("{}{alt}", &path[..i])));
         }
     }
     out

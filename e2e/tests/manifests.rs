@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use kube::api::DynamicObject;
 use macvtap_deviceplugin::config::{Resources, Source, parse_json};
-use macvtap_e2e::manifests::{parse_docs, render};
+use macvtap_e2e::manifests::{copy_tree, parse_docs, render};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -386,24 +386,6 @@ fn host_paths_match_the_binaries_flags_and_defaults() {
     }
 }
 
-/// Copies `from` into `to`, directories and files, but hidden ones: the
-/// temporary kustomizations other tests write into `manifests/` (a
-/// `.render-*` dir) may be gone before they are read.
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        if e.file_name().to_string_lossy().starts_with('.') {
-            continue;
-        }
-        if e.file_type().unwrap().is_dir() {
-            copy_tree(&e.path(), &to.join(e.file_name()));
-        } else {
-            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-        }
-    }
-}
-
 /// The overlays patch by name: rendered over a base whose DaemonSet has
 /// every list reversed (containers, volumes, mounts, args) and a decoy
 /// container and init container first (copies of the real ones under other
@@ -412,7 +394,7 @@ fn copy_tree(from: &Path, to: &Path) {
 fn overlays_patch_a_reordered_base_by_name() {
     let tmp = tempfile::tempdir().unwrap();
     let copy = tmp.path().join("manifests");
-    copy_tree(&manifests(), &copy);
+    copy_tree(&manifests(), &copy).unwrap();
     let ds_file = copy.join("base/daemonset.yaml");
     let mut ds = parse_docs(&std::fs::read_to_string(&ds_file).unwrap())
         .unwrap()
