@@ -1,8 +1,9 @@
 //! Renders this project's kustomizations with the real kustomize
 //! (`kubectl kustomize`, kubectl 1.37 from `hack/setup.sh`'s virtual
-//! environment) and its Helm chart with the real `helm` (v4.3.2, built from
-//! its module by `test_support::gopeers`), so the tests see exactly what
-//! `kubectl apply -k` and `helm install` would send, and reads the objects.
+//! environment, and kustomize v4.5.7, kubectl 1.26's, built from its module
+//! by `test_support::gopeers`) and its Helm chart with the real `helm`
+//! (v4.3.2, built the same way), so the tests see exactly what `kubectl
+//! apply -k` and `helm install` would send, and reads the objects.
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
@@ -22,23 +23,51 @@ pub fn parse_docs(text: &str) -> Result<Vec<Value>> {
     Ok(docs)
 }
 
-/// Renders the kustomization in `dir` with `kubectl kustomize` into its
-/// objects; panics when kubectl is not installed (run `hack/setup.sh`).
+/// Renders the kustomization in `dir` with `kubectl kustomize` (kubectl
+/// 1.37's kustomize) into its objects; panics when kubectl is not installed
+/// (run `hack/setup.sh`).
 pub fn render(dir: &Path) -> Result<Vec<Value>> {
     let kubectl = test_kubelet::tools::venv_tool("kubectl");
-    let out = Command::new(&kubectl)
-        .arg("kustomize")
-        .arg(dir)
-        .output()
-        .with_context(|| format!("running {} kustomize", kubectl.display()))?;
+    let mut cmd = Command::new(&kubectl);
+    cmd.arg("kustomize").arg(dir);
+    run_kustomize(cmd, "kubectl kustomize", dir)
+}
+
+/// kustomize v4.5.7, the one kubectl 1.26 (our oldest supported kubectl)
+/// bundles, built on first use from `hack/peers/kustomize-v4/`.
+pub fn kustomize_v4() -> Result<PathBuf> {
+    let bins = test_support::gopeers::build(&test_support::gopeers::KUSTOMIZE_V4)?;
+    bins.into_iter()
+        .next()
+        .context("the kustomize-v4 module built no binary")
+}
+
+/// Renders the kustomization in `dir` with `kustomize build` of kustomize
+/// v4.5.7 ([`kustomize_v4`]), as `kubectl apply -k` of kubectl 1.26 would.
+pub fn render_kustomize_v4(dir: &Path) -> Result<Vec<Value>> {
+    let mut cmd = Command::new(kustomize_v4()?);
+    cmd.arg("build").arg(dir);
+    run_kustomize(cmd, "kustomize v4.5.7 build", dir)
+}
+
+/// Runs a kustomize command (`what`) on `dir` and parses what it printed,
+/// failing with its stderr.
+fn run_kustomize(mut cmd: Command, what: &str, dir: &Path) -> Result<Vec<Value>> {
+    let out = cmd.output().with_context(|| {
+        format!(
+            "running {what} ({})",
+            Path::new(cmd.get_program()).display()
+        )
+    })?;
     if !out.status.success() {
         bail!(
-            "kubectl kustomize {} failed: {}",
+            "{what} {} failed: {}",
             dir.display(),
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    let text = String::from_utf8(out.stdout).context("kubectl kustomize printed non-UTF-8")?;
+    let text =
+        String::from_utf8(out.stdout).with_context(|| format!("{what} printed non-UTF-8"))?;
     parse_docs(&text).with_context(|| format!("parsing the rendering of {}", dir.display()))
 }
 
