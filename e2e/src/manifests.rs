@@ -1,8 +1,9 @@
 //! Renders this project's kustomizations with the real kustomize
 //! (`kubectl kustomize`, kubectl 1.37 from `hack/setup.sh`'s virtual
-//! environment) and its Helm chart with the real `helm` (v4.3.2, built from
-//! its module by `test_support::gopeers`), so the tests see exactly what
-//! `kubectl apply -k` and `helm install` would send, and reads the objects.
+//! environment, and kustomize v4.5.7, kubectl 1.26's, built from its module
+//! by `test_support::gopeers`) and its Helm chart with the real `helm`
+//! (v4.3.2, built the same way), so the tests see exactly what `kubectl
+//! apply -k` and `helm install` would send, and reads the objects.
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
@@ -22,23 +23,51 @@ pub fn parse_docs(text: &str) -> Result<Vec<Value>> {
     Ok(docs)
 }
 
-/// Renders the kustomization in `dir` with `kubectl kustomize` into its
-/// objects; panics when kubectl is not installed (run `hack/setup.sh`).
+/// Renders the kustomization in `dir` with `kubectl kustomize` (kubectl
+/// 1.37's kustomize) into its objects; panics when kubectl is not installed
+/// (run `hack/setup.sh`).
 pub fn render(dir: &Path) -> Result<Vec<Value>> {
     let kubectl = test_kubelet::tools::venv_tool("kubectl");
-    let out = Command::new(&kubectl)
-        .arg("kustomize")
-        .arg(dir)
-        .output()
-        .with_context(|| format!("running {} kustomize", kubectl.display()))?;
+    let mut cmd = Command::new(&kubectl);
+    cmd.arg("kustomize").arg(dir);
+    run_kustomize(cmd, "kubectl kustomize", dir)
+}
+
+/// kustomize v4.5.7, the one kubectl 1.26 (our oldest supported kubectl)
+/// bundles, built on first use from `hack/peers/kustomize-v4/`.
+pub fn kustomize_v4() -> Result<PathBuf> {
+    let bins = test_support::gopeers::build(&test_support::gopeers::KUSTOMIZE_V4)?;
+    bins.into_iter()
+        .next()
+        .context("the kustomize-v4 module built no binary")
+}
+
+/// Renders the kustomization in `dir` with `kustomize build` of kustomize
+/// v4.5.7 ([`kustomize_v4`]), as `kubectl apply -k` of kubectl 1.26 would.
+pub fn render_kustomize_v4(dir: &Path) -> Result<Vec<Value>> {
+    let mut cmd = Command::new(kustomize_v4()?);
+    cmd.arg("build").arg(dir);
+    run_kustomize(cmd, "kustomize v4.5.7 build", dir)
+}
+
+/// Runs a kustomize command (`what`) on `dir` and parses what it printed,
+/// failing with its stderr.
+fn run_kustomize(mut cmd: Command, what: &str, dir: &Path) -> Result<Vec<Value>> {
+    let out = cmd.output().with_context(|| {
+        format!(
+            "running {what} ({})",
+            Path::new(cmd.get_program()).display()
+        )
+    })?;
     if !out.status.success() {
         bail!(
-            "kubectl kustomize {} failed: {}",
+            "{what} {} failed: {}",
             dir.display(),
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    let text = String::from_utf8(out.stdout).context("kubectl kustomize printed non-UTF-8")?;
+    let text =
+        String::from_utf8(out.stdout).with_context(|| format!("{what} printed non-UTF-8"))?;
     parse_docs(&text).with_context(|| format!("parsing the rendering of {}", dir.display()))
 }
 
@@ -174,6 +203,26 @@ pub fn by_identity(docs: &[Value]) -> Result<BTreeMap<String, Value>> {
     Ok(out)
 }
 
+/// The first difference between two renderings, as a sentence naming the
+/// object (its identity, [`by_identity`]) and the field, or `None` when
+/// they hold the same objects; the order of the objects is not compared.
+pub fn rendering_difference(a: &[Value], b: &[Value]) -> Result<Option<String>> {
+    let (a, b) = (by_identity(a)?, by_identity(b)?);
+    for (id, obj) in &a {
+        match b.get(id) {
+            None => return Ok(Some(format!("{id} is missing"))),
+            Some(other) => {
+                if let Some(d) = first_difference(obj, other, "") {
+                    return Ok(Some(format!("{id}: {d}")));
+                }
+            }
+        }
+    }
+    Ok(b.keys()
+        .find(|id| !a.contains_key(*id))
+        .map(|id| format!("{id} is extra")))
+}
+
 /// The first place where `b` differs from `a`, as a sentence naming the
 /// field's path (`.spec.template.spec.volumes[3].hostPath.path`), or `None`
 /// when they are equal.
@@ -231,6 +280,82 @@ pub fn containers_mut(doc: &mut Value) -> Vec<&mut Value> {
             if let Some(list) = v.as_array_mut() {
                 out.extend(list.iter_mut());
             }
+        }
+    }
+    out
+}
+
+/// Copies `from` into `to`, directories and files, but hidden ones: the
+/// temporary kustomizations tests write into `manifests/` (a `.render-*`
+/// dir) may be gone before they are read.
+pub fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to).with_context(|| format!("creating {}", to.display()))?;
+    for e in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+        let e = e?;
+        if e.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        if e.file_type()?.is_dir() {
+            copy_tree(&e.path(), &to.join(e.file_name()))?;
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name()))
+                .with_context(|| format!("copying {}", e.path().display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Markdown `text` without its fenced code blocks, and those blocks.
+pub fn split_fences(text: &str) -> (String, Vec<String>) {
+    let mut prose = String::new();
+    let mut blocks = Vec::new();
+    let mut block: Option<String> = None;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            match block.take() {
+                Some(b) => blocks.push(b),
+                None => block = Some(String::new()),
+            }
+            continue;
+        }
+        match block.as_mut() {
+            Some(b) => {
+                b.push_str(line);
+                b.push('\n');
+            }
+            None => {
+                prose.push_str(line);
+                prose.push('\n');
+            }
+        }
+    }
+    (prose, blocks)
+}
+
+/// Every kustomization README (`readme`) shows in a code block, as the
+/// operator's own beside a checkout named `macvtap-rs`
+/// (`../macvtap-rs/manifests/...`), and again with each alternative its
+/// comments name (`# or manifests/base`).
+pub fn readme_kustomizations(readme: &str) -> Vec<String> {
+    let (_, blocks) = split_fences(readme);
+    let mut out = Vec::new();
+    for b in blocks.iter().filter(|b| b.contains("kind: Kustomization")) {
+        out.push(b.clone());
+        for line in b.lines() {
+            let Some((code, comment)) = line.split_once('#') else {
+                continue;
+            };
+            let Some(alt) = comment.trim().strip_prefix("or ") else {
+                continue;
+            };
+            let Some(path) = code.trim().strip_prefix("- ") else {
+                continue;
+            };
+            let alt = alt.trim();
+            let Some(i) = path.find("manifests/") else {
+                continue;
+            };
+            out.push(b.replace(path, &format!("{}{alt}", &path[..i])));
         }
     }
     out

@@ -13,7 +13,8 @@ use k8s_openapi::api::core::v1::Pod;
 use macvtap_deviceplugin::cli::{Command, parse_from};
 use macvtap_deviceplugin::config::{Resources, Source, parse_json};
 use macvtap_e2e::manifests::{
-    by_identity, first_difference, parse_docs, render, render_chart, render_chart_in, run_helm,
+    copy_tree, first_difference, parse_docs, render, render_chart, render_chart_in,
+    rendering_difference, run_helm,
 };
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -88,27 +89,9 @@ fn dry_run_install(ns: &str, args: &[&str]) -> Value {
 /// `what`) hold the same objects, naming the first object and field that
 /// differ.
 fn assert_same_objects(what: &str, kustomized: &[Value], sets: &[&str], chart: &[Value]) {
-    if let Some(d) = difference(kustomized, chart) {
+    if let Some(d) = rendering_difference(kustomized, chart).unwrap() {
         panic!("the chart with {sets:?} differs from {what}: {d}");
     }
-}
-
-/// The first difference between two renderings, as a sentence.
-fn difference(a: &[Value], b: &[Value]) -> Option<String> {
-    let (a, b) = (by_identity(a).unwrap(), by_identity(b).unwrap());
-    for (id, obj) in &a {
-        match b.get(id) {
-            None => return Some(format!("{id} is missing")),
-            Some(other) => {
-                if let Some(d) = first_difference(obj, other, "") {
-                    return Some(format!("{id}: {d}"));
-                }
-            }
-        }
-    }
-    b.keys()
-        .find(|id| !a.contains_key(*id))
-        .map(|id| format!("{id} is extra"))
 }
 
 #[test]
@@ -161,7 +144,7 @@ fn helm_lint_passes_with_the_defaults_and_every_option() {
     // Lint can fail: a chart without a version is refused.
     let dir = tempfile::tempdir().unwrap();
     let broken = dir.path().join("macvtap-rs");
-    copy_tree(Path::new(chart), &broken);
+    copy_tree(Path::new(chart), &broken).unwrap();
     let meta = std::fs::read_to_string(broken.join("Chart.yaml")).unwrap();
     let meta: String = meta
         .lines()
@@ -210,7 +193,9 @@ fn the_chart_renders_the_kustomize_base() {
     );
     // The comparison can fail: one changed value is one named difference.
     let other = helm_template(&["image.tag=v9.9.9"]);
-    let d = difference(&base, &other).expect("a changed tag differs");
+    let d = rendering_difference(&base, &other)
+        .unwrap()
+        .expect("a changed tag differs");
     assert!(
         d.contains("DaemonSet macvtap-system/macvtap-cni") && d.contains("v9.9.9"),
         "{d}"
@@ -245,7 +230,7 @@ fn the_monitoring_values_render_the_base_with_the_monitoring_component() {
     // absolute paths): the base plus the component.
     let dir = tempfile::tempdir().unwrap();
     let copy = dir.path().join("manifests");
-    copy_tree(&root().join("manifests"), &copy);
+    copy_tree(&root().join("manifests"), &copy).unwrap();
     let mine = copy.join("overlays/mine");
     std::fs::create_dir_all(&mine).unwrap();
     std::fs::write(
@@ -578,24 +563,6 @@ fn dra_mode_renders_a_device_class_per_resource() {
         ]))
         .is_empty()
     );
-}
-
-/// Copies `from` into `to`, directories and files, but hidden ones: the
-/// temporary kustomizations other tests write into `manifests/` (a
-/// `.render-*` dir) may be gone before they are read.
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        if e.file_name().to_string_lossy().starts_with('.') {
-            continue;
-        }
-        if e.file_type().unwrap().is_dir() {
-            copy_tree(&e.path(), &to.join(e.file_name()));
-        } else {
-            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-        }
-    }
 }
 
 fn daemonset(docs: &[Value]) -> &Value {

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use kube::api::DynamicObject;
 use macvtap_deviceplugin::config::{Resources, Source, parse_json};
-use macvtap_e2e::manifests::{parse_docs, render};
+use macvtap_e2e::manifests::{copy_tree, parse_docs, render, render_kustomize_v4};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -386,33 +386,20 @@ fn host_paths_match_the_binaries_flags_and_defaults() {
     }
 }
 
-/// Copies `from` into `to`, directories and files, but hidden ones: the
-/// temporary kustomizations other tests write into `manifests/` (a
-/// `.render-*` dir) may be gone before they are read.
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        if e.file_name().to_string_lossy().starts_with('.') {
-            continue;
-        }
-        if e.file_type().unwrap().is_dir() {
-            copy_tree(&e.path(), &to.join(e.file_name()));
-        } else {
-            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-        }
-    }
-}
+/// A kustomize: the path of a kustomization in, its objects out.
+type Renderer = fn(&Path) -> anyhow::Result<Vec<Value>>;
 
 /// The overlays patch by name: rendered over a base whose DaemonSet has
 /// every list reversed (containers, volumes, mounts, args) and a decoy
 /// container and init container first (copies of the real ones under other
-/// names), they still patch the real containers and only them.
+/// names), they still patch the real containers and only them, with
+/// kubectl 1.37's kustomize and with kustomize v4.5.7 (kubectl 1.26's), whose
+/// field paths (`[name=...]`, `[=value]`) must find the same fields.
 #[test]
 fn overlays_patch_a_reordered_base_by_name() {
     let tmp = tempfile::tempdir().unwrap();
     let copy = tmp.path().join("manifests");
-    copy_tree(&manifests(), &copy);
+    copy_tree(&manifests(), &copy).unwrap();
     let ds_file = copy.join("base/daemonset.yaml");
     let mut ds = parse_docs(&std::fs::read_to_string(&ds_file).unwrap())
         .unwrap()
@@ -435,8 +422,15 @@ fn overlays_patch_a_reordered_base_by_name() {
     // JSON is YAML.
     std::fs::write(&ds_file, serde_json::to_string_pretty(&ds).unwrap()).unwrap();
 
-    for dir in ["overlays/openshift", "overlays/kubelet-dir"] {
-        let docs = render(&copy.join(dir)).unwrap_or_else(|e| panic!("{dir}: {e:#}"));
+    let renderers: [(&str, Renderer); 2] = [
+        ("kubectl 1.37", render),
+        ("kustomize v4.5.7", render_kustomize_v4),
+    ];
+    for ((kustomize, render), dir) in renderers
+        .into_iter()
+        .flat_map(|r| ["overlays/openshift", "overlays/kubelet-dir"].map(|d| (r, d)))
+    {
+        let docs = render(&copy.join(dir)).unwrap_or_else(|e| panic!("{kustomize}: {dir}: {e:#}"));
         check_host_paths(dir, &docs);
         let spec = daemonset(&docs).spec.template.spec.unwrap();
         let decoy = named(&spec.containers, "decoy-containers");
@@ -444,7 +438,7 @@ fn overlays_patch_a_reordered_base_by_name() {
         assert_eq!(
             flag(&decoy_args, "--kubelet-dir").as_deref(),
             Some("/var/lib/kubelet"),
-            "{dir}: the decoy is left alone"
+            "{kustomize}: {dir}: the decoy is left alone"
         );
         let decoy_init = named(
             spec.init_containers.as_ref().unwrap(),
@@ -453,7 +447,7 @@ fn overlays_patch_a_reordered_base_by_name() {
         assert_eq!(
             flag(decoy_init.args.as_ref().unwrap(), "--kubelet-dir").as_deref(),
             Some("/var/lib/kubelet"),
-            "{dir}: the decoy init container is left alone"
+            "{kustomize}: {dir}: the decoy init container is left alone"
         );
     }
 }

@@ -13,7 +13,9 @@
 //! existed would be deleted with everything in it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use macvtap_e2e::manifests::{parse_docs, render, render_chart_in};
+use macvtap_e2e::manifests::{
+    copy_tree, parse_docs, readme_kustomizations, render, render_chart_in, split_fences,
+};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -138,51 +140,6 @@ fn trespasses(what: &str, docs: &[Value]) -> Vec<String> {
     out
 }
 
-/// Copies `from` into `to`, directories and files, but hidden ones: the
-/// temporary kustomizations other tests write into `manifests/` (a
-/// `.render-*` dir) may be gone before they are read.
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        if e.file_name().to_string_lossy().starts_with('.') {
-            continue;
-        }
-        if e.file_type().unwrap().is_dir() {
-            copy_tree(&e.path(), &to.join(e.file_name()));
-        } else {
-            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-        }
-    }
-}
-
-/// README without its fenced code blocks, and those blocks.
-fn split_fences(text: &str) -> (String, Vec<String>) {
-    let mut prose = String::new();
-    let mut blocks = Vec::new();
-    let mut block: Option<String> = None;
-    for line in text.lines() {
-        if line.trim_start().starts_with("```") {
-            match block.take() {
-                Some(b) => blocks.push(b),
-                None => block = Some(String::new()),
-            }
-            continue;
-        }
-        match block.as_mut() {
-            Some(b) => {
-                b.push_str(line);
-                b.push('\n');
-            }
-            None => {
-                prose.push_str(line);
-                prose.push('\n');
-            }
-        }
-    }
-    (prose, blocks)
-}
-
 /// The inline code spans of `text` (outside fenced blocks), a span may
 /// run over a line break.
 fn inline_code(text: &str) -> Vec<String> {
@@ -211,35 +168,6 @@ fn readme_namespace_edits(readme: &str) -> Vec<String> {
                     out.push(ns.to_string());
                 }
             }
-        }
-    }
-    out
-}
-
-/// Every kustomization README shows in a yaml block, as the operator's own
-/// beside a checkout named `macvtap-rs` (`../macvtap-rs/manifests/...`),
-/// and again with each alternative its comments name (`# or
-/// manifests/base`).
-fn readme_kustomizations(readme: &str) -> Vec<String> {
-    let (_, blocks) = split_fences(readme);
-    let mut out = Vec::new();
-    for b in blocks.iter().filter(|b| b.contains("kind: Kustomization")) {
-        out.push(b.clone());
-        for line in b.lines() {
-            let Some((code, comment)) = line.split_once('#') else {
-                continue;
-            };
-            let Some(alt) = comment.trim().strip_prefix("or ") else {
-                continue;
-            };
-            let Some(path) = code.trim().strip_prefix("- ") else {
-                continue;
-            };
-            let alt = alt.trim();
-            let Some(i) = path.find("manifests/") else {
-                continue;
-            };
-            out.push(b.replace(path, &format!("{}{alt}", &path[..i])));
         }
     }
     out
@@ -319,7 +247,7 @@ fn kustomize_variants(readme: &str) -> Vec<(String, Vec<Value>)> {
 
     let tmp = tempfile::tempdir().unwrap();
     let checkout = tmp.path().join("macvtap-rs");
-    copy_tree(&manifests, &checkout.join("manifests"));
+    copy_tree(&manifests, &checkout.join("manifests")).unwrap();
     for (i, k) in readme_kustomizations(readme).into_iter().enumerate() {
         let mine = tmp.path().join(format!("mine-{i}"));
         std::fs::create_dir_all(&mine).unwrap();
@@ -342,7 +270,7 @@ fn kustomize_variants(readme: &str) -> Vec<(String, Vec<Value>)> {
 fn with_namespace_edit(ns: &str, dir: &str) -> (String, Vec<Value>) {
     let tmp = tempfile::tempdir().unwrap();
     let copy = tmp.path().join("manifests");
-    copy_tree(&root().join("manifests"), &copy);
+    copy_tree(&root().join("manifests"), &copy).unwrap();
     let file = copy.join("base/kustomization.yaml");
     let mut k = parse_docs(&std::fs::read_to_string(&file).unwrap())
         .unwrap()

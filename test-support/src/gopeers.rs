@@ -123,6 +123,20 @@ pub const HELM: GoPeer = GoPeer {
     needed_by: "the chart tests lint and render the Helm chart with the real helm",
 };
 
+/// kustomize v4.5.7 (`kustomize`), the one kubectl 1.26 bundles, our oldest
+/// supported kubectl's: the tests render every kustomization with it and
+/// with kubectl 1.37's and require the same objects.
+pub const KUSTOMIZE_V4: GoPeer = GoPeer {
+    what: "kustomize v4.5.7",
+    module: "kustomize-v4",
+    wraps: "sigs.k8s.io/kustomize/kustomize/v4@v4.5.7",
+    packages: &["sigs.k8s.io/kustomize/kustomize/v4"],
+    // As kustomize's release build stamps it (`kustomize version` prints it).
+    ldflags: "-X sigs.k8s.io/kustomize/api/provenance.version=kustomize/v4.5.7",
+    needed_by: "the kustomize compatibility test renders our kustomizations with the \
+                kustomize of kubectl 1.26",
+};
+
 /// Bumped when the builder's own way of building changes, so that old
 /// cache entries are not reused.
 const BUILDER_VERSION: &str = "1";
@@ -252,9 +266,19 @@ pub fn go_version() -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-/// The binary name `go build -o <dir>/` gives a package.
+/// The binary name `go build -o <dir>/` gives a package: its import path's
+/// last element, or the one before when the last is a major version
+/// suffix (`.../kustomize/v4` builds `kustomize`).
 fn binary_name(package: &str) -> &str {
-    package.rsplit('/').next().unwrap_or(package)
+    let mut parts = package.rsplit('/');
+    let last = parts.next().unwrap_or(package);
+    let is_major = last
+        .strip_prefix('v')
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    match parts.next() {
+        Some(before) if is_major => before,
+        _ => last,
+    }
 }
 
 /// What a build depends on, hashed into the cache directory's name.
@@ -516,6 +540,7 @@ mod tests {
             GO_MACVTAP_V0_13_1,
             GO_MACVTAP_V0_13_2,
             HELM,
+            KUSTOMIZE_V4,
         ] {
             let go_mod = std::fs::read_to_string(module_dir(&peer).join("go.mod")).unwrap();
             assert!(go_line(&go_mod).is_some(), "{}", peer.module);
@@ -551,6 +576,19 @@ mod tests {
             text,
             "Multus v4.2.2 (thin plugin)\t3.2\nHelm v4.3.2\t61.0\n"
         );
+    }
+
+    #[test]
+    fn binaries_are_named_as_go_build_names_them() {
+        assert_eq!(binary_name("helm.sh/helm/v4/cmd/helm"), "helm");
+        assert_eq!(
+            binary_name("sigs.k8s.io/kustomize/kustomize/v4"),
+            "kustomize"
+        );
+        assert_eq!(binary_name("example.com/tool/v2"), "tool");
+        assert_eq!(binary_name("example.com/v2x"), "v2x");
+        assert_eq!(binary_name("example.com/x/v"), "v");
+        assert_eq!(binary_name("v2"), "v2");
     }
 
     #[test]
