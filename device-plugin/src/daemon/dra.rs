@@ -171,9 +171,10 @@ fn offered(
 /// change, what is served goes to `served` and what is offered to
 /// `offers`. Nothing is offered before the first reclaim round has asked
 /// the kubelet what pods hold (a device the device plugin front handed out
-/// before the node switched fronts is never offered); when the kubelet
-/// cannot be asked, everything is offered, and that is said once. Ends
-/// when `changes` closes.
+/// before the node switched fronts is never offered). When the kubelet
+/// cannot be asked, what it last said stands; if it never could be,
+/// everything is offered, and that is said once. Ends when `changes`
+/// closes.
 async fn follow(
     mut changes: mpsc::UnboundedReceiver<Vec<Served>>,
     mut holding: watch::Receiver<Holding>,
