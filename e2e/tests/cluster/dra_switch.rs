@@ -4,13 +4,15 @@
 //! holding one of them, pinged throughout; the same kustomization with
 //! `components/dra` applied over it (a rollout, not an uninstall). The DRA
 //! front leaves the device the running pod holds out of its slice (it
-//! knows from PodResources); the kubelet keeps the device plugin's name in
-//! the node's allocatable for its endpoint's stop grace (5 minutes,
-//! kubernetes `pkg/kubelet/cm/devicemanager/types.go`,
-//! `endpointStopGracePeriod`), and once it is gone a new VM pod under the
-//! same resource name is served through DRA. The running VM loses no
-//! ping; once it is deleted its device is offered again. The uninstall
-//! leaves nothing.
+//! knows from PodResources). The kubelet keeps the device plugin's name in
+//! the node's allocatable, at 0 once the plugin is gone (kubernetes
+//! `pkg/kubelet/nodestatus/setters.go`: a removed device plugin resource
+//! is set to 0, never removed), and the scheduler serves a name through
+//! DRA on a node whose allocatable of it is 0 or absent
+//! (`pkg/scheduler/framework/plugins/noderesources/fit.go`,
+//! `shouldDelegateResourceToDRA`): a new VM pod under the same resource
+//! name is served through DRA. The running VM loses no ping; once it is
+//! deleted its device is offered again. The uninstall leaves nothing.
 
 use super::dra::{NAME, cdi_specs, examples, install, slices};
 use super::{PING_EVERY, RESOURCE_PREFIX};
@@ -21,11 +23,6 @@ use macvtap_e2e::sandbox::TestNs;
 use serde_json::Value;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
-
-/// How long the kubelet may keep the device plugin's name in the node's
-/// allocatable after the plugin went: its 5 minutes' grace, and a node
-/// status update after it.
-const PLUGIN_GRACE: Duration = Duration::from_secs(7 * 60);
 
 /// The device IDs our slice offers.
 fn offered_ids(run: &Run) -> Result<Vec<String>> {
@@ -88,15 +85,16 @@ pub(super) fn from_the_device_plugin(run: &mut Run, peer: &TestNs, tag: &str) ->
         "the DRA front offers {offered:?}: the other device is {}'s, handed out by the device plugin",
         vm11.0
     ));
-    let waited = Instant::now();
-    c.wait(
-        &format!("{resource} gone from the node's allocatable (the kubelet's grace for a plugin that left)"),
-        PLUGIN_GRACE,
-        || Ok(run.allocatable_of(&resource)?.is_none().then_some(())),
+    let left = c.wait(
+        &format!("{resource} at 0 in the node's allocatable (the device plugin gone)"),
+        WAIT,
+        || {
+            let n = run.allocatable_of(&resource)?;
+            Ok(n.is_none_or(|n| n == 0).then_some(n))
+        },
     )?;
     run.steps.say(format!(
-        "the kubelet dropped {resource} from the node's allocatable after {} s",
-        waited.elapsed().as_secs()
+        "the node's allocatable of {resource}: {left:?} (the kubelet keeps a device plugin's name at 0)"
     ));
 
     run.steps
