@@ -11,8 +11,12 @@
 //! DRA on a node whose allocatable of it is 0 or absent
 //! (`pkg/scheduler/framework/plugins/noderesources/fit.go`,
 //! `shouldDelegateResourceToDRA`): a new VM pod under the same resource
-//! name is served through DRA. The running VM loses no ping; once it is
-//! deleted its device is offered again. The uninstall leaves nothing.
+//! name is served through DRA. Then back: the DRA pod deleted (its claim
+//! unprepared by the DRA front; a claim left prepared would keep its pod
+//! Terminating once the driver is gone, kubernetes
+//! `pkg/kubelet/kubelet.go` `SyncTerminatedPod`), the base applied again,
+//! and a new VM pod served through the device plugin. The first VM pod
+//! runs throughout and loses no ping. The uninstall leaves nothing.
 
 use super::dra::{NAME, cdi_specs, examples, install, slices};
 use super::{PING_EVERY, RESOURCE_PREFIX};
@@ -122,16 +126,47 @@ pub(super) fn from_the_device_plugin(run: &mut Run, peer: &TestNs, tag: &str) ->
         vm12.0, vm11.0
     ));
 
-    run.steps
-        .step("the device plugin's VM pod deleted: its device offered again");
-    drop(pinger);
-    run.delete_vm_pods(&[vm11.0])?;
-    c.wait("our slice offering both devices again", WAIT, || {
-        Ok((offered_ids(run)?.len() == 2).then_some(()))
-    })?;
+    run.steps.step(
+        "back to the device plugin (the DRA pod deleted first), the first VM pod still running",
+    );
     run.delete_vm_pods(&[vm12.0])?;
-    c.wait("the claims unprepared and no macvtap left", WAIT, || {
-        Ok((cdi_specs()?.is_empty() && macvtaps_on_nic()?.is_empty()).then_some(()))
+    c.wait(&format!("{}'s claim unprepared", vm12.0), WAIT, || {
+        Ok(cdi_specs()?.is_empty().then_some(()))
+    })?;
+    install(run, tag, kdir.path(), false, 2)?;
+    run.wait_allocatable_of(&resource, 2)?;
+    c.wait(
+        "our ResourceSlices gone (the kubelet's, once the driver left)",
+        WAIT,
+        || Ok(slices(run)?.is_empty().then_some(())),
+    )?;
+    let vm13 = (
+        "virt-launcher-vm13",
+        "02:00:c6:33:64:ae",
+        Ipv4Addr::new(198, 51, 100, 174),
+    );
+    run.start_vm_on(&resource, vm13.0, vm13.1, vm13.2)?;
+    guest_answers(peer, vm13.0, vm13.2)?;
+    let pod = c.get_json(&["-n", "default", "pod", vm13.0])?;
+    ensure!(
+        pod["status"]["extendedResourceClaimStatus"].is_null(),
+        "{} got a DRA claim after the switch back",
+        vm13.0
+    );
+    let (sent, lost) = lost_between(&pinger, t0, Instant::now())?;
+    ensure!(
+        sent > 0 && lost == 0,
+        "{} lost {lost} of {sent} pings over the two switches",
+        vm11.0
+    );
+    run.steps.say(format!(
+        "{} started through the device plugin again; {} lost 0 of {sent} pings over both switches",
+        vm13.0, vm11.0
+    ));
+    drop(pinger);
+    run.delete_vm_pods(&[vm11.0, vm13.0])?;
+    c.wait("no macvtap left", WAIT, || {
+        Ok(macvtaps_on_nic()?.is_empty().then_some(()))
     })?;
     c.kubectl_stdin(&["delete", "-f", "-", "--ignore-not-found"], Some(&class))?;
     c.kubectl_stdin(&["delete", "-f", "-", "--ignore-not-found"], Some(&nad))?;
@@ -142,10 +177,6 @@ pub(super) fn from_the_device_plugin(run: &mut Run, peer: &TestNs, tag: &str) ->
         "--wait=true",
         "--timeout=180s",
     ])?;
-    c.wait("our ResourceSlices gone", WAIT, || {
-        Ok(slices(run)?.is_empty().then_some(()))
-    })?;
-    run.steps
-        .say("both devices back in the slice, then uninstalled: nothing left");
+    run.steps.say("uninstalled: nothing left");
     Ok(())
 }
