@@ -1,11 +1,13 @@
 //! The monitoring objects (`manifests/components/monitoring/`, the chart's
-//! `monitoring` values) against the real daemon: every metric an alert
-//! names (in its expression or its text) is one the daemon's `/metrics`
-//! serves, the PodMonitor scrapes the port and path the daemon serves on,
-//! and the gauges the alerts test move as the alerts assume: all devices in
-//! use leaves none free, a NIC down makes its devices unhealthy, and a
-//! kubelet gone leaves the resource unregistered. There is no Prometheus
-//! here, so the expressions themselves are not evaluated.
+//! `monitoring` values) against the real daemon: every metric of ours an
+//! alert names (in its expression or its text) is one the daemon's
+//! `/metrics` serves, the PodMonitor scrapes the port and path the daemon
+//! serves on, and the series the alerts test move as the alerts assume: all
+//! devices in use leaves none free, a NIC down makes its devices unhealthy,
+//! an invalid config edit is refused until a valid one, a held device whose
+//! NIC is deleted cannot be re-created, a failing PodResources fails the
+//! reclaim rounds, and a kubelet gone leaves the resource unregistered.
+//! Prometheus' engine evaluates the expressions in `alerts.rs` (promtool).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use macvtap_e2e::manifests::{parse_docs, render};
@@ -18,6 +20,8 @@ use std::time::{Duration, Instant};
 const PORT: u16 = 9402;
 const RESOURCE: &str = "macvtap.network.kubevirt.io/dataplane";
 const CONF: &str = r#"[{"name":"dataplane","lowerDevice":"lower0","capacity":2}]"#;
+/// A config the daemon refuses: no such mode.
+const INVALID_CONF: &str = r#"[{"name":"dataplane","lowerDevice":"lower0","mode":"sideways"}]"#;
 
 fn component() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/components/monitoring")
@@ -81,6 +85,30 @@ fn value(page: &str, name: &str, more: &str) -> Option<f64> {
         .map(|v| v.trim().parse().unwrap())
 }
 
+/// The value of the label-less sample `name` on `page`.
+fn plain(page: &str, name: &str) -> Option<f64> {
+    page.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .map(|v| v.trim().parse().unwrap())
+}
+
+/// The value of `macvtap_dp_reclaim_rounds_total{outcome}` on `page`.
+fn rounds(page: &str, outcome: &str) -> f64 {
+    let head = format!("macvtap_dp_reclaim_rounds_total{{outcome=\"{outcome}\"}} ");
+    page.lines()
+        .find_map(|l| l.strip_prefix(&head))
+        .map(|v| v.trim().parse().unwrap())
+        .unwrap()
+}
+
+/// Writes `text` to `path` as a ConfigMap's volume changes: a new file
+/// renamed over the old, never half written.
+fn replace_file(path: &Path, text: &str) {
+    let tmp = path.with_extension("new");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
 /// Waits until the page says what `ok` wants, returning it.
 async fn wait_page(node: &Node, what: &str, ok: impl Fn(&str) -> bool) -> String {
     let end = Instant::now() + WAIT;
@@ -138,18 +166,26 @@ async fn every_metric_the_alerts_name_is_on_the_real_daemons_page_and_moves_as_t
     assert_eq!(
         alerts,
         [
+            "MacvtapDaemonNotScraped",
+            "MacvtapRegistrationFailing",
             "MacvtapDevicesExhausted",
             "MacvtapNicUnhealthy",
-            "MacvtapRegistrationFailing"
+            "MacvtapReclaimFailing",
+            "MacvtapConfigRefused",
+            "MacvtapHealFailing",
         ]
     );
-    assert!(names.len() >= 5, "{names:?}");
+    assert!(names.len() >= 10, "{names:?}");
 
     let mut node = Node::new().unwrap();
     node.start_kubelet().await.unwrap();
     node.start_pod_resources().await.unwrap();
     let addr = format!("--metrics-addr=127.0.0.1:{PORT}");
-    node.start_device_plugin(CONF, &[&addr, "--reclaim-interval", "200ms"])
+    let conf_dir = tempfile::tempdir().unwrap();
+    let conf_file = conf_dir.path().join("DP_MACVTAP_CONF");
+    std::fs::write(&conf_file, CONF).unwrap();
+    let conf_arg = format!("--config={}", conf_file.display());
+    node.start_device_plugin(CONF, &[&addr, &conf_arg, "--reclaim-interval", "200ms"])
         .unwrap();
     let mut client = node.plugin("dataplane", 2).await.unwrap();
     let page = wait_page(&node, "registered 1", |p| {
@@ -165,6 +201,11 @@ async fn every_metric_the_alerts_name_is_on_the_real_daemons_page_and_moves_as_t
         );
     }
     assert_eq!(value(&page, "macvtap_dp_devices_free", ""), Some(2.0));
+    assert_eq!(
+        plain(&page, "macvtap_dp_config_last_reload_successful"),
+        Some(1.0),
+        "no change yet"
+    );
 
     // Every device in use: none free (MacvtapDevicesExhausted's condition).
     for id in ["dataplaneMvp0", "dataplaneMvp1"] {
@@ -194,6 +235,64 @@ async fn every_metric_the_alerts_name_is_on_the_real_daemons_page_and_moves_as_t
     })
     .await;
     node.ns.ip(&["link", "set", "lower0", "up"]).unwrap();
+    wait_page(&node, "no unhealthy devices", |p| {
+        value(p, "macvtap_dp_devices", ",state=\"unhealthy\"") == Some(0.0)
+    })
+    .await;
+
+    // An invalid config edit: refused until a valid one comes
+    // (MacvtapConfigRefused's condition).
+    replace_file(&conf_file, INVALID_CONF);
+    let page = wait_page(&node, "the edit refused", |p| {
+        plain(p, "macvtap_dp_config_last_reload_successful") == Some(0.0)
+    })
+    .await;
+    assert_eq!(
+        plain(&page, "macvtap_dp_config_reload_errors_total"),
+        Some(1.0)
+    );
+    replace_file(&conf_file, CONF);
+    let page = wait_page(&node, "the edit mended", |p| {
+        plain(p, "macvtap_dp_config_last_reload_successful") == Some(1.0)
+    })
+    .await;
+    assert_eq!(plain(&page, "macvtap_dp_config_reloads_total"), Some(1.0));
+
+    // The NIC deleted takes the held devices' macvtaps with it, and the
+    // rounds cannot make them again (MacvtapHealFailing's condition).
+    let page = scrape(&node);
+    assert_eq!(plain(&page, "macvtap_dp_heal_errors_total"), Some(0.0));
+    assert!(rounds(&page, "done") > 0.0, "{page}");
+    node.ns.ip(&["link", "del", "lower0"]).unwrap();
+    let page = wait_page(&node, "heal errors rising", |p| {
+        plain(p, "macvtap_dp_heal_errors_total").is_some_and(|n| n >= 4.0)
+    })
+    .await;
+    assert_eq!(plain(&page, "macvtap_dp_links_healed_total"), Some(0.0));
+    assert!(
+        node.daemon_log()
+            .contains("and so is its NIC: not re-created"),
+        "{}",
+        node.daemon_log()
+    );
+
+    // PodResources failing: every round fails, none is done
+    // (MacvtapReclaimFailing's condition).
+    node.pod_resources
+        .as_ref()
+        .unwrap()
+        .fail(Some(test_kubelet::Code::Unavailable));
+    let failed_before = rounds(&scrape(&node), "failed");
+    let page = wait_page(&node, "failed rounds rising", |p| {
+        rounds(p, "failed") >= failed_before + 3.0
+    })
+    .await;
+    let done = rounds(&page, "done");
+    let page = wait_page(&node, "more failed rounds", |p| {
+        rounds(p, "failed") >= failed_before + 6.0
+    })
+    .await;
+    assert_eq!(rounds(&page, "done"), done, "no round done meanwhile");
 
     // The kubelet gone: the resource unregistered while it still has
     // devices (MacvtapRegistrationFailing's condition).

@@ -137,6 +137,19 @@ pub const KUSTOMIZE_V4: GoPeer = GoPeer {
                 kustomize of kubectl 1.26",
 };
 
+/// Prometheus v3.16.0's `promtool` (module version v0.316.0), which the
+/// alert tests run to check the PrometheusRule's rules and run their unit
+/// tests.
+pub const PROMTOOL: GoPeer = GoPeer {
+    what: "Prometheus v3.16.0 (promtool)",
+    module: "prometheus",
+    wraps: "github.com/prometheus/prometheus@v0.316.0",
+    packages: &["github.com/prometheus/prometheus/cmd/promtool"],
+    // As Prometheus' `.promu.yml` stamps a release (`promtool --version`).
+    ldflags: "-X github.com/prometheus/common/version.Version=3.16.0",
+    needed_by: "the alert tests check and unit-test the PrometheusRule with the real promtool",
+};
+
 /// Bumped when the builder's own way of building changes, so that old
 /// cache entries are not reused.
 const BUILDER_VERSION: &str = "1";
@@ -541,6 +554,7 @@ mod tests {
             GO_MACVTAP_V0_13_2,
             HELM,
             KUSTOMIZE_V4,
+            PROMTOOL,
         ] {
             let go_mod = std::fs::read_to_string(module_dir(&peer).join("go.mod")).unwrap();
             assert!(go_line(&go_mod).is_some(), "{}", peer.module);

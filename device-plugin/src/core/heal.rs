@@ -55,9 +55,22 @@ pub(crate) fn lost_devices(
     lost
 }
 
+/// What one [`heal`] did: how many lost devices came back, and how many
+/// could not.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Healed {
+    /// Lost macvtaps made again.
+    pub made: u64,
+    /// Lost macvtaps not made again (logged with the reason): the resource
+    /// or its NIC is gone, another link holds the ifindex, or making it
+    /// failed. The next round tries each again.
+    pub failed: u64,
+}
+
 /// Re-creates each lost device's macvtap with its old ifindex; returns how
-/// many came back. A device whose ifindex is taken on the host by another
-/// link, or whose resource or NIC is gone, is logged and left.
+/// many came back and how many could not. A device whose ifindex is taken
+/// on the host by another link, or whose resource or NIC is gone, is logged
+/// and left.
 ///
 /// `lost` was judged from links listed before the kubelet answered and a
 /// tap node looked at after, and a macvtap moving between namespaces is in
@@ -69,25 +82,27 @@ pub(crate) fn lost_devices(
 ///
 /// Where tap nodes do not show (no host `/dev`), nothing is made: a link in
 /// a pod cannot be told from a lost one there.
-pub(crate) fn heal(host: &Host, lost: &[Lost], resources: &[ResourceConfig]) -> Result<u64> {
+pub(crate) fn heal(host: &Host, lost: &[Lost], resources: &[ResourceConfig]) -> Result<Healed> {
+    let mut healed = Healed::default();
     if !host.paths().tap_nodes_shown() {
         debug!(
             lost = lost.len(),
             "not healing: no tap node shows without the host's /dev"
         );
-        return Ok(0);
+        return Ok(healed);
     }
     let handle = host.link_ops();
-    let mut healed = 0;
     for l in lost {
         let Some(cfg) = resources.iter().find(|r| r.name == l.at.resource) else {
             warn!(device_id = %l.device_id, resource = %l.at.resource,
                 "a pod holds this device but its macvtap is gone, and its resource is no longer configured: not re-created");
+            healed.failed += 1;
             continue;
         };
         let Some(lower) = handle.get_link(&cfg.lower_device)? else {
             warn!(device_id = %l.device_id, lower = %cfg.lower_device,
                 "a pod holds this device but its macvtap is gone, and so is its NIC: not re-created");
+            healed.failed += 1;
             continue;
         };
         let name = link_name_for_device(&l.device_id);
@@ -95,16 +110,24 @@ pub(crate) fn heal(host: &Host, lost: &[Lost], resources: &[ResourceConfig]) -> 
         if let Err(e) = settle(handle, &lower) {
             warn!(device_id = %l.device_id, error = %e,
                 "cannot wait for link changes in flight, so cannot tell whether the device's macvtap is lost: not re-created now");
+            healed.failed += 1;
             continue;
         }
-        if let Some(why) = still_there(host, &name, l.at.ifindex, &node)? {
-            debug!(device_id = %l.device_id, ifname = %name, ifindex = l.at.ifindex, why,
-                "not lost after all: its link was moving between namespaces when the round looked");
-            continue;
+        match look_again(host, &name, l.at.ifindex, &node)? {
+            Look::Lost => {}
+            Look::NotLost(why) => {
+                debug!(device_id = %l.device_id, ifname = %name, ifindex = l.at.ifindex, why,
+                    "not lost after all: its link was moving between namespaces when the round looked");
+                continue;
+            }
+            Look::IndexTaken => {
+                healed.failed += 1;
+                continue;
+            }
         }
         match recreate_device(host, cfg, &lower, &l.device_id, l.at.ifindex) {
             Ok(Recreated::Made(link)) => {
-                healed += 1;
+                healed.made += 1;
                 info!(device_id = %l.device_id, ifname = %link.name, ifindex = link.index,
                     "re-created the macvtap of a device a pod still holds (its namespace went without CNI DEL), so the sandbox's retried ADD finds it");
             }
@@ -113,7 +136,8 @@ pub(crate) fn heal(host: &Host, lost: &[Lost], resources: &[ResourceConfig]) -> 
                     "not lost after all: its link moved into a pod meanwhile and has /dev/tap{}; the link made for it is deleted again", l.at.ifindex);
             }
             Err(e) => {
-                warn!(device_id = %l.device_id, error = %e, "could not re-create a lost macvtap")
+                warn!(device_id = %l.device_id, error = %e, "could not re-create a lost macvtap");
+                healed.failed += 1;
             }
         }
     }
@@ -128,29 +152,38 @@ fn settle(handle: &dyn Links, lower: &Link) -> Result<()> {
     Ok(())
 }
 
-/// Why the device whose link is `name` with ifindex `index` (tap node
-/// `node`) is not lost, read now: its link is on the host, or its node
-/// exists (its link is in a pod's namespace), or another link holds the
-/// index on the host (logged: the device cannot come back). `None` when
-/// it is lost.
-fn still_there(host: &Host, name: &str, index: u32, node: &Path) -> Result<Option<&'static str>> {
+/// What a second look at a device a round judged lost finds.
+enum Look {
+    /// It is not lost after all, for the reason given: its link is on the
+    /// host, or its node exists (its link is in a pod's namespace).
+    NotLost(&'static str),
+    /// Another link holds its ifindex on the host (logged): it cannot come
+    /// back.
+    IndexTaken,
+    /// It is lost.
+    Lost,
+}
+
+/// Looks again, now, at the device whose link is `name` with ifindex
+/// `index` (tap node `node`).
+fn look_again(host: &Host, name: &str, index: u32, node: &Path) -> Result<Look> {
     let handle = host.link_ops();
     if handle.get_link(name)?.is_some() {
-        return Ok(Some("its link is on the node"));
+        return Ok(Look::NotLost("its link is on the node"));
     }
     if !matches!(host.kernel().tap_node(node), Ok(None)) {
-        return Ok(Some(
+        return Ok(Look::NotLost(
             "its tap node exists: the link is in a pod's namespace",
         ));
     }
     match handle.get_link_by_index(index)? {
-        Some(other) if other.name == name => Ok(Some("its link is on the node")),
+        Some(other) if other.name == name => Ok(Look::NotLost("its link is on the node")),
         Some(other) => {
             warn!(ifname = %name, ifindex = index, other = %other.name,
                 "a pod holds this device but its macvtap is gone, and its ifindex is now taken on the host by another link, so /dev/tap{} cannot come back: the pod needs to be re-created", index);
-            Ok(Some("its ifindex is taken by another link"))
+            Ok(Look::IndexTaken)
         }
-        None => Ok(None),
+        None => Ok(Look::Lost),
     }
 }
 
@@ -229,7 +262,10 @@ mod tests {
     fn a_held_devices_lost_link_comes_back_with_its_ifindex() {
         let (kernel, lost, resources, dev) = held_device();
         let host = Host::current(&kernel).unwrap().with_paths(dev_at(&dev));
-        assert_eq!(heal(&host, &lost, &resources).unwrap(), 1);
+        assert_eq!(
+            heal(&host, &lost, &resources).unwrap(),
+            Healed { made: 1, failed: 0 }
+        );
         let link = kernel
             .link(HOST, &link_name_for_device("dpMvp1"))
             .expect("re-created");
@@ -294,7 +330,7 @@ mod tests {
             )
             .unwrap();
         let log = crate::testlog::logged(|| {
-            assert_eq!(heal(&host, &lost, &resources).unwrap(), 0);
+            assert_eq!(heal(&host, &lost, &resources).unwrap(), Healed::default());
         });
         assert!(!log.contains("taken on the host"), "{log}");
         assert!(log.contains("not lost after all"), "{log}");
@@ -323,7 +359,7 @@ mod tests {
         host.link_ops()
             .set_link_ns(40, &name, &pod, "net1")
             .unwrap();
-        assert_eq!(heal(&host, &lost, &resources).unwrap(), 0);
+        assert_eq!(heal(&host, &lost, &resources).unwrap(), Healed::default());
         assert_eq!(kernel.links_of(HOST).len(), 1, "only the NIC on the host");
         assert_eq!(kernel.count(Op::AddMacvtap), 1);
     }
@@ -333,10 +369,16 @@ mod tests {
         let (kernel, lost, resources, dev) = held_device();
         kernel.fail(Op::SetLink, 1, nix::errno::Errno::EIO);
         let host = Host::current(&kernel).unwrap().with_paths(dev_at(&dev));
-        assert_eq!(heal(&host, &lost, &resources).unwrap(), 0);
+        assert_eq!(
+            heal(&host, &lost, &resources).unwrap(),
+            Healed { made: 0, failed: 1 }
+        );
         assert_eq!(kernel.count(Op::AddMacvtap), 0);
         // The next round waits, looks again and heals it.
-        assert_eq!(heal(&host, &lost, &resources).unwrap(), 1);
+        assert_eq!(
+            heal(&host, &lost, &resources).unwrap(),
+            Healed { made: 1, failed: 0 }
+        );
     }
 
     #[test]
@@ -352,7 +394,8 @@ mod tests {
             },
         );
         let host = Host::current(&kernel).unwrap().with_paths(dev_at(&dev));
-        assert_eq!(heal(&host, &lost, &resources).unwrap(), 0);
+        let failed = Healed { made: 0, failed: 1 };
+        assert_eq!(heal(&host, &lost, &resources).unwrap(), failed);
         // The NIC is gone.
         let (kernel, lost, _, dev) = held_device();
         let host = Host::current(&kernel).unwrap().with_paths(dev_at(&dev));
@@ -360,9 +403,9 @@ mod tests {
             name: "dp".into(),
             ..ResourceConfig::for_nic("lower9")
         }];
-        assert_eq!(heal(&host, &lost, &elsewhere).unwrap(), 0);
+        assert_eq!(heal(&host, &lost, &elsewhere).unwrap(), failed);
         // The resource is no longer configured.
-        assert_eq!(heal(&host, &lost, &[]).unwrap(), 0);
+        assert_eq!(heal(&host, &lost, &[]).unwrap(), failed);
         assert_eq!(kernel.count(Op::AddMacvtap), 0);
     }
 
@@ -371,7 +414,10 @@ mod tests {
         let (kernel, lost, resources, dev) = held_device();
         kernel.fail(Op::OpenTapNode, 1, nix::errno::Errno::ENOENT);
         let host = Host::current(&kernel).unwrap().with_paths(dev_at(&dev));
-        assert_eq!(heal(&host, &lost, &resources).unwrap(), 0);
+        assert_eq!(
+            heal(&host, &lost, &resources).unwrap(),
+            Healed { made: 0, failed: 1 }
+        );
         assert_eq!(kernel.count(Op::AddMacvtap), 1);
         assert_eq!(kernel.link(HOST, &link_name_for_device("dpMvp1")), None);
     }
@@ -387,7 +433,7 @@ mod tests {
             ..dev_at(&dev)
         };
         let host = Host::current(&kernel).unwrap().with_paths(paths);
-        assert_eq!(heal(&host, &lost, &resources).unwrap(), 0);
+        assert_eq!(heal(&host, &lost, &resources).unwrap(), Healed::default());
         assert_eq!(kernel.count(Op::AddMacvtap), 0);
         assert_eq!(kernel.count(Op::DelLink), 0);
     }

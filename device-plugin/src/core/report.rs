@@ -23,7 +23,7 @@ pub(crate) enum RoundOutcome {
 
 /// Where the core and the fronts report what they did and what they found:
 /// devices handed out and requests refused, health changes, reclaim rounds,
-/// links healed and removed, what a missing mount leaves undone, and what
+/// links healed (or not) and removed, what a missing mount leaves undone, and what
 /// was planted where the record keeps its files.
 pub(crate) trait Observer: Send + Sync + std::fmt::Debug {
     /// A front handed out `device_ids` of `resource` at `now` (the kubelet's
@@ -52,6 +52,9 @@ pub(crate) trait Observer: Send + Sync + std::fmt::Debug {
     /// A round re-created `n` lost links for the pods that hold their
     /// devices.
     fn links_healed(&self, n: u64);
+
+    /// A round could not re-create `n` lost links (each logged with why).
+    fn heal_failed(&self, n: u64);
 
     /// A round deleted leaked link `link`, which was at `ifindex`.
     fn leaked_link_removed(&self, link: &str, ifindex: u32);
@@ -86,6 +89,7 @@ impl Observer for Silent {
     ) {
     }
     fn links_healed(&self, _: u64) {}
+    fn heal_failed(&self, _: u64) {}
     fn leaked_link_removed(&self, _: &str, _: u32) {}
     fn reclaim_round(&self, _: RoundOutcome) {}
     fn degraded(&self, _: &Degraded) {}
@@ -136,6 +140,9 @@ impl Observer for Recorder {
     }
     fn links_healed(&self, n: u64) {
         self.say(format!("healed {n}"));
+    }
+    fn heal_failed(&self, n: u64) {
+        self.say(format!("heal failed {n}"));
     }
     fn leaked_link_removed(&self, link: &str, ifindex: u32) {
         self.say(format!("removed {link} {ifindex}"));

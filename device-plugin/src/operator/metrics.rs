@@ -132,9 +132,11 @@ pub struct Metrics {
     registration_errors: Family<ResourceLabels, Counter>,
     leaked_links_removed: Counter,
     links_healed: Counter,
+    heal_errors: Counter,
     reclaim_rounds: Family<OutcomeLabels, Counter>,
     config_reloads: Counter,
     config_reload_errors: Counter,
+    config_last_reload_successful: Gauge,
     /// Resources whose series exist: each gets all of them, at 0, the
     /// first time it is named, since a series that appears only on its
     /// first increment breaks `rate()`.
@@ -159,9 +161,11 @@ impl Default for Metrics {
             registration_errors: Family::default(),
             leaked_links_removed: Counter::default(),
             links_healed: Counter::default(),
+            heal_errors: Counter::default(),
             reclaim_rounds: Family::default(),
             config_reloads: Counter::default(),
             config_reload_errors: Counter::default(),
+            config_last_reload_successful: Gauge::default(),
             resources: Mutex::default(),
             usage: Mutex::default(),
             registry: Registry::default(),
@@ -228,6 +232,11 @@ impl Default for Metrics {
             m.links_healed.clone(),
         );
         registry.register(
+            "macvtap_dp_heal_errors",
+            "Lost macvtaps a reclaim round could not re-create (each round that tries again counts again)",
+            m.heal_errors.clone(),
+        );
+        registry.register(
             "macvtap_dp_reclaim_rounds",
             "Reclaim rounds, by outcome (done, skipped without a PodResources socket, failed)",
             m.reclaim_rounds.clone(),
@@ -246,6 +255,14 @@ impl Default for Metrics {
             "macvtap_dp_config_reload_errors",
             "Config file changes rejected",
             m.config_reload_errors.clone(),
+        );
+        // Until a change is refused, what runs is what the file says: a
+        // config the daemon refuses at start stops it.
+        m.config_last_reload_successful.set(1);
+        registry.register(
+            "macvtap_dp_config_last_reload_successful",
+            "Whether the last config file change was applied (1; also before any change) or refused (0)",
+            m.config_last_reload_successful.clone(),
         );
         let build_info = Family::<VersionLabels, Gauge>::default();
         build_info
@@ -438,6 +455,11 @@ impl Metrics {
         self.links_healed.inc_by(n);
     }
 
+    /// Counts lost macvtaps a round could not re-create.
+    pub fn heal_errors(&self, n: u64) {
+        self.heal_errors.inc_by(n);
+    }
+
     /// Counts one reclaim round by how it ended.
     pub(crate) fn reclaim_round(&self, outcome: RoundOutcome) {
         self.reclaim_rounds
@@ -447,13 +469,15 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts a config file reload attempt.
+    /// Counts a config file reload attempt, and remembers whether it was
+    /// applied until the next one.
     pub fn config_reload(&self, ok: bool) {
         if ok {
             self.config_reloads.inc();
         } else {
             self.config_reload_errors.inc();
         }
+        self.config_last_reload_successful.set(i64::from(ok));
     }
 
     /// The OpenMetrics text exposition of every metric, ending in `# EOF`.
@@ -490,6 +514,7 @@ mod tests {
         m.reclaim_round(RoundOutcome::Skipped);
         m.reclaim_round(RoundOutcome::Skipped);
         m.reclaim_round(RoundOutcome::Failed);
+        m.heal_errors(2);
         let t = m.render();
         let e = "resource=\"macvtap.network.kubevirt.io/eth0\"";
         // 5 ms and 0 s: both in the 0.005 bucket, one in 0.001. The
@@ -504,6 +529,10 @@ mod tests {
             format!("macvtap_dp_registrations_total{{{e}}} 1\n"),
             format!("macvtap_dp_unhealthy_total{{{e},reason=\"nic_down\"}} 0\n"),
             "macvtap_dp_leaked_links_removed_total 2\n".to_string(),
+            "macvtap_dp_links_healed_total 0\n".to_string(),
+            "macvtap_dp_heal_errors_total 2\n".to_string(),
+            "macvtap_dp_config_last_reload_successful 1\n".to_string(),
+            "# TYPE macvtap_dp_config_last_reload_successful gauge\n".to_string(),
             "# TYPE macvtap_dp_devices gauge\n".to_string(),
             "# HELP macvtap_dp_allocations Successful Allocate calls.\n".to_string(),
             "# TYPE macvtap_dp_allocations counter\n".to_string(),
@@ -598,6 +627,30 @@ mod tests {
         assert_eq!(gauges(&m), want("3", "0"));
         m.resource_removed(DP);
         assert_eq!(gauges(&m), want("0", "0"));
+    }
+
+    #[test]
+    fn the_config_gauge_says_whether_the_last_change_was_applied() {
+        let m = Metrics::default();
+        let gauge = |m: &Metrics| {
+            m.render()
+                .lines()
+                .find_map(|l| l.strip_prefix("macvtap_dp_config_last_reload_successful "))
+                .map(str::to_string)
+        };
+        assert_eq!(gauge(&m).as_deref(), Some("1"), "before any change");
+        m.config_reload(false);
+        assert_eq!(gauge(&m).as_deref(), Some("0"));
+        m.config_reload(false);
+        assert_eq!(gauge(&m).as_deref(), Some("0"));
+        m.config_reload(true);
+        assert_eq!(gauge(&m).as_deref(), Some("1"));
+        let t = m.render();
+        assert!(t.contains("macvtap_dp_config_reloads_total 1\n"), "{t}");
+        assert!(
+            t.contains("macvtap_dp_config_reload_errors_total 2\n"),
+            "{t}"
+        );
     }
 
     #[test]

@@ -61,6 +61,10 @@ impl Observer for MetricsAndEvents {
         self.metrics.links_healed(n);
     }
 
+    fn heal_failed(&self, n: u64) {
+        self.metrics.heal_errors(n);
+    }
+
     fn leaked_link_removed(&self, link: &str, ifindex: u32) {
         self.events.post(NodeEvent::LeakedLinkRemoved {
             link: link.to_string(),
@@ -98,7 +102,16 @@ mod tests {
         o.unhealthy(r, "nic_port_in_the_way");
         o.leaked_link_removed("mvt0123456789ab", 40);
         o.leaked_link_removed("mvt0123456789ac", 41);
+        o.links_healed(1);
+        o.heal_failed(2);
+        o.heal_failed(1);
         let t = metrics.render();
+        for want in [
+            "macvtap_dp_links_healed_total 1\n",
+            "macvtap_dp_heal_errors_total 3\n",
+        ] {
+            assert!(t.contains(want), "want {want:?} in:\n{t}");
+        }
         assert!(
             t.contains(&format!(
                 "macvtap_dp_unhealthy_total{{resource=\"{r}\",reason=\"nic_port_in_the_way\"}} 1\n"

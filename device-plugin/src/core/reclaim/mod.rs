@@ -45,7 +45,7 @@ pub(crate) use tap_watch::{tap_node_deleted, watch_tap_nodes};
 
 use crate::config::ResourceConfig;
 use crate::core::degraded::Degraded;
-use crate::core::heal::{Lost, heal, lost_devices};
+use crate::core::heal::{Healed, Lost, heal, lost_devices};
 use crate::core::host::{Host, HostPaths};
 use crate::core::inflight::InFlight;
 use crate::core::ledger::{AllocationClock, Assignments};
@@ -262,8 +262,16 @@ impl Reclaimer {
         .await
         .map_err(|e| Error::Task(format!("the task healing and reclaiming links failed: {e}")))??;
         self.observer.links_healed(done.healed);
+        if done.heal_failed > 0 {
+            self.observer.heal_failed(done.heal_failed);
+        }
         let removed = self.finish(&done);
-        debug!(healed = done.healed, removed, "reclaim round done");
+        debug!(
+            healed = done.healed,
+            heal_failed = done.heal_failed,
+            removed,
+            "reclaim round done"
+        );
         Ok(RoundOutcome::Done)
     }
 
@@ -339,6 +347,9 @@ pub struct Plan {
 pub struct Done {
     /// Lost links made again.
     pub healed: u64,
+    /// Lost links that could not be made again (each is tried again next
+    /// round).
+    pub heal_failed: u64,
     /// Leaked links deleted, as (name, ifindex).
     pub deleted: Vec<(String, u32)>,
 }
@@ -360,7 +371,7 @@ impl RoundWork {
     /// meanwhile, and a pod's CNI ADD moved it).
     pub fn carry_out(&self, plan: &Plan, resources: &[ResourceConfig]) -> Result<Done> {
         let healed = if plan.lost.is_empty() {
-            0
+            Healed::default()
         } else {
             heal(
                 &Host::current(&*self.kernel)?.with_paths(self.paths.clone()),
@@ -378,7 +389,11 @@ impl RoundWork {
                 &plan.due,
             )?
         };
-        Ok(Done { healed, deleted })
+        Ok(Done {
+            healed: healed.made,
+            heal_failed: healed.failed,
+            deleted,
+        })
     }
 }
 
@@ -695,6 +710,31 @@ mod tests {
             6,
             "five for the node, one healed"
         );
+    }
+
+    #[tokio::test]
+    async fn a_round_counts_the_lost_links_it_cannot_make_again() {
+        let (kernel, _) = node();
+        let assignments = Assignments::default();
+        assignments.assigned("dpMvp3", "dp", 40);
+        let dev = tempfile::tempdir().unwrap();
+        let mut r = reclaimer_of(kernel.clone(), AllocationClock::default())
+            .with_healing(assignments, HostPaths::with_dev(dev.path()));
+        // dpMvp3 is held and its link gone, and its resource's NIC too.
+        let gone = vec![ResourceConfig {
+            name: "dp".into(),
+            ..ResourceConfig::for_nic("gone0")
+        }];
+        let t0 = Instant::now();
+        for at in [t0, t0 + Duration::from_secs(1)] {
+            let done = round_done(&mut r, &kernel, &["dpMvp3"], &gone, at);
+            assert_eq!(
+                (done.healed, done.heal_failed),
+                (0, 1),
+                "each round tries again"
+            );
+        }
+        assert_eq!(kernel.count(Op::AddMacvtap), 5, "only the node's");
     }
 
     #[test]
