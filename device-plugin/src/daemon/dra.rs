@@ -251,6 +251,9 @@ async fn follow(
 mod tests {
     use super::*;
     use crate::core::reclaim::Held;
+    use kubelet_proto::podresources::v1::{
+        ContainerDevices, ContainerResources, ListPodResourcesResponse, PodResources,
+    };
     use kubelet_proto::v1beta1::{Device, HEALTHY};
 
     fn state(name: &str, health: &str) -> ResourceState {
@@ -306,8 +309,23 @@ mod tests {
             .clone();
         assert_eq!(down[0].unhealthy, Some(UNHEALTHY_REASON));
         // A device a pod holds through the device plugin front is withheld.
+        let resp = ListPodResourcesResponse {
+            pod_resources: vec![PodResources {
+                name: "vm".into(),
+                namespace: "default".into(),
+                containers: vec![ContainerResources {
+                    name: "compute".into(),
+                    devices: vec![ContainerDevices {
+                        resource_name: "macvtap.network.kubevirt.io/eth1".into(),
+                        device_ids: vec!["eth1Mvp0".into()],
+                        topology: None,
+                    }],
+                    ..Default::default()
+                }],
+            }],
+        };
         holding_tx
-            .send(Holding::Known(Held::of_plugin_ids(["eth1Mvp0"])))
+            .send(Holding::Known(Held::from_response(&resp)))
             .unwrap();
         let withheld = offers
             .wait_for(|o| o.first().is_some_and(|o| !o.withheld.is_empty()))

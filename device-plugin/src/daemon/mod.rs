@@ -288,7 +288,10 @@ impl Daemon {
         );
         let dra = match opts.front {
             Front::Dra => Some(dra::DraPart::start(&opts, &ctx).await?),
-            Front::DevicePlugin => None,
+            Front::DevicePlugin => {
+                tasks.push(tokio::spawn(say_dra_claims(ctx.holding.clone())));
+                None
+            }
         };
         let mut d = Daemon {
             opts,
@@ -442,6 +445,35 @@ fn watch_or_say(
     }
 }
 
+/// Under the device plugin front: says, whenever the set changes, which
+/// devices of ours pods still hold through DRA (claims the DRA front
+/// prepared before the node switched back), and when none are left. The
+/// kubelet unprepares a pod's claims before it finishes the pod, so such a
+/// pod stays Terminating once deleted until the DRA front is back.
+async fn say_dra_claims(mut holding: watch::Receiver<Holding>) {
+    let mut said: std::collections::BTreeSet<String> = Default::default();
+    loop {
+        let now: std::collections::BTreeSet<String> = match &*holding.borrow_and_update() {
+            Holding::Known(held) => held.dra_device_names().iter().cloned().collect(),
+            Holding::Unknown | Holding::Unreadable => said.clone(),
+        };
+        if now != said {
+            if now.is_empty() {
+                info!("no pod holds a device of ours through DRA any more");
+            } else {
+                let devices = now.iter().cloned().collect::<Vec<_>>().join(", ");
+                warn!(%devices, "pods hold devices of ours through DRA, prepared before this node switched to the device plugin front: \
+                    they are listed Unhealthy, and the kubelet cannot unprepare their claims without the DRA front, \
+                    so these pods stay Terminating once deleted until DRA mode is back (move them off the node first)");
+            }
+            said = now;
+        }
+        if holding.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 /// Starts the reclaim loop (leaked links, lost links healed, on a tap
 /// node's deletion in `paths`' tap node directory at once, as `tap_gone`
 /// reports) over the resources published on `configs`, reporting to
@@ -475,6 +507,59 @@ fn spawn_reclaim(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Under the device plugin front, devices pods still hold through DRA
+    /// are said, and so is the moment none are left.
+    #[tokio::test]
+    async fn devices_held_through_dra_are_said_until_none_are_left() {
+        use crate::core::reclaim::Held;
+        use kubelet_proto::podresources::v1::{
+            ClaimResource, ContainerResources, DynamicResource, ListPodResourcesResponse,
+            PodResources,
+        };
+        let resp = ListPodResourcesResponse {
+            pod_resources: vec![PodResources {
+                name: "vm".into(),
+                namespace: "default".into(),
+                containers: vec![ContainerResources {
+                    name: "compute".into(),
+                    dynamic_resources: vec![DynamicResource {
+                        claim_name: "vm-extended-resources-x".into(),
+                        claim_namespace: "default".into(),
+                        claim_resources: vec![ClaimResource {
+                            driver_name: macvtap_link::dra::DRIVER.into(),
+                            pool_name: "node-1".into(),
+                            device_name: "eth1-mvp-1".into(),
+                            ..Default::default()
+                        }],
+                    }],
+                    ..Default::default()
+                }],
+            }],
+        };
+        let (tx, rx) = watch::channel(Holding::Known(Held::from_response(&resp)));
+        let (guard, log) = crate::testlog::capture();
+        let drive = async {
+            tokio::task::yield_now().await;
+            tx.send(Holding::Unreadable).unwrap();
+            tokio::task::yield_now().await;
+            tx.send(Holding::Known(Held::default())).unwrap();
+            drop(tx);
+        };
+        tokio::join!(say_dra_claims(rx), drive);
+        drop(guard);
+        let log = log.text();
+        assert_eq!(
+            log.matches("pods hold devices of ours through DRA").count(),
+            1,
+            "{log}"
+        );
+        assert!(log.contains("eth1-mvp-1"), "{log}");
+        assert!(
+            log.contains("no pod holds a device of ours through DRA any more"),
+            "{log}"
+        );
+    }
 
     #[test]
     fn without_the_hosts_dev_the_start_says_so_once_and_watches_nothing() {

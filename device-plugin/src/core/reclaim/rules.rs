@@ -45,14 +45,6 @@ impl Held {
         }
     }
 
-    /// What pods hold when they hold device plugin IDs `ids` only.
-    pub fn of_plugin_ids<'a>(ids: impl IntoIterator<Item = &'a str>) -> Self {
-        Self {
-            ids: ids.into_iter().map(str::to_string).collect(),
-            dra_devices: HashSet::new(),
-        }
-    }
-
     /// The device IDs the kubelet handed out through the device plugin
     /// front (of ours, by their resource name's prefix).
     pub fn plugin_ids(&self) -> &HashSet<String> {
@@ -67,6 +59,11 @@ impl Held {
         let mut ids = self.ids.clone();
         ids.extend(self.dra_ids(resources));
         ids
+    }
+
+    /// The DRA device names of our driver that pods hold.
+    pub fn dra_device_names(&self) -> &HashSet<String> {
+        &self.dra_devices
     }
 
     /// The device IDs of `resources` that pods hold through DRA.
