@@ -55,7 +55,7 @@ pub(crate) fn lost_devices(
     lost
 }
 
-/// What one [`heal`] did: how many lost devices came back, and how many
+/// What one `heal` did: how many lost devices came back, and how many
 /// could not.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Healed {
