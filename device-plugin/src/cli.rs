@@ -1,6 +1,6 @@
 //! Command-line flags.
 
-use crate::config::ENV_VAR;
+use crate::config::{DiscoveryPolicy, ENV_VAR};
 use crate::glog::{self, GlogFlags};
 use crate::logging::{self, LogFormat};
 use crate::operator::owner::Owner;
@@ -59,6 +59,35 @@ pub struct Args {
     /// and bonds (comma-separated, e.g. `veth` on test nodes).
     #[arg(long, global = true, value_name = "KINDS", value_delimiter = ',')]
     pub discover_kinds: Vec<String>,
+
+    /// Which NICs auto-discovery offers: `spare` (none that a default route
+    /// leaves through or that holds the Node's InternalIP, and none with a
+    /// global address unless `--discover-include` names it) or `all` (every
+    /// NIC, as the Go project). Not given: `all` when `DP_MACVTAP_CONF` in the
+    /// environment asks for auto-discovery (the Go project's DaemonSets),
+    /// else `spare`. Also read from `MACVTAP_DISCOVERY`, which our manifests
+    /// set, so that `kubectl exec ... doctor` sees it.
+    #[arg(
+        long,
+        global = true,
+        env = "MACVTAP_DISCOVERY",
+        value_enum,
+        value_name = "POLICY"
+    )]
+    pub discovery: Option<DiscoveryPolicy>,
+
+    /// NICs with a global address that `spare` auto-discovery offers all the
+    /// same (comma-separated names; never a NIC that a default route leaves
+    /// through or that holds the Node's InternalIP: name such a NIC in the
+    /// configuration). Also read from `MACVTAP_DISCOVER_INCLUDE`.
+    #[arg(
+        long,
+        global = true,
+        env = "MACVTAP_DISCOVER_INCLUDE",
+        value_name = "NICS",
+        value_delimiter = ','
+    )]
+    pub discover_include: Vec<String>,
 
     /// Address for /metrics and /healthz; `off` disables them. The default
     /// listens on every address of the node (with hostNetwork): whoever can
@@ -284,6 +313,18 @@ impl Args {
                 .filter(|k| !k.is_empty())
                 .cloned()
                 .collect(),
+            discovery: self.discovery,
+            discover_include: self
+                .discover_include
+                .iter()
+                .map(|n| n.trim())
+                .filter(|n| !n.is_empty())
+                .map(|n| {
+                    macvtap_link::check_ifname(n)
+                        .map(|_| n.to_string())
+                        .map_err(|m| format!("--discover-include: {m}"))
+                })
+                .collect::<Result<_, _>>()?,
             metrics_addr,
             reclaim_interval: self.reclaim_interval,
             reclaim_grace: self.reclaim_grace,
@@ -472,6 +513,32 @@ mod tests {
         assert_eq!(a.discover_kinds, ["veth", "bond"]);
         assert_eq!(a.options().unwrap().metrics_addr, None);
         assert!(Args::try_parse_from(["x", "--log-format", "xml"]).is_err());
+    }
+
+    #[test]
+    fn discovery_flags_parse_and_a_bad_nic_name_is_refused() {
+        let a = Args::try_parse_from(["x"]).unwrap();
+        let o = a.options().unwrap();
+        assert_eq!(o.discovery, None, "by the configuration's source");
+        assert!(o.discover_include.is_empty());
+        let a = Args::try_parse_from([
+            "x",
+            "--discovery",
+            "all",
+            "--discover-include",
+            "eth2, eth3,",
+            "doctor",
+        ])
+        .unwrap();
+        let o = a.options().unwrap();
+        assert_eq!(o.discovery, Some(DiscoveryPolicy::All));
+        assert_eq!(o.discover_include, ["eth2", "eth3"]);
+        assert!(Args::try_parse_from(["x", "--discovery", "go"]).is_err());
+        let err = Args::try_parse_from(["x", "--discover-include", "a/b"])
+            .unwrap()
+            .options()
+            .unwrap_err();
+        assert!(err.starts_with("--discover-include: "), "{err}");
     }
 
     #[test]

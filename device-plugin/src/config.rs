@@ -7,6 +7,14 @@
 //! present decides the whole list: flags, then the file, then the env, then
 //! the default (auto-discovery).
 //!
+//! Auto-discovery has a policy ([`DiscoveryPolicy`]): `spare` offers only
+//! the NICs the node does not use itself, `all` every NIC as the Go
+//! project did. `--discovery` chooses; without it, auto-discovery asked for
+//! by `DP_MACVTAP_CONF` in the environment (what the Go project's
+//! DaemonSets do: their ConfigMap holds `[]`) is `all`, so that swapping
+//! their image for ours changes nothing, and any other (no configuration,
+//! a config file's `[]`) is `spare`.
+//!
 //! Every `DP_MACVTAP_CONF` the Go device plugin started with starts here.
 //! The JSON is read as Go's `encoding/json` read it into the Go project's
 //! struct (kubevirt/macvtap-cni `pkg/deviceplugin/lister.go`, `readConfig`):
@@ -102,13 +110,52 @@ impl fmt::Display for ResourceConfig {
     }
 }
 
+/// Which NICs auto-discovery offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DiscoveryPolicy {
+    /// Only NICs the node does not use itself: none that a default route
+    /// leaves through or that holds the Node's InternalIP, and none with a
+    /// global address unless `--discover-include` names it.
+    Spare,
+    /// Every NIC, as the Go project's auto-discovery offered them.
+    All,
+}
+
+impl DiscoveryPolicy {
+    /// The policy when `--discovery` is not given, for auto-discovery asked
+    /// for by `source`: `all` from `DP_MACVTAP_CONF` in the environment (the
+    /// Go project's DaemonSets, whose ConfigMap holds `[]`), `spare` from
+    /// anything else (no configuration, a config file's `[]`).
+    pub fn default_for(source: &Source) -> Self {
+        match source {
+            Source::Env => DiscoveryPolicy::All,
+            Source::Flags | Source::File(_) | Source::Default => DiscoveryPolicy::Spare,
+        }
+    }
+
+    /// `spare` or `all`, as `--discovery` takes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DiscoveryPolicy::Spare => "spare",
+            DiscoveryPolicy::All => "all",
+        }
+    }
+}
+
+impl fmt::Display for DiscoveryPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What the configuration asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resources {
     /// Exactly these resources.
     Static(Vec<ResourceConfig>),
-    /// One resource per NIC found on the node, following NICs as they come and go.
-    AutoDiscover,
+    /// One resource per NIC found on the node under this policy, following
+    /// NICs as they come and go.
+    AutoDiscover(DiscoveryPolicy),
 }
 
 impl fmt::Display for Resources {
@@ -126,7 +173,12 @@ impl fmt::Display for Resources {
                 }
                 Ok(())
             }
-            Resources::AutoDiscover => f.write_str("auto-discovery (one resource per NIC)"),
+            Resources::AutoDiscover(DiscoveryPolicy::Spare) => f.write_str(
+                "auto-discovery of spare NICs (one resource per NIC the node does not use itself)",
+            ),
+            Resources::AutoDiscover(DiscoveryPolicy::All) => {
+                f.write_str("auto-discovery of every NIC (one resource per NIC, as the Go project)")
+            }
         }
     }
 }
@@ -164,6 +216,9 @@ pub(crate) struct Sources {
     pub file: Option<(PathBuf, String)>,
     /// The value of `DP_MACVTAP_CONF`, if set and not blank.
     pub env: Option<String>,
+    /// `--discovery`, if given: the policy of auto-discovery whatever the
+    /// source that asks for it.
+    pub discovery: Option<DiscoveryPolicy>,
 }
 
 /// The effective configuration and where it came from.
@@ -179,6 +234,18 @@ pub(crate) struct Resolved {
 /// An invalid source is an error even when a lower one is valid: a typo must
 /// not silently fall back to another configuration.
 pub(crate) fn resolve(sources: &Sources) -> Result<Resolved> {
+    let mut resolved = resolve_source(sources)?;
+    if let (Resources::AutoDiscover(policy), Some(given)) =
+        (&mut resolved.resources, sources.discovery)
+    {
+        *policy = given;
+    }
+    Ok(resolved)
+}
+
+/// [`resolve`] without `--discovery`: auto-discovery gets its source's
+/// default policy ([`DiscoveryPolicy::default_for`]).
+fn resolve_source(sources: &Sources) -> Result<Resolved> {
     if !sources.flags.is_empty() {
         let source = Source::Flags;
         let entries = sources
@@ -207,7 +274,7 @@ pub(crate) fn resolve(sources: &Sources) -> Result<Resolved> {
         });
     }
     Ok(Resolved {
-        resources: Resources::AutoDiscover,
+        resources: Resources::AutoDiscover(DiscoveryPolicy::default_for(&Source::Default)),
         source: Source::Default,
     })
 }
@@ -303,13 +370,15 @@ impl<'de> Deserialize<'de> for RawEntry {
     }
 }
 
-/// Parses the JSON of `DP_MACVTAP_CONF` or a config file.
+/// Parses the JSON of `DP_MACVTAP_CONF` or a config file; auto-discovery
+/// gets the source's default policy ([`DiscoveryPolicy::default_for`]).
 pub fn parse_json(source: &Source, text: &str) -> Result<Resources> {
     let entries: Option<Vec<RawEntry>> = serde_json::from_str(text.trim())
         .map_err(|e| config_err(source, format!("not a JSON array of resources: {e}")))?;
+    let discover = Resources::AutoDiscover(DiscoveryPolicy::default_for(source));
     match entries {
-        None => Ok(Resources::AutoDiscover),
-        Some(e) if e.is_empty() => Ok(Resources::AutoDiscover),
+        None => Ok(discover),
+        Some(e) if e.is_empty() => Ok(discover),
         Some(e) => Ok(Resources::Static(validate(source, e)?)),
     }
 }
@@ -610,6 +679,7 @@ fn config_err(source: &Source, msg: String) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::options::Options;
 
     fn env(text: &str) -> Sources {
         Sources {
@@ -656,14 +726,63 @@ mod tests {
     #[test]
     fn empty_array_and_null_mean_auto_discovery() {
         for text in ["[]", "null", " null\n"] {
-            assert_eq!(
-                resolve(&env(text)).unwrap().resources,
-                Resources::AutoDiscover
+            assert!(
+                matches!(
+                    resolve(&env(text)).unwrap().resources,
+                    Resources::AutoDiscover(_)
+                ),
+                "{text:?}"
             );
         }
         let none = resolve(&Sources::default()).unwrap();
-        assert_eq!(none.resources, Resources::AutoDiscover);
+        assert!(matches!(none.resources, Resources::AutoDiscover(_)));
         assert_eq!(none.source, Source::Default);
+    }
+
+    #[test]
+    fn the_go_daemonsets_empty_list_keeps_go_discovery_and_anything_else_is_spare() {
+        use DiscoveryPolicy::{All, Spare};
+        let policy = |s: &Sources| match resolve(s).unwrap().resources {
+            Resources::AutoDiscover(p) => p,
+            Resources::Static(l) => panic!("auto-discovery expected, got {l:?}"),
+        };
+        // The Go project's DaemonSets: DP_MACVTAP_CONF=[] (or null) from
+        // their ConfigMap, through envFrom.
+        assert_eq!(policy(&env("[]")), All);
+        assert_eq!(policy(&env("null")), All);
+        // Ours: no ConfigMap, or one whose file says [].
+        assert_eq!(policy(&Sources::default()), Spare);
+        assert_eq!(policy(&file("[]")), Spare);
+        // A blank DP_MACVTAP_CONF is no source (the Go plugin exited on it).
+        let blank = Options::for_tests(None);
+        let blank = Options {
+            env_config: Some(" ".into()),
+            ..blank
+        };
+        assert_eq!(policy(&blank.sources(None)), Spare);
+        // --discovery decides whatever the source.
+        for given in [All, Spare] {
+            for mut s in [env("[]"), file("[]"), Sources::default()] {
+                s.discovery = Some(given);
+                assert_eq!(policy(&s), given, "{s:?}");
+            }
+        }
+        // It does not turn a list into auto-discovery.
+        let mut s = env(r#"[{"name":"eth1"}]"#);
+        s.discovery = Some(All);
+        assert!(matches!(
+            resolve(&s).unwrap().resources,
+            Resources::Static(_)
+        ));
+        // parse_json, which the chart's and manifests' tests call, agrees.
+        assert_eq!(
+            parse_json(&Source::Env, "[]").unwrap(),
+            Resources::AutoDiscover(All)
+        );
+        assert_eq!(
+            parse_json(&Source::File("/c".into()), "[]").unwrap(),
+            Resources::AutoDiscover(Spare)
+        );
     }
 
     #[test]
@@ -676,6 +795,7 @@ mod tests {
             flags: vec!["name=fromflag,lowerDevice=eth2,mode=private,capacity=3".into()],
             file: file.clone(),
             env: Some(r#"[{"name":"fromenv"}]"#.into()),
+            discovery: None,
         };
         let r = resolve(&all).unwrap();
         assert_eq!(r.source, Source::Flags);
@@ -712,9 +832,10 @@ mod tests {
             flags: vec![],
             file: Some(("/c.json".into(), "[]".into())),
             env: Some(r#"[{"name":"eth0"}]"#.into()),
+            discovery: None,
         };
         let r = resolve(&s).unwrap();
-        assert_eq!(r.resources, Resources::AutoDiscover);
+        assert_eq!(r.resources, Resources::AutoDiscover(DiscoveryPolicy::Spare));
         assert_eq!(r.source, Source::File("/c.json".into()));
     }
 
@@ -752,7 +873,7 @@ mod tests {
     fn names(r: &Resolved) -> Vec<String> {
         match &r.resources {
             Resources::Static(l) => l.iter().map(|c| c.name.clone()).collect(),
-            Resources::AutoDiscover => panic!("expected a static list"),
+            Resources::AutoDiscover(_) => panic!("expected a static list"),
         }
     }
 
@@ -816,8 +937,12 @@ mod tests {
              macvtap.network.kubevirt.io/eth2 on NIC eth2 (bridge mode, 100 devices)"
         );
         assert_eq!(
-            Resources::AutoDiscover.to_string(),
-            "auto-discovery (one resource per NIC)"
+            Resources::AutoDiscover(DiscoveryPolicy::Spare).to_string(),
+            "auto-discovery of spare NICs (one resource per NIC the node does not use itself)"
+        );
+        assert_eq!(
+            Resources::AutoDiscover(DiscoveryPolicy::All).to_string(),
+            "auto-discovery of every NIC (one resource per NIC, as the Go project)"
         );
     }
 
@@ -1163,6 +1288,7 @@ mod tests {
             flags: vec![],
             file: Some(("/c.json".into(), "[{\"name\":\"a\",\"mode\":\"x\"}]".into())),
             env: Some("[]".into()),
+            discovery: None,
         };
         assert!(err(&s).contains("config file /c.json"));
     }

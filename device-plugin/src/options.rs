@@ -2,7 +2,7 @@
 //! flags and the environment, and the reading of the configuration sources
 //! they name.
 
-use crate::config::{self, Resolved, Sources};
+use crate::config::{self, DiscoveryPolicy, Resolved, Sources};
 use crate::error::{Error, Result};
 use crate::operator::owner::Owner;
 use kubelet_proto::v1beta1::KUBELET_SOCKET;
@@ -23,6 +23,12 @@ pub struct Options {
     pub env_config: Option<String>,
     /// Link kinds that auto-discovery treats as NICs besides physical NICs and bonds.
     pub discover_kinds: Vec<String>,
+    /// Which NICs auto-discovery offers; `None`: by the configuration's
+    /// source ([`DiscoveryPolicy::default_for`]).
+    pub discovery: Option<DiscoveryPolicy>,
+    /// NICs with a global address that auto-discovery offers all the same
+    /// under the `spare` policy.
+    pub discover_include: Vec<String>,
     /// Where to serve `/metrics` and `/healthz`, if anywhere.
     pub metrics_addr: Option<SocketAddr>,
     /// How often to look for leaked links.
@@ -101,6 +107,7 @@ impl Options {
             flags: self.resource_flags.clone(),
             file: self.config_file.clone().zip(file_text),
             env: self.env_config.clone().filter(|s| !s.trim().is_empty()),
+            discovery: self.discovery,
         }
     }
 
@@ -147,6 +154,8 @@ impl Options {
             resource_flags: Vec::new(),
             env_config: None,
             discover_kinds: Vec::new(),
+            discovery: None,
+            discover_include: Vec::new(),
             metrics_addr: None,
             reclaim_interval: Duration::from_secs(60),
             reclaim_grace: Duration::from_secs(120),

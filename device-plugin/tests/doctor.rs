@@ -98,7 +98,11 @@ impl Sandbox {
             .arg("--cni-bin-dir")
             .arg(self.cni_dir.path())
             .args(["--output", format])
-            .env_remove("DP_MACVTAP_CONF");
+            .env_remove("DP_MACVTAP_CONF")
+            .env_remove("MACVTAP_DISCOVERY")
+            .env_remove("MACVTAP_DISCOVER_INCLUDE")
+            .env_remove("NODE_NAME")
+            .env_remove("KUBECONFIG");
         let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
             .await
             .unwrap();
@@ -220,6 +224,55 @@ async fn an_enslaved_nic_is_a_problem() {
             .iter()
             .any(|(l, m)| l == "ok" && m.starts_with("auto-discovery leaves eth1 out")),
         "{findings:#?}"
+    );
+}
+
+/// Without a configuration (our manifests without a ConfigMap), doctor
+/// says which NIC auto-discovery leaves out because the node uses it, and
+/// how to serve it; that the Node's InternalIP is unknown without
+/// `NODE_NAME`; and which NICs it serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_says_which_nics_the_node_uses_and_how_to_serve_them() {
+    let s = Sandbox::new("docspare").await;
+    let ns = &s.node.ns;
+    ns.add_nic("eth0").unwrap();
+    ns.ip(&["addr", "add", "192.0.2.10/24", "dev", "eth0"])
+        .unwrap();
+    ns.ip(&["route", "add", "default", "via", "192.0.2.1", "dev", "eth0"])
+        .unwrap();
+    let (_, findings) = s.doctor_with(&["--discover-kinds=veth"]).await;
+    let config = one(&findings, "config", "ok");
+    assert!(
+        config.ends_with(
+            "auto-discovery of spare NICs (one resource per NIC the node does not use itself)"
+        ),
+        "{config}"
+    );
+    let discovery = of(&findings, "discovery");
+    assert!(
+        discovery.iter().any(|(l, m)| l == "ok"
+            && m.starts_with(
+                "auto-discovery leaves eth0 out: eth0 carries the IPv4 default route, so VMs on \
+                 it would sit on the node's own network"
+            )
+            && m.contains("name it in the configuration")),
+        "{findings:#?}"
+    );
+    assert!(
+        discovery.iter().any(|(l, m)| l == "warning"
+            && m.starts_with("our Node's InternalIP is unknown (NODE_NAME is not set)")),
+        "{findings:#?}"
+    );
+    let served: Vec<String> = of(&findings, "nic").into_iter().map(|(_, m)| m).collect();
+    assert!(
+        served
+            .iter()
+            .any(|m| m.starts_with("macvtap.network.kubevirt.io/eth1 on NIC eth1")),
+        "{served:?}"
+    );
+    assert!(
+        !served.iter().any(|m| m.contains("NIC eth0 ")),
+        "{served:?}"
     );
 }
 

@@ -11,12 +11,12 @@
 
 use k8s_openapi::api::core::v1::Pod;
 use macvtap_deviceplugin::cli::{Command, parse_from};
-use macvtap_deviceplugin::config::{Resources, Source, parse_json};
+use macvtap_deviceplugin::config::{DiscoveryPolicy, Resources, Source, parse_json};
 use macvtap_e2e::manifests::{
     copy_tree, first_difference, parse_docs, render, render_chart, render_chart_in,
     rendering_difference, run_helm,
 };
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 
 fn root() -> PathBuf {
@@ -613,6 +613,9 @@ fn the_other_values_reach_the_objects() {
         "metrics.bindAddress=127.0.0.1",
         "podResourcesCheck=warn",
         "daemon.resources.limits.memory=128Mi",
+        "discovery.policy=all",
+        "discovery.include[0]=eth2",
+        "discovery.include[1]=eth3",
     ]);
     let spec = &daemonset(&docs)["spec"]["template"]["spec"];
     let main = container(&docs, "containers", "macvtap-deviceplugin");
@@ -627,6 +630,32 @@ fn the_other_values_reach_the_objects() {
     assert_eq!(main["ports"][0]["containerPort"], 9500);
     assert!(args(init).contains(&"--pod-resources-check=warn"));
     assert_eq!(main["resources"]["limits"]["memory"], "128Mi");
+    // Auto-discovery's settings, as the daemon reads them (clap's
+    // `value_enum` and `value_delimiter = ','` of --discovery and
+    // --discover-include, from their environment variables).
+    let env = |name: &str| {
+        main["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .map(|e| e["value"].clone())
+    };
+    assert_eq!(env("MACVTAP_DISCOVERY"), Some(json!("all")));
+    assert_eq!(env("MACVTAP_DISCOVER_INCLUDE"), Some(json!("eth2,eth3")));
+    let line = parse_from(["p", "--discovery=all", "--discover-include=eth2,eth3"]).unwrap();
+    assert_eq!(line.args.discovery, Some(DiscoveryPolicy::All));
+    assert_eq!(line.args.discover_include, ["eth2", "eth3"]);
+    let plain = helm_template(&[]);
+    let main_plain = container(&plain, "containers", "macvtap-deviceplugin");
+    assert!(
+        !main_plain["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == "MACVTAP_DISCOVER_INCLUDE"),
+        "no include, no variable: {main_plain}"
+    );
     // The resources reach the ConfigMap as the device plugin reads it.
     let Resources::Static(list) = as_the_daemon_reads(&docs) else {
         panic!("the device plugin auto-discovers")
@@ -650,7 +679,7 @@ fn the_other_values_reach_the_objects() {
     assert_eq!(cm["metadata"]["name"], "macvtap-deviceplugin-config");
     assert!(matches!(
         as_the_daemon_reads(&discover),
-        Resources::AutoDiscover
+        Resources::AutoDiscover(DiscoveryPolicy::Spare)
     ));
     assert!(!helm_template(&[]).iter().any(|d| d["kind"] == "ConfigMap"));
 
@@ -886,6 +915,26 @@ const MISTAKES: &[Mistake] = &[
     bad(
         &["extraArgs[0]=--cdi-dir=/etc/cdi"],
         "extraArgs: --cdi-dir is set by the chart",
+    ),
+    bad(
+        &["extraArgs[0]=--discovery=all"],
+        "extraArgs: --discovery is set by the chart (value: discovery.policy)",
+    ),
+    bad(
+        &["extraArgs[0]=--discover-include", "extraArgs[1]=eth2"],
+        "extraArgs: --discover-include is set by the chart (value: discovery.include)",
+    ),
+    bad(
+        &["discovery.policy=Go"],
+        "at '/discovery/policy': value must be one of 'spare', 'all'",
+    ),
+    bad(
+        &["discovery.include=eth2"],
+        "at '/discovery/include': got string, want array",
+    ),
+    bad(
+        &["discovery.include[0]=a-name-too-long-for-a-nic"],
+        "at '/discovery/include/0'",
     ),
     bad(
         &["front=DRA"],
@@ -1215,7 +1264,8 @@ fn helm_test_runs_doctor_on_a_node_of_the_daemonset() {
     let ds_spec = &ds["spec"]["template"]["spec"];
     assert_eq!(spec["restartPolicy"], "Never");
     assert_eq!(spec["hostNetwork"], true);
-    assert_eq!(spec["automountServiceAccountToken"], false);
+    // Its token, to read the Node's InternalIP as the daemon does.
+    assert_eq!(spec["automountServiceAccountToken"], true);
     for field in [
         "serviceAccountName",
         "nodeSelector",
@@ -1241,7 +1291,10 @@ fn helm_test_runs_doctor_on_a_node_of_the_daemonset() {
             .find(|e| e["name"] == name)
             .cloned()
     };
-    assert_eq!(env(doctor, "MACVTAP_CONFIG"), env(main, "MACVTAP_CONFIG"));
+    for name in ["MACVTAP_CONFIG", "MACVTAP_DISCOVERY", "NODE_NAME"] {
+        assert!(env(main, name).is_some(), "{name}");
+        assert_eq!(env(doctor, name), env(main, name), "{name}");
+    }
     let a = args(doctor);
     assert_eq!(
         a,

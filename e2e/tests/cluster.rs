@@ -2,7 +2,8 @@
 //! controller-manager, scheduler, kube-proxy, containerd with Debian's runc,
 //! the kubelet, Multus thick) runs our DaemonSet installed as the README
 //! says (`kubectl apply -k` of a kustomization that only overrides the
-//! image; a first VM with the README's defaults, no ConfigMap, on the
+//! image; as shipped, the node's own NIC left out (a `MacvtapNICsLeftOut`
+//! Event); a first VM with the README's defaults, no ConfigMap, on the
 //! resource auto-discovery names after the NIC, with `--discover-kinds=veth`
 //! as README says for veth NICs; then the ConfigMap of explicit resources
 //! naming the node's NIC, applied live), and VM pods as KubeVirt renders them run QEMU on the `/dev/tapN` that
@@ -139,9 +140,10 @@ fn macvtaps_on_nic() -> Result<Vec<String>> {
         .collect())
 }
 
-/// This machine's physical NICs that auto-discovery advertises as shipped:
+/// This machine's physical NICs that auto-discovery looks at as shipped:
 /// links with a device behind them (`/sys/class/net/<name>/device`), up
-/// or down, that no master holds.
+/// or down, that no master holds (it offers those the node does not use,
+/// [`node_uses`]).
 fn physical_nics() -> Result<Vec<String>> {
     let mut nics = Vec::new();
     for e in std::fs::read_dir("/sys/class/net")? {
@@ -156,6 +158,31 @@ fn physical_nics() -> Result<Vec<String>> {
     }
     nics.sort();
     Ok(nics)
+}
+
+/// Whether the node uses `nic` itself, as `ip` shows it: a global
+/// address on it, or a default route (IPv4 or IPv6, any table) leaving
+/// through it.
+fn node_uses(nic: &str) -> Result<bool> {
+    let addrs: Vec<Value> = serde_json::from_str(&ip(&[
+        "-j", "address", "show", "dev", nic, "scope", "global",
+    ])?)?;
+    let has_address = addrs
+        .iter()
+        .any(|a| a["addr_info"].as_array().is_some_and(|i| !i.is_empty()));
+    let mut routes = false;
+    for family in ["-4", "-6"] {
+        let out = ip(&[family, "-j", "route", "show", "table", "all", "default"])?;
+        let list: Vec<Value> =
+            serde_json::from_str(if out.trim().is_empty() { "[]" } else { &out })?;
+        routes |= list.iter().any(|r| {
+            r["dev"] == nic
+                || r["nexthops"]
+                    .as_array()
+                    .is_some_and(|h| h.iter().any(|h| h["dev"] == nic))
+        });
+    }
+    Ok(has_address || routes)
 }
 
 fn tap_nodes() -> BTreeSet<String> {
@@ -758,12 +785,29 @@ fn scenario(run: &mut Run) -> Result<()> {
     c.wait(&format!("{RESOURCE} not advertised"), WAIT, || {
         Ok(run.allocatable()?.is_none_or(|n| n == 0).then_some(()))
     })?;
-    // README, "A first VM": as shipped, each NIC is a resource named after
-    // it with 100 devices. This machine's physical NICs are advertised so
-    // (no link is made on them: nothing here allocates one).
-    let physical = physical_nics()?;
-    for nic in &physical {
+    // README, "A first VM" and "Resources": as shipped, each NIC the node
+    // does not use itself is a resource named after it with 100 devices
+    // (no link is made on them: nothing here allocates one); a NIC the
+    // node uses (a default route leaves through it, or it has a global
+    // address: this machine's eth0) is left out, and the Event
+    // MacvtapNICsLeftOut on the Node names it (issue 46).
+    let (used, spare): (Vec<String>, Vec<String>) = physical_nics()?
+        .into_iter()
+        .partition(|nic| node_uses(nic).unwrap_or(true));
+    for nic in &spare {
         run.wait_allocatable_of(&format!("{RESOURCE_PREFIX}{nic}"), DISCOVERED_CAPACITY)?;
+    }
+    for nic in &used {
+        c.wait(
+            &format!("a MacvtapNICsLeftOut Event naming {nic}"),
+            WAIT,
+            || node_event_naming(c, "MacvtapNICsLeftOut", &format!("{nic} ")),
+        )?;
+        ensure!(
+            run.allocatable_of(&format!("{RESOURCE_PREFIX}{nic}"))?
+                .is_none_or(|n| n == 0),
+            "as shipped, the node's own NIC {nic} is advertised"
+        );
     }
     ensure!(
         run.allocatable_of(&format!("{RESOURCE_PREFIX}{NIC}"))?
@@ -771,7 +815,7 @@ fn scenario(run: &mut Run) -> Result<()> {
         "the test's veth {NIC} is advertised without --discover-kinds"
     );
     run.steps.say(format!(
-        "as shipped: the physical NICs {physical:?} are resources named after them ({DISCOVERED_CAPACITY} devices), the veth {NIC} is not"
+        "as shipped: the physical NICs {spare:?} are resources named after them ({DISCOVERED_CAPACITY} devices), the node's own {used:?} are left out (MacvtapNICsLeftOut), the veth {NIC} is not advertised"
     ));
 
     run.steps.step(
@@ -1706,6 +1750,8 @@ fn assert_uninstalled(c: &Cluster) -> Result<()> {
     for (kind, name) in [
         ("clusterrole", "macvtap-cni-events"),
         ("clusterrolebinding", "macvtap-cni-events"),
+        ("clusterrole", "macvtap-cni-node"),
+        ("clusterrolebinding", "macvtap-cni-node"),
         ("namespace", NS),
     ] {
         let out = c.kubectl(&["get", kind, name, "--ignore-not-found"])?;

@@ -147,9 +147,14 @@ fn grants_of_table(text: &str) -> Vec<Grant> {
                 .and_then(|r| r.split('`').next())
                 .unwrap()
                 .to_string();
+            // The core group, "" in a rule, is written `""` (core).
+            let group = match one(0).as_str() {
+                "\"\"" => String::new(),
+                g => g.to_string(),
+            };
             Grant {
                 role: (kind.into(), name),
-                group: one(0),
+                group,
                 resource: one(1),
                 names,
                 verbs: quoted(cells[3]).into_iter().collect(),

@@ -9,7 +9,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use kube::api::DynamicObject;
-use macvtap_deviceplugin::config::{Resources, Source, parse_json};
+use macvtap_deviceplugin::config::{DiscoveryPolicy, Resources, Source, parse_json};
 use macvtap_e2e::manifests::{copy_tree, parse_docs, render, render_kustomize_v4};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -648,20 +648,30 @@ fn no_termination_log_lies_in_a_read_only_mount() {
 }
 
 /// The daemon's API access: creating and patching events.k8s.io Events
-/// (what `kube::runtime::events::Recorder` does) and watching its own
-/// DaemonSet by name (an uninstall), for the DaemonSet's service account
-/// only, and nothing else in any rendering.
+/// (what `kube::runtime::events::Recorder` does), watching its own
+/// DaemonSet by name (an uninstall) and listing and watching Nodes (its
+/// own, by a field selector: auto-discovery's InternalIP), for the
+/// DaemonSet's service account only, and nothing else in any rendering.
 #[test]
-fn rbac_grants_events_create_and_patch_only() {
+fn rbac_grants_only_events_its_daemonset_and_nodes() {
     for (dir, docs) in renderings() {
         let roles: Vec<ClusterRole> = docs
             .iter()
             .filter(|d| d["kind"] == "ClusterRole")
             .map(|d| typed(&format!("{dir}: ClusterRole"), d))
             .collect();
-        assert_eq!(roles.len(), 1, "{dir}: one ClusterRole");
+        let rules_of = |name: &str| {
+            let found: Vec<&ClusterRole> = roles
+                .iter()
+                .filter(|r| r.metadata.name.as_deref() == Some(name))
+                .collect();
+            assert_eq!(found.len(), 1, "{dir}: one ClusterRole {name}");
+            assert!(found[0].aggregation_rule.is_none());
+            found[0].rules.clone().unwrap()
+        };
+        assert_eq!(roles.len(), 2, "{dir}: two ClusterRoles");
         assert_eq!(
-            roles[0].rules.clone().unwrap(),
+            rules_of("macvtap-cni-events"),
             vec![PolicyRule {
                 api_groups: Some(vec!["events.k8s.io".into()]),
                 resources: Some(vec!["events".into()]),
@@ -670,7 +680,16 @@ fn rbac_grants_events_create_and_patch_only() {
             }],
             "{dir}: events create and patch, nothing more"
         );
-        assert!(roles[0].aggregation_rule.is_none());
+        assert_eq!(
+            rules_of("macvtap-cni-node"),
+            vec![PolicyRule {
+                api_groups: Some(vec!["".into()]),
+                resources: Some(vec!["nodes".into()]),
+                verbs: vec!["list".into(), "watch".into()],
+                ..Default::default()
+            }],
+            "{dir}: nodes list and watch, nothing more"
+        );
         let ds = daemonset(&docs);
         let local: Vec<Role> = docs
             .iter()
@@ -718,25 +737,36 @@ fn rbac_grants_events_create_and_patch_only() {
             .filter(|d| d["kind"] == "ClusterRoleBinding")
             .map(|d| typed(&format!("{dir}: ClusterRoleBinding"), d))
             .collect();
-        assert_eq!(bindings.len(), 1, "{dir}: one ClusterRoleBinding");
-        let b = &bindings[0];
-        assert_eq!(b.role_ref.kind, "ClusterRole");
-        assert_eq!(Some(&b.role_ref.name), roles[0].metadata.name.as_ref());
-        let subjects = b.subjects.clone().unwrap();
-        assert_eq!(subjects.len(), 1, "{dir}: one subject");
+        assert_eq!(bindings.len(), 2, "{dir}: two ClusterRoleBindings");
         let ds = daemonset(&docs);
         let spec = ds.spec.template.spec.clone().unwrap();
-        assert_eq!(subjects[0].kind, "ServiceAccount");
-        assert_eq!(
-            Some(&subjects[0].name),
-            spec.service_account_name.as_ref(),
-            "{dir}: bound to the DaemonSet's account"
-        );
-        assert_eq!(
-            subjects[0].namespace.as_deref(),
-            ds.metadata.namespace.as_deref(),
-            "{dir}: in the DaemonSet's namespace"
-        );
+        for role in &roles {
+            let bound: Vec<&ClusterRoleBinding> = bindings
+                .iter()
+                .filter(|b| Some(&b.role_ref.name) == role.metadata.name.as_ref())
+                .collect();
+            assert_eq!(
+                bound.len(),
+                1,
+                "{dir}: one binding of {:?}",
+                role.metadata.name
+            );
+            let b = bound[0];
+            assert_eq!(b.role_ref.kind, "ClusterRole");
+            let subjects = b.subjects.clone().unwrap();
+            assert_eq!(subjects.len(), 1, "{dir}: one subject");
+            assert_eq!(subjects[0].kind, "ServiceAccount");
+            assert_eq!(
+                Some(&subjects[0].name),
+                spec.service_account_name.as_ref(),
+                "{dir}: bound to the DaemonSet's account"
+            );
+            assert_eq!(
+                subjects[0].namespace.as_deref(),
+                ds.metadata.namespace.as_deref(),
+                "{dir}: in the DaemonSet's namespace"
+            );
+        }
         assert_eq!(spec.automount_service_account_token, Some(true), "{dir}");
         let sa: ServiceAccount = typed(
             &format!("{dir}: ServiceAccount"),
@@ -758,6 +788,75 @@ fn rbac_grants_events_create_and_patch_only() {
                 .field_path,
             "spec.nodeName",
             "{dir}: the downward API names the node"
+        );
+    }
+}
+
+/// Which auto-discovery each DaemonSet gets (issue 46): ours say `spare`
+/// (`MACVTAP_DISCOVERY`), so that without a ConfigMap no NIC the node uses
+/// itself is offered; the Go project's DaemonSets, our image swapped in,
+/// ask for auto-discovery with `DP_MACVTAP_CONF=[]` from their ConfigMap and
+/// set no policy, which the daemon reads as the Go project's (`all`).
+#[test]
+fn ours_discover_spare_nics_and_the_go_daemonsets_every_nic() {
+    let env_of = |ds: &Value, name: &str| -> Option<String> {
+        ds["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|c| c["env"].as_array().into_iter().flatten())
+            .find(|e| e["name"] == name)
+            .map(|e| e["value"].as_str().unwrap().to_string())
+    };
+    let flags_of = |ds: &Value| -> Vec<String> {
+        ds["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|c| c["args"].as_array().into_iter().flatten())
+            .map(|a| a.as_str().unwrap().to_string())
+            .collect()
+    };
+    for (dir, docs) in renderings() {
+        let ds = one(&docs, "DaemonSet");
+        assert_eq!(
+            env_of(ds, "MACVTAP_DISCOVERY").as_deref(),
+            Some("spare"),
+            "{dir}"
+        );
+        assert_eq!(env_of(ds, "DP_MACVTAP_CONF"), None, "{dir}");
+        let line = macvtap_deviceplugin::cli::parse_from(["p", "--discovery=spare"]).unwrap();
+        assert_eq!(line.args.discovery, Some(DiscoveryPolicy::Spare));
+    }
+    for (name, ns) in [("go-macvtap.yaml", "default"), ("cnao-macvtap.yaml", "x")] {
+        let (cm, ds) = if name.starts_with("go") {
+            macvtap_e2e::manifests::go_macvtap("img", "[]").unwrap()
+        } else {
+            macvtap_e2e::manifests::cnao_macvtap(ns, "img", "[]").unwrap()
+        };
+        // The fixture as written holds [] (the helper sets it anew).
+        let raw = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("fixtures")
+                .join(name),
+        )
+        .unwrap();
+        assert!(raw.contains("DP_MACVTAP_CONF: \"[]\""), "{name}");
+        let container = &ds["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(
+            container["envFrom"][0]["configMapRef"]["name"], cm["metadata"]["name"],
+            "{name}: DP_MACVTAP_CONF reaches the environment"
+        );
+        assert_eq!(env_of(&ds, "MACVTAP_DISCOVERY"), None, "{name}");
+        assert!(
+            !flags_of(&ds).iter().any(|f| f.starts_with("--discovery")),
+            "{name}"
+        );
+        let conf = cm["data"]["DP_MACVTAP_CONF"].as_str().unwrap();
+        assert_eq!(
+            parse_json(&Source::Env, conf).unwrap(),
+            Resources::AutoDiscover(DiscoveryPolicy::All),
+            "{name}: the Go project's discovery"
         );
     }
 }

@@ -29,6 +29,7 @@ pub mod route;
 pub mod settings;
 pub mod tapdev;
 
+pub use addr::Address;
 pub use device::{
     DeviceLinkName, RESOURCE_PREFIX, check_resource_name, device_id, device_index,
     is_link_of_resource, link_name_for_device, parse_device_id, parse_link_name,
@@ -42,6 +43,7 @@ pub use linux::Linux;
 pub use netlink::Handle;
 pub use netns::Netns;
 pub use op::Op;
+pub use route::DefaultRoute;
 pub use settings::{
     CNI_ABOUT_PREFIX, CNI_SETTINGS_FILE, DEFAULT_KUBELET_DIR, NodeSettingsFile, PodResourcesCheck,
     admin_only,

@@ -7,12 +7,13 @@
 //! answer, so a blocking socket is all that is needed: no runtime, no
 //! background task, and the socket's namespace is fixed when it is opened.
 
+use crate::addr::{self, Address};
 use crate::error::{Error, Result};
 use crate::kernel::Links;
 use crate::link::{Link, LinkChange, MacvtapMode};
 use crate::netns::Netns;
 use crate::op::Op;
-use crate::{addr, route};
+use crate::route::{self, DefaultRoute};
 use netlink_packet_core::{
     NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_ECHO, NLM_F_EXCL, NLM_F_REQUEST, NetlinkHeader,
     NetlinkMessage, NetlinkPayload,
@@ -22,6 +23,7 @@ use netlink_packet_route::address::AddressMessage;
 use netlink_packet_route::link::{
     InfoData, InfoKind, InfoMacVtap, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
 };
+use netlink_packet_route::route::RouteMessage;
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 use nix::errno::Errno;
 use std::cell::Cell;
@@ -192,6 +194,27 @@ impl Handle {
 }
 
 impl Handle {
+    /// Every address of every link in the namespace (`ip address show`).
+    pub fn list_addresses(&self) -> Result<Vec<Address>> {
+        let replies = self.dump(
+            RouteNetlinkMessage::GetAddress(AddressMessage::default()),
+            Op::ListAddrs,
+            || format!("listing addresses in {}", self.netns().display()),
+        )?;
+        Ok(addr::addresses(&replies))
+    }
+
+    /// Every default route of the namespace, IPv4 and IPv6, in every
+    /// routing table (`ip route show table all default`, unicast only).
+    pub fn list_default_routes(&self) -> Result<Vec<DefaultRoute>> {
+        let replies = self.dump(
+            RouteNetlinkMessage::GetRoute(RouteMessage::default()),
+            Op::ListRoutes,
+            || format!("listing routes in {}", self.netns().display()),
+        )?;
+        Ok(route::default_routes(&replies))
+    }
+
     /// `"<what> <target> in <namespace>"`, the phrase errors start with.
     fn link_op(&self, what: &str, target: impl fmt::Display) -> String {
         format!("{what} {target} in {}", self.netns().display())

@@ -30,6 +30,8 @@ pub enum Op {
     ListAddrs,
     /// Adding a route.
     AddRoute,
+    /// Listing routes.
+    ListRoutes,
     /// Writing a sysctl inside a namespace.
     Sysctl,
     /// Reading a macvtap's char device number from sysfs.
@@ -56,6 +58,7 @@ impl fmt::Display for Op {
             Op::AddAddr => "adding an address",
             Op::ListAddrs => "listing addresses",
             Op::AddRoute => "adding a route",
+            Op::ListRoutes => "listing routes",
             Op::Sysctl => "writing a sysctl",
             Op::TapDevice => "reading a tap device from sysfs",
             Op::OpenTapNode => "opening a tap node",

@@ -76,6 +76,9 @@ impl Daemon {
             .arg(bin)
             .args(args)
             .env_remove("DP_MACVTAP_CONF")
+            // The discovery policy only where a test says it.
+            .env_remove("MACVTAP_DISCOVERY")
+            .env_remove("MACVTAP_DISCOVER_INCLUDE")
             // Events only where a test asks for them (with its own API server).
             .env_remove("NODE_NAME")
             .env_remove("KUBECONFIG")

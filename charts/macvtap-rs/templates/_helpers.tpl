@@ -42,6 +42,20 @@ off
 {{- end -}}
 {{- end -}}
 
+{{/* The daemon's (and the helm test doctor's) discovery settings, as
+environment variables so that `kubectl exec ... doctor` sees them too:
+MACVTAP_DISCOVERY from discovery.policy, MACVTAP_DISCOVER_INCLUDE from
+discovery.include when it names a NIC. */}}
+{{- define "macvtap.discoveryEnv" -}}
+# Which NICs auto-discovery offers (see the base).
+- name: MACVTAP_DISCOVERY
+  value: {{ .Values.discovery.policy }}
+{{- with .Values.discovery.include }}
+- name: MACVTAP_DISCOVER_INCLUDE
+  value: {{ join "," . | quote }}
+{{- end }}
+{{- end -}}
+
 {{/* What values.schema.json cannot say: each refusal names the value and
 what to write instead. Included by daemonset.yaml, so every rendering
 runs it. */}}
@@ -73,7 +87,7 @@ runs it. */}}
 {{- end }}
 {{- range .Values.extraArgs }}
 {{- $arg := . }}
-{{- range $flag, $value := dict "--kubelet-dir" "kubeletDir" "--metrics-addr" "metrics.enabled, metrics.bindAddress and metrics.port" "--log-format" "none: the chart logs JSON" "--config" "macvtapResources, or your own ConfigMap macvtap-deviceplugin-config" "--owner-daemonset" "none: the DaemonSet's own name" "--uninstall-cni-dir" "cniBinDir" "--front" "front, which also mounts and grants what the front needs" "--cdi-dir" "none: the chart mounts the runtime's /var/run/cdi" }}
+{{- range $flag, $value := dict "--kubelet-dir" "kubeletDir" "--metrics-addr" "metrics.enabled, metrics.bindAddress and metrics.port" "--log-format" "none: the chart logs JSON" "--config" "macvtapResources, or your own ConfigMap macvtap-deviceplugin-config" "--owner-daemonset" "none: the DaemonSet's own name" "--uninstall-cni-dir" "cniBinDir" "--front" "front, which also mounts and grants what the front needs" "--cdi-dir" "none: the chart mounts the runtime's /var/run/cdi" "--discovery" "discovery.policy" "--discover-include" "discovery.include" }}
 {{- if or (eq $arg $flag) (hasPrefix (printf "%s=" $flag) $arg) }}
 {{- fail (printf "extraArgs: %s is set by the chart (value: %s); leave it out of extraArgs" $flag $value) }}
 {{- end }}

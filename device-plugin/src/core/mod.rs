@@ -1,7 +1,9 @@
 //! The core of the node agent: the node's truth, whatever front serves it.
 //!
 //! It knows the node's NICs and their health ([`nic`]) from one table of
-//! the node's links kept by netlink events (`link_table`), decides which
+//! the node's links kept by netlink events (`link_table`) and what the
+//! node uses of them itself, its addresses and default routes kept the
+//! same way (`addressing`), decides which
 //! resources the node should serve and what a change changes of them
 //! (`wanted`), holds the
 //! host's namespace on the kernel seam with the host's paths ([`host`]), makes, reuses and checks devices' macvtaps ([`link`]), keeps
@@ -16,6 +18,7 @@
 //! ([`crate::kubelet`]) and the operator's metrics, Events, `doctor` and
 //! HTTP. A second front (a DRA driver) calls the same functions.
 
+pub(crate) mod addressing;
 pub(crate) mod cleanup;
 pub(crate) mod degraded;
 pub mod heal;

@@ -14,6 +14,7 @@ use crate::core::link_table::LinkTable;
 use crate::core::nic::discovery::Discovery;
 use crate::core::nic::health::{NicHealth, resource_health};
 use crate::core::nic::port::can_be_in_the_way;
+use crate::core::nic::usage::NodeNet;
 use macvtap_link::{Link, MacvtapMode};
 
 /// A resource the node should serve (or serves).
@@ -34,6 +35,9 @@ pub(crate) struct Node<'a> {
     pub discovery: &'a Discovery,
     /// The node's links.
     pub links: &'a LinkTable,
+    /// What the node uses of them itself (its addresses, default routes
+    /// and InternalIP), which `spare` auto-discovery leaves out.
+    pub net: &'a NodeNet,
 }
 
 /// A wanted resource with its NIC's health now: what is published of it.
@@ -71,19 +75,23 @@ pub(crate) fn wanted(node: Node<'_>, served: &[Wanted]) -> Vec<Wanted> {
                 discovered: false,
             })
             .collect(),
-        Resources::AutoDiscover => {
-            let mut found: Vec<Wanted> = node
+        Resources::AutoDiscover(policy) => {
+            let discovered = node
                 .discovery
-                .discover(node.links.links())
+                .discover(node.links.links(), *policy, node.net);
+            let mut found: Vec<Wanted> = discovered
+                .resources
                 .into_iter()
                 .map(|config| Wanted {
                     config,
                     discovered: true,
                 })
                 .collect();
-            // A discovered NIC that vanished keeps its resource, unhealthy.
+            // A discovered NIC that vanished (or a master took) keeps its
+            // resource, unhealthy; one the node now uses itself is withdrawn.
             for s in served.iter().filter(|s| s.discovered) {
-                if !found.iter().any(|w| w.config.name == s.config.name) {
+                let withdrawn = discovered.node_uses.contains(&s.config.name);
+                if !withdrawn && !found.iter().any(|w| w.config.name == s.config.name) {
                     found.push(Wanted {
                         config: s.config.clone(),
                         discovered: true,
@@ -99,7 +107,7 @@ pub(crate) fn wanted(node: Node<'_>, served: &[Wanted]) -> Vec<Wanted> {
 /// states) did: the ones `served` as they are when auto-discovery cannot
 /// find anything new in that change, else [`wanted`].
 pub(crate) fn wanted_after(node: Node<'_>, served: &[Wanted], changed: &[&Link]) -> Vec<Wanted> {
-    if matches!(node.resources, Resources::AutoDiscover)
+    if matches!(node.resources, Resources::AutoDiscover(_))
         && !node.discovery.concerned_by(changed, node.links.links())
     {
         return served.to_vec();
@@ -266,6 +274,7 @@ mod tests {
             resources: &resources,
             discovery: &Discovery::default(),
             links: &links,
+            net: &NodeNet::default(),
         };
         // In the configuration's order; neither discovered, nor kept.
         assert_eq!(
@@ -287,9 +296,10 @@ mod tests {
     fn discovery_keeps_a_discovered_resource_whose_nic_vanished() {
         let links = LinkTable::new(vec![nic(2, "eth1")]);
         let node = Node {
-            resources: &Resources::AutoDiscover,
+            resources: &Resources::AutoDiscover(crate::config::DiscoveryPolicy::All),
             discovery: &Discovery::default(),
             links: &links,
+            net: &NodeNet::default(),
         };
         let mut now = served(&["eth0"], true);
         now.extend(served(&["dp"], false));
@@ -301,6 +311,43 @@ mod tests {
     }
 
     #[test]
+    fn a_discovered_nic_the_node_starts_to_use_is_withdrawn_not_kept() {
+        use crate::config::DiscoveryPolicy;
+        use crate::core::nic::usage::Addressing;
+        let links = LinkTable::new(vec![nic(2, "eth1"), nic(3, "eth2")]);
+        let now = served(&["eth1", "eth2"], true);
+        let net = NodeNet {
+            addressing: Addressing {
+                addresses: vec![macvtap_link::Address {
+                    index: 2,
+                    ip: "192.0.2.1".parse().unwrap(),
+                    prefix_len: 24,
+                    global: true,
+                }],
+                default_routes: vec![],
+            },
+            internal_ips: None,
+        };
+        let node = Node {
+            resources: &Resources::AutoDiscover(DiscoveryPolicy::Spare),
+            discovery: &Discovery::default(),
+            links: &links,
+            net: &net,
+        };
+        assert_eq!(
+            names(&changes(node, &now, None)),
+            ["-eth1", "~eth2"],
+            "eth1 got an address of the node's"
+        );
+        // Under the Go project's policy it stays.
+        let node = Node {
+            resources: &Resources::AutoDiscover(DiscoveryPolicy::All),
+            ..node
+        };
+        assert_eq!(names(&changes(node, &now, None)), ["~eth1", "~eth2"]);
+    }
+
+    #[test]
     fn a_change_discovery_is_not_concerned_by_keeps_what_is_served() {
         let veth = Link {
             kind: Some("veth".into()),
@@ -308,9 +355,10 @@ mod tests {
         };
         let links = LinkTable::new(vec![nic(2, "eth1"), veth.clone()]);
         let node = Node {
-            resources: &Resources::AutoDiscover,
+            resources: &Resources::AutoDiscover(crate::config::DiscoveryPolicy::All),
             discovery: &Discovery::default(),
             links: &links,
+            net: &NodeNet::default(),
         };
         let now = served(&["eth0"], true);
         assert_eq!(wanted_after(node, &now, &[&veth]), now, "nothing new found");
@@ -331,6 +379,7 @@ mod tests {
             resources: &resources,
             discovery: &Discovery::default(),
             links: &links,
+            net: &NodeNet::default(),
         };
         let got = changes(node, &served(&["eth0", "eth1"], false), None);
         assert_eq!(names(&got), ["-eth0", "~eth1", "+eth2"]);
@@ -365,6 +414,7 @@ mod tests {
             resources: &resources,
             discovery: &Discovery::default(),
             links: &links,
+            net: &NodeNet::default(),
         };
         let now = served(&["eth1", "eth2", "eth3"], false);
         let eth1 = nic(2, "eth1");

@@ -6,10 +6,15 @@
 //! `Daemon::handle` routes it to the part it is for, and what that part
 //! answers to the part it concerns:
 //! - the resources (`resources.rs`: the configuration, the node's links,
-//!   each served resource's state as the kubelet sees it) take link
-//!   changes from `crate::core::link_table` (health, NUMA, auto-discovery of
-//!   the resources they touch, as `crate::core::wanted` decides) and config
-//!   reloads (`reload.rs`), and answer which resources came and went;
+//!   what the node uses of them itself, each served resource's state as
+//!   the kubelet sees it) take link changes from `crate::core::link_table`
+//!   (health, NUMA, auto-discovery of the resources they touch, as
+//!   `crate::core::wanted` decides), changes of the node's global
+//!   addresses and default routes from `crate::core::addressing` and of
+//!   its Node's InternalIP from the Node watch
+//!   (`operator::node`, started once the configuration needs
+//!   it), and config reloads (`reload.rs`), and answer which resources
+//!   came and went;
 //! - the watches (`watches.rs`: one `DirWatcher` and the socket check's
 //!   timer) take inotify events and say what each concerns: the
 //!   device-plugins directory (a new `kubelet.sock` means a restarted
@@ -50,6 +55,7 @@ mod uninstall;
 mod watches;
 
 use crate::config::ResourceConfig;
+use crate::core::addressing::spawn_addressing_watcher;
 use crate::core::degraded::Degraded;
 use crate::core::host::{HostPaths, SharedHost};
 use crate::core::inflight::InFlight;
@@ -57,6 +63,7 @@ use crate::core::ledger::AllocationClock;
 use crate::core::ledger::Assignments;
 use crate::core::link_table::{LinkUpdate, spawn_link_watcher};
 use crate::core::nic::discovery::Discovery;
+use crate::core::nic::usage::Addressing;
 use crate::core::reclaim::{Holding, Reclaimer, reclaim_loop, watch_tap_nodes};
 use crate::core::report::Observer;
 use crate::error::{Error, Result};
@@ -65,6 +72,7 @@ use crate::kubelet::context::{ServerContext, StreamEvent};
 use crate::operator::events::{EventSink, NodeEvent};
 use crate::operator::liveness::Liveness;
 use crate::operator::metrics::Metrics;
+use crate::operator::node::{NodeView, NodeWatch};
 use crate::operator::observer::MetricsAndEvents;
 use crate::operator::owner::Uninstall;
 use crate::options::{Front, Options, load_config};
@@ -88,6 +96,8 @@ struct Inputs {
     sigterm: Signal,
     sigint: Signal,
     links: mpsc::UnboundedReceiver<LinkUpdate>,
+    addressing: mpsc::UnboundedReceiver<Addressing>,
+    node: mpsc::UnboundedReceiver<NodeView>,
     fs: mpsc::UnboundedReceiver<Vec<FsEvent>>,
     streams: mpsc::UnboundedReceiver<StreamEvent>,
     registrations: mpsc::UnboundedReceiver<RegistrationDone>,
@@ -99,6 +109,10 @@ enum Input {
     Signal(&'static str),
     /// Links that changed, or all of them read again.
     Links(LinkUpdate),
+    /// The node's global addresses and default routes, as they are now.
+    Addressing(Addressing),
+    /// What is known of our Node now.
+    Node(NodeView),
     /// A batch of inotify events.
     Fs(Vec<FsEvent>),
     /// A ListAndWatch stream opened or ended.
@@ -119,6 +133,10 @@ impl Inputs {
             update = self.links.recv() => update.map(Input::Links).ok_or_else(|| {
                 Error::Task("the thread reading link events stopped, so NIC health would go stale".into())
             }),
+            addressing = self.addressing.recv() => addressing.map(Input::Addressing).ok_or_else(|| {
+                Error::Task("the thread reading address events stopped, so auto-discovery would go stale".into())
+            }),
+            Some(view) = self.node.recv() => Ok(Input::Node(view)),
             batch = self.fs.recv() => batch
                 .map(Input::Fs)
                 .ok_or_else(|| {
@@ -157,6 +175,8 @@ struct Daemon {
     _http: Option<crate::operator::http::Server>,
     /// Whether our DaemonSet was deleted: an exit then cleans the node.
     uninstall: Uninstall,
+    /// The watch of our Node, started once the configuration needs it.
+    node_watch: NodeWatch,
 }
 
 /// Runs the daemon until SIGTERM or SIGINT. Errors are startup errors
@@ -222,6 +242,8 @@ impl Daemon {
         let sigint = signal(SignalKind::interrupt())
             .map_err(|e| Error::Task(format!("cannot handle SIGINT: {e}")))?;
         let (links, links_rx) = spawn_link_watcher()?;
+        let (addressing, addressing_rx) = spawn_addressing_watcher()?;
+        let (node_watch, node_rx) = NodeWatch::new(opts.node_name.clone());
         let plugin_wd = Some(fs.watch_dir(&plugin_dir)?);
 
         let (configs_tx, configs_rx) = watch::channel(Vec::new());
@@ -263,7 +285,11 @@ impl Daemon {
                 resolved: loaded.resolved,
                 file_text: loaded.file_text,
                 links,
-                discovery: Discovery::new(opts.discover_kinds.clone()),
+                discovery: Discovery::new(
+                    opts.discover_kinds.clone(),
+                    opts.discover_include.clone(),
+                ),
+                addressing,
                 configs: configs_tx,
                 sysfs: opts.sysfs.clone(),
             },
@@ -305,14 +331,18 @@ impl Daemon {
             liveness,
             _http: http,
             uninstall,
+            node_watch,
         };
         let served = d.resources.reconcile();
         d.serve(served);
+        d.watch_node_if_needed();
         d.registrations.start_due_registrations();
         let inputs = Inputs {
             sigterm,
             sigint,
             links: links_rx,
+            addressing: addressing_rx,
+            node: node_rx,
             fs: fs_events,
             streams: streams_rx,
             registrations: reg_rx,
@@ -351,6 +381,14 @@ impl Daemon {
                 let served = self.resources.on_links(update);
                 self.serve(served);
             }
+            Input::Addressing(addressing) => {
+                let served = self.resources.on_addressing(addressing);
+                self.serve(served);
+            }
+            Input::Node(view) => {
+                let served = self.resources.on_node(&view);
+                self.serve(served);
+            }
             Input::Fs(batch) => self.on_fs_events(&batch),
             Input::Stream(ev) => self.registrations.on_stream_event(ev),
             Input::Registered(done) => self.registrations.on_registration_done(done),
@@ -380,8 +418,17 @@ impl Daemon {
         if config_touched {
             let served = self.resources.reload_config(&self.opts);
             self.serve(served);
+            self.watch_node_if_needed();
         }
         self.watches.tell_reclaim();
+    }
+
+    /// Starts the watch of our Node when the configuration needs it (and
+    /// it is not started yet).
+    fn watch_node_if_needed(&mut self) {
+        if self.resources.needs_node() {
+            self.node_watch.ensure();
+        }
     }
 
     /// Whatever is due at `now`: the socket check (and a device-plugins

@@ -187,7 +187,7 @@ mod tests {
     fn names_of(r: &Resolved) -> Vec<String> {
         match &r.resources {
             Resources::Static(list) => list.iter().map(|c| c.name.clone()).collect(),
-            Resources::AutoDiscover => vec!["(auto-discovery)".into()],
+            Resources::AutoDiscover(_) => vec!["(auto-discovery)".into()],
         }
     }
 
@@ -317,7 +317,10 @@ mod tests {
         match change(&opts, Some(TWO), None) {
             Change::Apply(r) => {
                 assert_eq!(r.source, Source::Default);
-                assert_eq!(r.resources, Resources::AutoDiscover);
+                assert_eq!(
+                    r.resources,
+                    Resources::AutoDiscover(crate::config::DiscoveryPolicy::Spare)
+                );
             }
             other => panic!("{other:?}"),
         }
@@ -360,7 +363,10 @@ mod tests {
             other => panic!("{other:?}"),
         }
         match change(&opts, None, Some("[]")) {
-            Change::Apply(r) => assert_eq!(r.resources, Resources::AutoDiscover),
+            Change::Apply(r) => assert_eq!(
+                r.resources,
+                Resources::AutoDiscover(crate::config::DiscoveryPolicy::Spare)
+            ),
             other => panic!("{other:?}"),
         }
     }

@@ -1,6 +1,8 @@
 //! The daemon's resources, one of its three parts: the configuration in
-//! force, the table of the node's links kept current, and each served
-//! resource's state as the kubelet sees it. What [`wanted::changes`]
+//! force, the table of the node's links kept current, what the node uses
+//! of them itself (its addresses and default routes, its Node's
+//! InternalIP), and each served resource's state as the kubelet sees it.
+//! What [`wanted::changes`]
 //! decides (which resources are wanted, which changed) is carried out
 //! here: for each resource its devices, health and NUMA node published;
 //! health changes logged, counted and posted as Events. Which resources
@@ -12,12 +14,14 @@ use crate::core::link_table::{LinkDelta, LinkTable, LinkUpdate};
 use crate::core::nic::discovery::Discovery;
 use crate::core::nic::health::{HealthLog, NicHealth};
 use crate::core::nic::topology::numa_node;
+use crate::core::nic::usage::{Addressing, NodeNet};
 use crate::core::report::Observer;
 use crate::core::wanted::{self, Change, Node, Published, Wanted};
 use crate::kubelet::devices::device_list;
 use crate::kubelet::server::ResourceState;
 use crate::operator::events::{EventSink, NodeEvent};
 use crate::operator::metrics::Metrics;
+use crate::operator::node::NodeView;
 use macvtap_link::Link;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -69,6 +73,8 @@ pub(super) struct Resources {
     links: LinkTable,
     /// Auto-discovery, which logs each link it leaves out once.
     discovery: Discovery,
+    /// What the node uses of its links itself, kept current.
+    net: NodeNet,
     /// Each resource's last NIC health, to log and count its changes.
     health: HealthLog,
     /// Each served resource, by name.
@@ -95,6 +101,8 @@ pub(super) struct Start {
     pub(super) links: LinkTable,
     /// Auto-discovery.
     pub(super) discovery: Discovery,
+    /// The node's addresses and default routes, as first read.
+    pub(super) addressing: Addressing,
     /// Where the served resources' configurations are published.
     pub(super) configs: watch::Sender<Vec<ResourceConfig>>,
     /// Where sysfs is.
@@ -115,6 +123,10 @@ impl Resources {
             file_text: start.file_text,
             links: start.links,
             discovery: start.discovery,
+            net: NodeNet {
+                addressing: start.addressing,
+                internal_ips: None,
+            },
             health: HealthLog::default(),
             served: BTreeMap::new(),
             configs: start.configs,
@@ -175,6 +187,44 @@ impl Resources {
         self.reconcile_changed(None)
     }
 
+    /// The node's global addresses or default routes changed: what
+    /// auto-discovery offers follows.
+    pub(super) fn on_addressing(&mut self, addressing: Addressing) -> Vec<Served> {
+        if self.net.addressing == addressing {
+            return Vec::new();
+        }
+        debug!("the node's addresses or default routes changed");
+        self.net.addressing = addressing;
+        self.reconcile()
+    }
+
+    /// What is known of our Node changed: what auto-discovery offers
+    /// follows its InternalIP.
+    pub(super) fn on_node(&mut self, view: &NodeView) -> Vec<Served> {
+        let internal_ips = view.internal_ips();
+        if self.net.internal_ips == internal_ips {
+            return Vec::new();
+        }
+        match (&internal_ips, view) {
+            (Some(ips), _) => info!(internal_ips = ?ips, "our Node's InternalIP is known"),
+            (None, NodeView::Unknown(why)) => {
+                info!(%why, "our Node's InternalIP is unknown: auto-discovery leaves out NICs by their addresses and default routes only")
+            }
+            (None, _) => {}
+        }
+        self.net.internal_ips = internal_ips;
+        self.reconcile()
+    }
+
+    /// Whether the configuration needs our Node read: `spare`
+    /// auto-discovery never offers the NIC holding its InternalIP.
+    pub(super) fn needs_node(&self) -> bool {
+        matches!(
+            self.resolved.resources,
+            crate::config::Resources::AutoDiscover(crate::config::DiscoveryPolicy::Spare)
+        )
+    }
+
     /// Brings the served resources in line with the configuration and the
     /// links; with `changed` (links that changed), revisits only the
     /// resources that it touches, that are new or whose configuration
@@ -192,6 +242,7 @@ impl Resources {
             resources: &self.resolved.resources,
             discovery: &self.discovery,
             links: &self.links,
+            net: &self.net,
         };
         let mut out = Vec::new();
         for change in wanted::changes(node, &served, changed) {
@@ -199,6 +250,12 @@ impl Resources {
                 Change::Removed(name) => out.extend(self.remove(&name)),
                 Change::Added(p) | Change::Updated(p) => out.extend(self.apply(p)),
             }
+        }
+        if let Some(report) = self.discovery.take_report() {
+            self.events.post(NodeEvent::NicsLeftOut {
+                served: report.advertise,
+                left_out: report.left_out.into_values().collect(),
+            });
         }
         let configs: Vec<ResourceConfig> = self.served.values().map(Resource::config).collect();
         self.configs.send_if_modified(|cur| {
@@ -352,6 +409,7 @@ mod tests {
                 file_text: None,
                 links: LinkTable::new(links),
                 discovery: Discovery::default(),
+                addressing: Addressing::default(),
                 configs,
                 sysfs: PathBuf::from("/nonexistent"),
             },
@@ -417,6 +475,55 @@ mod tests {
             states["eth2"].has_changed().is_err(),
             "a removed resource's state is closed, ending its streams"
         );
+    }
+
+    #[test]
+    fn what_discovery_leaves_out_is_posted_once_per_change_and_follows_addresses() {
+        use crate::config::DiscoveryPolicy;
+        let (mut r, mut posted, _, _) =
+            resources(&[], vec![nic(2, "eth0", true), nic(3, "eth1", true)]);
+        r.resolved.resources = Configured::AutoDiscover(DiscoveryPolicy::Spare);
+        let address = |index: u32, ip: &str| macvtap_link::Address {
+            index,
+            ip: ip.parse().unwrap(),
+            prefix_len: 24,
+            global: true,
+        };
+        let mut addressing = Addressing {
+            addresses: vec![address(2, "192.0.2.10")],
+            default_routes: vec![],
+        };
+        let (said, _) = handed_on(r.on_addressing(addressing.clone()));
+        assert_eq!(said, ["+eth1"]);
+        let Ok(NodeEvent::NicsLeftOut { served, left_out }) = posted.try_recv() else {
+            panic!("a NicsLeftOut Event")
+        };
+        assert_eq!(served, ["eth1"]);
+        assert_eq!(left_out.len(), 1);
+        assert!(left_out[0].starts_with("eth0 has the global address 192.0.2.10/24"));
+        // The same again: nothing new to say.
+        assert!(r.reconcile().is_empty());
+        assert!(posted.try_recv().is_err());
+        // eth1 gets an address too: withdrawn, and said.
+        addressing.addresses.push(address(3, "198.51.100.1"));
+        let (said, _) = handed_on(r.on_addressing(addressing));
+        assert_eq!(said, ["-eth1"]);
+        let Ok(NodeEvent::NicsLeftOut { served, left_out }) = posted.try_recv() else {
+            panic!("a second NicsLeftOut Event")
+        };
+        assert!(served.is_empty());
+        assert_eq!(left_out.len(), 2);
+        // Its InternalIP known: nothing changes here (eth0 is out already),
+        // but the reason does, and is said.
+        let view = crate::operator::node::NodeView::Known(crate::operator::node::NodeFacts {
+            internal_ips: vec!["192.0.2.10".parse().unwrap()],
+        });
+        assert!(r.on_node(&view).is_empty());
+        let Ok(NodeEvent::NicsLeftOut { left_out, .. }) = posted.try_recv() else {
+            panic!("a third NicsLeftOut Event")
+        };
+        assert!(left_out[0].starts_with("eth0 holds the Node's InternalIP 192.0.2.10"));
+        assert!(r.needs_node());
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! a config reload added or removed a resource, registration keeps
 //! failing, a leaked link was removed, an Allocate was refused, a mount of
 //! the host's is missing (what that leaves undone), something planted where
-//! the daemon keeps its record was removed.
+//! the daemon keeps its record was removed, auto-discovery leaves NICs out
+//! (why, and how to serve them).
 //!
 //! Events are posted by `kube::runtime::events::Recorder` (events.k8s.io/v1,
 //! in namespace `default` as for every Node event), which aggregates a
@@ -53,6 +54,9 @@ pub(crate) const RECORD_FILE_PLANTED: &str = "MacvtapRecordFilePlanted";
 /// Event reason: an uninstall's clean-up left things on the node that are
 /// still in use (devices pods hold, links just handed out).
 pub(crate) const UNINSTALL_KEPT: &str = "MacvtapUninstallKept";
+/// Event reason: what auto-discovery leaves out changed (the NICs, why,
+/// and how to serve each).
+pub(crate) const NICS_LEFT_OUT: &str = "MacvtapNICsLeftOut";
 /// Every reason of our Events, in [`NodeEvent`]'s order.
 pub const REASONS: &[&str] = &[
     NIC_DOWN,
@@ -67,6 +71,7 @@ pub const REASONS: &[&str] = &[
     POD_RESOURCES_UNREADABLE,
     RECORD_FILE_PLANTED,
     UNINSTALL_KEPT,
+    NICS_LEFT_OUT,
 ];
 /// How many Events may wait for the publisher before new ones are dropped.
 const QUEUE: usize = 256;
@@ -176,6 +181,16 @@ pub enum NodeEvent {
         /// What was kept and why, as the log line says it.
         kept: String,
     },
+    /// What auto-discovery leaves out changed: posted as a new Event each
+    /// time (never folded into the last one's series, whose note would
+    /// then say the old list).
+    NicsLeftOut {
+        /// The links it serves.
+        served: Vec<String>,
+        /// The NICs it leaves out, each with why and how to serve it (a
+        /// sentence that starts with the NIC's name).
+        left_out: Vec<String>,
+    },
 }
 
 impl From<&crate::core::degraded::Degraded> for NodeEvent {
@@ -206,7 +221,15 @@ impl NodeEvent {
             Self::PodResourcesUnreadable { .. } => POD_RESOURCES_UNREADABLE,
             Self::RecordFilePlanted { .. } => RECORD_FILE_PLANTED,
             Self::UninstallKept { .. } => UNINSTALL_KEPT,
+            Self::NicsLeftOut { .. } => NICS_LEFT_OUT,
         }
+    }
+
+    /// Whether a repeat of this kind of Event is folded into the first
+    /// one's series (keeping its note); one that says a whole state anew
+    /// each time is posted as a new Event instead.
+    pub(crate) fn folds_repeats(&self) -> bool {
+        !matches!(self, Self::NicsLeftOut { .. })
     }
 
     /// The Event as the recorder posts it: type, reason, action and note.
@@ -290,6 +313,27 @@ impl NodeEvent {
                 "Uninstall",
                 format!("Uninstall kept on this node what is still in use: {kept}"),
             ),
+            Self::NicsLeftOut { served, left_out } => {
+                let serves = if served.is_empty() {
+                    "Auto-discovery serves no NIC on this node".to_string()
+                } else {
+                    format!("Auto-discovery serves {}", served.join(", "))
+                };
+                let names: Vec<&str> = left_out
+                    .iter()
+                    .filter_map(|r| r.split_whitespace().next())
+                    .collect();
+                let note = if left_out.is_empty() {
+                    format!("{serves} and leaves no NIC out now")
+                } else {
+                    format!(
+                        "{serves} and leaves out {}. {}.",
+                        names.join(", "),
+                        left_out.join(". ")
+                    )
+                };
+                (EventType::Normal, "Discover", note)
+            }
         };
         Event {
             type_,
@@ -560,6 +604,10 @@ impl Publisher {
             .recorders
             .entry(ev.reason())
             .or_insert_with(|| Recorder::new(self.client.clone(), self.reporter.clone()));
+        if !ev.folds_repeats() {
+            // A new recorder has no Event to fold this one into.
+            *recorder = Recorder::new(self.client.clone(), self.reporter.clone());
+        }
         let mut result = recorder.publish(&event, &self.reference).await;
         if let Err(kube::Error::Api(status)) = &result
             && status.code == 404
@@ -674,6 +722,10 @@ mod tests {
                 what: "a FIFO".into(),
             },
             NodeEvent::UninstallKept { kept: "k".into() },
+            NodeEvent::NicsLeftOut {
+                served: vec!["eth1".into()],
+                left_out: vec!["eth0 carries a route".into()],
+            },
         ];
         for ev in &all {
             match ev {
@@ -688,7 +740,8 @@ mod tests {
                 | NodeEvent::HostDevMissing { .. }
                 | NodeEvent::PodResourcesUnreadable { .. }
                 | NodeEvent::RecordFilePlanted { .. }
-                | NodeEvent::UninstallKept { .. } => {}
+                | NodeEvent::UninstallKept { .. }
+                | NodeEvent::NicsLeftOut { .. } => {}
             }
         }
         all
@@ -701,6 +754,45 @@ mod tests {
             .map(|ev| ev.to_event().reason)
             .collect();
         assert_eq!(posted, REASONS);
+    }
+
+    #[test]
+    fn the_left_out_nics_are_said_with_what_is_served() {
+        let note = |served: &[&str], left_out: &[&str]| {
+            NodeEvent::NicsLeftOut {
+                served: served.iter().map(|s| s.to_string()).collect(),
+                left_out: left_out.iter().map(|s| s.to_string()).collect(),
+            }
+            .to_event()
+            .note
+            .unwrap()
+        };
+        assert_eq!(
+            note(
+                &["eth1"],
+                &[
+                    "eth0 carries the IPv4 default route; name it",
+                    "eth2 has the global address 192.0.2.2/24; name it"
+                ]
+            ),
+            "Auto-discovery serves eth1 and leaves out eth0, eth2. eth0 carries the IPv4 default \
+             route; name it. eth2 has the global address 192.0.2.2/24; name it."
+        );
+        assert_eq!(
+            note(&[], &["eth0 carries it"]),
+            "Auto-discovery serves no NIC on this node and leaves out eth0. eth0 carries it."
+        );
+        assert_eq!(
+            note(&["eth1"], &[]),
+            "Auto-discovery serves eth1 and leaves no NIC out now"
+        );
+        let ev = NodeEvent::NicsLeftOut {
+            served: vec![],
+            left_out: vec![],
+        };
+        assert!(!ev.folds_repeats(), "each says the whole list anew");
+        assert!(removed().folds_repeats());
+        assert_eq!(ev.to_event().type_, EventType::Normal);
     }
 
     fn removed() -> NodeEvent {

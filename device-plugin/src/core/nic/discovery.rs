@@ -5,9 +5,17 @@
 //! such a NIC out and, where a macvtap on the master works (a Linux bridge,
 //! a bond), advertises the master instead. It never chooses passthru mode:
 //! a passthru macvtap takes the whole NIC, which only a configuration may ask.
+//!
+//! Under the `spare` policy ([`DiscoveryPolicy`]) it also leaves out what
+//! the node uses itself ([`crate::core::nic::usage`]): a NIC that a default
+//! route leaves through or that holds the Node's InternalIP always (only a
+//! configured resource may put VMs there), one with a global address
+//! unless `--discover-include` names it. Each left-out NIC's reason says
+//! how to serve it after all.
 
-use crate::config::{ResourceConfig, check_resource_name};
+use crate::config::{DiscoveryPolicy, ResourceConfig, check_resource_name};
 use crate::core::nic::master::receive_path_owner;
+use crate::core::nic::usage::{NodeNet, uses};
 use macvtap_link::Link;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -43,6 +51,11 @@ pub(crate) struct Plan {
     pub advertise: Vec<String>,
     /// NICs left out, with why (a sentence).
     pub left_out: BTreeMap<String, String>,
+    /// Advertised NICs with a global address that `--discover-include`
+    /// names, with the address (a phrase).
+    pub included: BTreeMap<String, String>,
+    /// The left-out links the node uses itself (the `spare` policy's).
+    pub node_uses: Vec<String>,
 }
 
 /// Decides which links auto-discovery advertises: every NIC ([`is_nic`])
@@ -92,35 +105,162 @@ pub(crate) fn plan(links: &[Link], extra_kinds: &[String]) -> Plan {
     p
 }
 
+/// Under the `spare` policy, moves every advertised link of `plan` that the
+/// node uses itself (`net`, among `links`) to its left-out ones, saying why
+/// and how to serve it: one with a global address stays advertised when
+/// `include` names it (noted in `included`), one that a default route
+/// leaves through or that holds the Node's InternalIP never does.
+pub(crate) fn leave_out_used(plan: &mut Plan, links: &[Link], net: &NodeNet, include: &[String]) {
+    let used = uses(links, net);
+    let mut kept = Vec::new();
+    for name in std::mem::take(&mut plan.advertise) {
+        let named = include.contains(&name);
+        let Some(u) = links
+            .iter()
+            .find(|l| l.name == name)
+            .and_then(|l| used.get(&l.index))
+        else {
+            kept.push(name);
+            continue;
+        };
+        if u.only_by_configuration() || !named {
+            plan.node_uses.push(name.clone());
+        }
+        if u.only_by_configuration() {
+            let include_note = if named {
+                " (--discover-include names it, but cannot serve such a NIC)"
+            } else {
+                ""
+            };
+            plan.left_out.insert(
+                name.clone(),
+                format!(
+                    "{name} {u}, so VMs on it would sit on the node's own network with MACs of their \
+                     choosing; to serve it anyway, name it in the configuration (an entry \
+                     {{\"name\":\"{name}\"}} in the ConfigMap){include_note}"
+                ),
+            );
+        } else if named {
+            plan.included.insert(name.clone(), u.to_string());
+            kept.push(name);
+        } else {
+            plan.left_out.insert(
+                name.clone(),
+                format!(
+                    "{name} {u}, so the node itself is on its network; to serve it, name it in \
+                     --discover-include (MACVTAP_DISCOVER_INCLUDE) or in the configuration"
+                ),
+            );
+        }
+    }
+    plan.advertise = kept;
+}
+
+/// The resources auto-discovery makes, and the links it leaves out because
+/// the node uses them (a resource served on one is withdrawn, not kept).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Discovered {
+    /// One resource per advertised link.
+    pub resources: Vec<ResourceConfig>,
+    /// The left-out links the node uses itself.
+    pub node_uses: Vec<String>,
+}
+
+/// What auto-discovery decided, as the Event about it says it: the links
+/// it advertises and the NICs it leaves out, with why.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Report {
+    /// The advertised links, in the kernel's order.
+    pub advertise: Vec<String>,
+    /// The left-out NICs, with why and how to serve them.
+    pub left_out: BTreeMap<String, String>,
+}
+
 /// Auto-discovery with memory: it logs each left-out link once, and again
-/// only when the reason changes or after the link was advertised or gone.
+/// only when the reason changes or after the link was advertised or gone;
+/// and it keeps a [`Report`] for an Event each time the NICs it leaves out
+/// (or their reasons) change.
 #[derive(Debug, Default)]
 pub(crate) struct Discovery {
     extra_kinds: Vec<String>,
+    include: Vec<String>,
     logged: Mutex<BTreeMap<String, String>>,
+    /// The left-out NICs last reported, and a report not taken yet.
+    reported: Mutex<(BTreeMap<String, String>, Option<Report>)>,
 }
 
 impl Discovery {
-    /// Discovery that also counts links of `extra_kinds` as NICs.
-    pub(crate) fn new(extra_kinds: Vec<String>) -> Self {
+    /// Discovery that also counts links of `extra_kinds` as NICs, and
+    /// under the `spare` policy offers the NICs `include` names despite a
+    /// global address.
+    pub(crate) fn new(extra_kinds: Vec<String>, include: Vec<String>) -> Self {
         Self {
             extra_kinds,
-            logged: Mutex::default(),
+            include,
+            ..Self::default()
         }
     }
 
-    /// The resources auto-discovery makes for `links`: one per advertised
-    /// link, named after it, bridge mode, capacity 100. Logs what it left
-    /// out that it had not logged yet.
-    pub(crate) fn discover(&self, links: &[Link]) -> Vec<ResourceConfig> {
-        let plan = plan(links, &self.extra_kinds);
+    /// What auto-discovery under `policy` finds among `links`, given what
+    /// the node uses itself (`net`), without logging.
+    pub(crate) fn plan(&self, links: &[Link], policy: DiscoveryPolicy, net: &NodeNet) -> Plan {
+        let mut p = plan(links, &self.extra_kinds);
+        if policy == DiscoveryPolicy::Spare {
+            leave_out_used(&mut p, links, net, &self.include);
+        }
+        p
+    }
+
+    /// The resources auto-discovery under `policy` makes for `links`: one
+    /// per advertised link, named after it, bridge mode, capacity 100; and
+    /// the links it leaves out because the node uses them. Logs what it
+    /// left out that it had not logged yet, and keeps a report when what it
+    /// leaves out changed ([`Discovery::take_report`]).
+    pub(crate) fn discover(
+        &self,
+        links: &[Link],
+        policy: DiscoveryPolicy,
+        net: &NodeNet,
+    ) -> Discovered {
+        let plan = self.plan(links, policy, net);
         for (ifname, reason) in self.newly_left_out(&plan) {
             info!(%ifname, "auto-discovery leaves {ifname} out: {reason}");
         }
-        plan.advertise
-            .iter()
-            .map(|n| ResourceConfig::for_nic(n))
-            .collect()
+        for (ifname, address) in &plan.included {
+            info!(%ifname, "auto-discovery serves {ifname} though it {address}: --discover-include names it");
+        }
+        self.note(&plan);
+        Discovered {
+            resources: plan
+                .advertise
+                .iter()
+                .map(|n| ResourceConfig::for_nic(n))
+                .collect(),
+            node_uses: plan.node_uses,
+        }
+    }
+
+    /// Keeps a report of `plan` when the NICs it leaves out, or why,
+    /// differ from the last report's.
+    fn note(&self, plan: &Plan) {
+        let mut reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+        if reported.0 != plan.left_out {
+            reported.0 = plan.left_out.clone();
+            reported.1 = Some(Report {
+                advertise: plan.advertise.clone(),
+                left_out: plan.left_out.clone(),
+            });
+        }
+    }
+
+    /// The report kept since the last call, if the NICs auto-discovery
+    /// leaves out changed meanwhile.
+    pub(crate) fn take_report(&self) -> Option<Report> {
+        self.reported
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .1
+            .take()
     }
 
     /// Whether a change of the links `changed` (their old and new states)
@@ -410,21 +550,21 @@ mod tests {
             ],
             &[("eth0", "bond0"), ("bond0", "br0"), ("veth1", "cni0")],
         );
-        let d = Discovery::new(Vec::new());
+        let d = Discovery::new(Vec::new(), Vec::new());
         let by = |name: &str| links.iter().find(|l| l.name == name).unwrap();
         assert!(d.concerned_by(&[by("eth0")], &links));
         assert!(d.concerned_by(&[by("br0")], &links), "two masters up");
         assert!(!d.concerned_by(&[by("veth1")], &links));
         assert!(!d.concerned_by(&[by("cni0")], &links), "holds no NIC");
         // With veth counted as NICs, both are.
-        let d = Discovery::new(vec!["veth".into()]);
+        let d = Discovery::new(vec!["veth".into()], Vec::new());
         assert!(d.concerned_by(&[by("veth1")], &links));
         assert!(d.concerned_by(&[by("cni0")], &links));
     }
 
     #[test]
     fn left_out_links_are_logged_once_per_reason() {
-        let d = Discovery::new(Vec::new());
+        let d = Discovery::new(Vec::new(), Vec::new());
         let mut links = layout(
             &[("eth0", None), ("br0", Some("bridge"))],
             &[("eth0", "br0")],
@@ -442,5 +582,157 @@ mod tests {
         links[1].kind = Some("openvswitch".into());
         let again = d.newly_left_out(&plan(&links, &[]));
         assert!(again[0].1.contains("Open vSwitch"), "{again:?}");
+    }
+
+    fn global(index: u32, ip: &str) -> macvtap_link::Address {
+        macvtap_link::Address {
+            index,
+            ip: ip.parse().unwrap(),
+            prefix_len: 24,
+            global: true,
+        }
+    }
+
+    fn default_route(oif: u32) -> macvtap_link::DefaultRoute {
+        macvtap_link::DefaultRoute {
+            ipv6: false,
+            table: macvtap_link::DefaultRoute::MAIN_TABLE,
+            oifs: vec![oif],
+            nexthop_id: None,
+        }
+    }
+
+    /// A node as most are: eth0 is its own (the default route, the
+    /// InternalIP), eth1 has no address, eth2 an address of a storage
+    /// network, eth3 in br3, which holds an address.
+    fn a_usual_node() -> (Vec<Link>, NodeNet) {
+        let mut links = layout(
+            &[
+                ("eth0", None),
+                ("eth1", None),
+                ("eth2", None),
+                ("eth3", None),
+                ("br3", Some("bridge")),
+            ],
+            &[("eth3", "br3")],
+        );
+        links.iter_mut().for_each(|l| l.oper_state = "up".into());
+        let net = NodeNet {
+            addressing: crate::core::nic::usage::Addressing {
+                addresses: vec![
+                    global(1, "192.0.2.10"),
+                    global(3, "198.51.100.3"),
+                    global(5, "203.0.113.5"),
+                ],
+                default_routes: vec![default_route(1)],
+            },
+            internal_ips: Some(vec!["192.0.2.10".parse().unwrap()]),
+        };
+        (links, net)
+    }
+
+    #[test]
+    fn spare_discovery_offers_only_nics_the_node_does_not_use() {
+        let (links, net) = a_usual_node();
+        let d = Discovery::new(Vec::new(), Vec::new());
+        let p = d.plan(&links, DiscoveryPolicy::Spare, &net);
+        assert_eq!(p.advertise, ["eth1"]);
+        assert_eq!(
+            p.left_out["eth0"],
+            "eth0 carries the IPv4 default route, so VMs on it would sit on the node's own \
+             network with MACs of their choosing; to serve it anyway, name it in the \
+             configuration (an entry {\"name\":\"eth0\"} in the ConfigMap)"
+        );
+        assert_eq!(
+            p.left_out["eth2"],
+            "eth2 has the global address 198.51.100.3/24, so the node itself is on its network; \
+             to serve it, name it in --discover-include (MACVTAP_DISCOVER_INCLUDE) or in the \
+             configuration"
+        );
+        assert!(
+            p.left_out["br3"].starts_with("br3 has the global address 203.0.113.5/24"),
+            "{p:?}"
+        );
+        assert!(
+            p.left_out["eth3"].contains("br3 is advertised in its place"),
+            "{p:?}"
+        );
+        // The Go project's policy offers them all.
+        let all = d.plan(&links, DiscoveryPolicy::All, &net);
+        assert_eq!(all.advertise, ["eth0", "eth1", "eth2", "br3"]);
+        assert_eq!(all.left_out.len(), 1, "only the bridge port: {all:?}");
+    }
+
+    #[test]
+    fn include_serves_a_nic_with_an_address_but_never_the_nodes_own() {
+        let (links, net) = a_usual_node();
+        let d = Discovery::new(Vec::new(), vec!["eth2".into(), "eth0".into()]);
+        let p = d.plan(&links, DiscoveryPolicy::Spare, &net);
+        assert_eq!(p.advertise, ["eth1", "eth2"]);
+        assert_eq!(p.included["eth2"], "has the global address 198.51.100.3/24");
+        assert!(
+            p.left_out["eth0"]
+                .ends_with("(--discover-include names it, but cannot serve such a NIC)"),
+            "{p:?}"
+        );
+        // The InternalIP alone is as binding as a default route.
+        let mut net = net;
+        net.addressing.default_routes.clear();
+        let d = Discovery::new(Vec::new(), vec!["eth0".into()]);
+        let p = d.plan(&links, DiscoveryPolicy::Spare, &net);
+        assert!(
+            p.left_out["eth0"].starts_with("eth0 holds the Node's InternalIP 192.0.2.10, so VMs"),
+            "{p:?}"
+        );
+        // Not knowing the InternalIP, its address still keeps eth0 out,
+        // but now --discover-include can serve it.
+        net.internal_ips = None;
+        let p = d.plan(&links, DiscoveryPolicy::Spare, &net);
+        assert!(p.advertise.contains(&"eth0".to_string()), "{p:?}");
+    }
+
+    #[test]
+    fn a_default_route_on_a_vlan_keeps_its_nic_out() {
+        let mut links = layout(
+            &[("eth0", None), ("eth0.100", Some("vlan")), ("eth1", None)],
+            &[],
+        );
+        links[1].lower_index = Some(1);
+        let net = NodeNet {
+            addressing: crate::core::nic::usage::Addressing {
+                addresses: vec![],
+                default_routes: vec![default_route(2)],
+            },
+            internal_ips: None,
+        };
+        let d = Discovery::new(Vec::new(), Vec::new());
+        let p = d.plan(&links, DiscoveryPolicy::Spare, &net);
+        assert_eq!(p.advertise, ["eth1"]);
+        assert!(
+            p.left_out["eth0"].starts_with("eth0 carries the IPv4 default route (on eth0.100), so"),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn a_report_is_kept_when_what_is_left_out_changes() {
+        let (links, mut net) = a_usual_node();
+        let d = Discovery::new(Vec::new(), Vec::new());
+        d.discover(&links, DiscoveryPolicy::Spare, &net);
+        let first = d.take_report().expect("a first report");
+        assert_eq!(first.advertise, ["eth1"]);
+        assert_eq!(
+            first.left_out.keys().collect::<Vec<_>>(),
+            ["br3", "eth0", "eth2", "eth3"]
+        );
+        assert_eq!(d.take_report(), None, "taken");
+        d.discover(&links, DiscoveryPolicy::Spare, &net);
+        assert_eq!(d.take_report(), None, "nothing changed");
+        // eth1 gets an address: it is left out too.
+        net.addressing.addresses.push(global(2, "192.0.2.99"));
+        d.discover(&links, DiscoveryPolicy::Spare, &net);
+        let second = d.take_report().expect("a second report");
+        assert!(second.advertise.is_empty());
+        assert!(second.left_out.contains_key("eth1"));
     }
 }

@@ -1,7 +1,8 @@
 //! The NICs: which links can carry a macvtap (`discovery`), who owns a
 //! NIC's receive path ([`master`]), another port in the way of a mode
-//! ([`port`]), a resource's health from its NIC (`health`) and its NUMA
-//! node (`topology`). One home for health, master, port and
+//! ([`port`]), what the node uses of its links itself (`usage`), a
+//! resource's health from its NIC (`health`) and its NUMA node
+//! (`topology`). One home for health, master, port and
 //! `can_be_in_the_way`, all plain functions of the links.
 
 pub(crate) mod discovery;
@@ -9,3 +10,4 @@ pub(crate) mod health;
 pub mod master;
 pub mod port;
 pub(crate) mod topology;
+pub(crate) mod usage;

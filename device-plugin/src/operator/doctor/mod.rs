@@ -141,7 +141,7 @@ pub async fn run(opts: &Options, target: &Target) -> Vec<Finding> {
         nix::unistd::geteuid().as_raw(),
     ));
     let allocated = kubelet::list_allocated(opts).await;
-    let resources = resources::gather(opts, allocated.as_ref().ok());
+    let resources = resources::gather(opts, allocated.as_ref().ok()).await;
     out.extend(resources.findings);
     if let Err(e) = &allocated {
         // The socket's own finding above says whether that is a problem.

@@ -1,12 +1,15 @@
 //! Each resource the daemon serves: its lower NIC (present, up, free), its
 //! mode and capacity, the devices pods hold per the kubelet's PodResources
-//! API, and the macvtap links on the node that no pod holds.
+//! API, and the macvtap links on the node that no pod holds; under
+//! auto-discovery, the NICs it leaves out, why and how to serve them.
 
-use super::Finding;
-use crate::config::{ResourceConfig, Resources};
-use crate::core::nic::discovery;
+use super::{Finding, TIMEOUT};
+use crate::config::{DiscoveryPolicy, ResourceConfig, Resources};
+use crate::core::nic::discovery::Discovery;
 use crate::core::nic::health::{NicHealth, resource_health};
+use crate::core::nic::usage::{Addressing, NodeNet};
 use crate::core::reclaim::{Held, go_era_leaked_links, leaked_links};
+use crate::operator::node::{NodeView, read_once};
 use crate::options::{Options, load_config};
 use macvtap_link::device::parse_device_id;
 use macvtap_link::{Handle, Link, Links};
@@ -23,8 +26,10 @@ pub(crate) struct Gathered {
 
 /// Loads the configuration `opts` names, lists the links of the calling
 /// thread's namespace and checks every resource; `held` is what pods hold,
-/// when the kubelet could be asked.
-pub(crate) fn gather(opts: &Options, held: Option<&Held>) -> Gathered {
+/// when the kubelet could be asked. Under `spare` auto-discovery it reads
+/// the node's addresses and default routes, and its Node's InternalIP
+/// from the API server (`NODE_NAME`, the pod's service account).
+pub(crate) async fn gather(opts: &Options, held: Option<&Held>) -> Gathered {
     let resolved = match load_config(opts) {
         Ok((r, _)) => r,
         Err(e) => {
@@ -37,14 +42,31 @@ pub(crate) fn gather(opts: &Options, held: Option<&Held>) -> Gathered {
             };
         }
     };
-    let links = match Handle::current().and_then(|h| h.list_links()) {
-        Ok(l) => l,
+    let read = Handle::current().and_then(|h| {
+        let links = h.list_links()?;
+        let spare = matches!(
+            resolved.resources,
+            Resources::AutoDiscover(DiscoveryPolicy::Spare)
+        );
+        let addressing = if spare {
+            Addressing {
+                addresses: h.list_addresses()?,
+                default_routes: h.list_default_routes()?,
+            }
+            .relevant()
+        } else {
+            Addressing::default()
+        };
+        Ok((links, spare, addressing))
+    });
+    let (links, spare, addressing) = match read {
+        Ok(r) => r,
         Err(e) => {
             return Gathered {
                 configs: Vec::new(),
                 findings: vec![Finding::problem(
                     "links",
-                    format!("the node's links cannot be listed: {e}"),
+                    format!("the node's links, addresses or routes cannot be listed: {e}"),
                 )],
             };
         }
@@ -56,10 +78,31 @@ pub(crate) fn gather(opts: &Options, held: Option<&Held>) -> Gathered {
             resolved.source, resolved.resources
         ),
     )];
+    let mut net = NodeNet {
+        addressing,
+        internal_ips: None,
+    };
+    if spare {
+        match read_once(opts.node_name.as_deref(), TIMEOUT).await {
+            NodeView::Known(f) => net.internal_ips = Some(f.internal_ips),
+            NodeView::Unknown(why) => findings.push(Finding::warning(
+                "discovery",
+                format!(
+                    "our Node's InternalIP is unknown ({why}), so auto-discovery cannot tell which \
+                     NIC holds it; NICs with a global address or a default route are left out all \
+                     the same"
+                ),
+            )),
+            NodeView::NotAsked => {}
+        }
+    }
+    let discovery = Discovery::new(opts.discover_kinds.clone(), opts.discover_include.clone());
     let configs = configured(
         &resolved.resources,
         &links,
-        &opts.discover_kinds,
+        &discovery,
+        &net,
+        &opts.discover_include,
         &mut findings,
     );
     let allocated = held.map(|h| h.ids(&configs));
@@ -77,23 +120,49 @@ pub(crate) fn gather(opts: &Options, held: Option<&Held>) -> Gathered {
 }
 
 /// The resources `resources` makes on a node with `links`: the static list,
-/// or what auto-discovery advertises (each NIC it leaves out is said, as an
-/// `ok` finding, into `findings`).
+/// or what `discovery` advertises given what the node uses itself (`net`);
+/// each NIC it leaves out, and each it serves only because `include`
+/// (`--discover-include`) names it, is said as an `ok` finding into
+/// `findings`, and a name in `include` that auto-discovery does not find
+/// as a warning.
 pub(crate) fn configured(
     resources: &Resources,
     links: &[Link],
-    discover_kinds: &[String],
+    discovery: &Discovery,
+    net: &NodeNet,
+    include: &[String],
     findings: &mut Vec<Finding>,
 ) -> Vec<ResourceConfig> {
     match resources {
         Resources::Static(list) => list.clone(),
-        Resources::AutoDiscover => {
-            let plan = discovery::plan(links, discover_kinds);
+        Resources::AutoDiscover(policy) => {
+            let plan = discovery.plan(links, *policy, net);
             for (nic, why) in &plan.left_out {
                 findings.push(Finding::ok(
                     "discovery",
                     format!("auto-discovery leaves {nic} out: {why}"),
                 ));
+            }
+            for (nic, address) in &plan.included {
+                findings.push(Finding::ok(
+                    "discovery",
+                    format!(
+                        "auto-discovery serves {nic} though it {address}: --discover-include names it"
+                    ),
+                ));
+            }
+            if *policy == DiscoveryPolicy::Spare {
+                for name in include.iter().filter(|n| {
+                    !plan.advertise.contains(n) && !plan.left_out.contains_key(n.as_str())
+                }) {
+                    findings.push(Finding::warning(
+                        "discovery",
+                        format!(
+                            "--discover-include names {name}, which auto-discovery does not find \
+                             (no NIC of that name, or one --discover-kinds does not count)"
+                        ),
+                    ));
+                }
             }
             plan.advertise
                 .iter()
@@ -115,7 +184,8 @@ pub(crate) fn check_resources(
         return vec![Finding::problem(
             "nic",
             "no resource to serve: configure one (--resource, --config or DP_MACVTAP_CONF) or \
-             give the node a NIC that auto-discovery finds",
+             give the node a NIC that auto-discovery finds (the discovery findings above say \
+             which NICs it leaves out and how to serve them)",
         )];
     }
     let held = allocated.map(held_per_resource).unwrap_or_default();
@@ -245,6 +315,85 @@ mod tests {
         assert_eq!(f[0].level, Level::Problem);
         assert!(f[0].message.contains("use br0 as lowerDevice"), "{f:?}");
         assert_eq!(check_resources(&[], &[], None)[0].level, Level::Problem);
+    }
+
+    #[test]
+    fn discovery_says_what_it_leaves_out_what_it_includes_and_a_name_it_does_not_find() {
+        use crate::core::nic::usage::Addressing;
+        let links = [
+            nic(2, "eth0", true),
+            nic(3, "eth1", true),
+            nic(4, "eth2", true),
+        ];
+        let net = NodeNet {
+            addressing: Addressing {
+                addresses: vec![macvtap_link::Address {
+                    index: 4,
+                    ip: "198.51.100.2".parse().unwrap(),
+                    prefix_len: 24,
+                    global: true,
+                }],
+                default_routes: vec![macvtap_link::DefaultRoute {
+                    ipv6: false,
+                    table: macvtap_link::DefaultRoute::MAIN_TABLE,
+                    oifs: vec![2],
+                    nexthop_id: None,
+                }],
+            },
+            internal_ips: None,
+        };
+        let include = ["eth2".to_string(), "eth9".to_string()];
+        let d = Discovery::new(Vec::new(), include.to_vec());
+        let mut findings = Vec::new();
+        let configs = configured(
+            &Resources::AutoDiscover(DiscoveryPolicy::Spare),
+            &links,
+            &d,
+            &net,
+            &include,
+            &mut findings,
+        );
+        let names: Vec<&str> = configs.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["eth1", "eth2"]);
+        let said: Vec<(Level, &str)> = findings
+            .iter()
+            .map(|f| (f.level, f.message.as_str()))
+            .collect();
+        assert_eq!(said.len(), 3, "{said:?}");
+        assert_eq!(said[0].0, Level::Ok);
+        assert!(
+            said[0]
+                .1
+                .starts_with("auto-discovery leaves eth0 out: eth0 carries the IPv4 default route"),
+            "{said:?}"
+        );
+        assert_eq!(
+            said[1],
+            (
+                Level::Ok,
+                "auto-discovery serves eth2 though it has the global address 198.51.100.2/24: \
+                 --discover-include names it"
+            )
+        );
+        assert_eq!(said[2].0, Level::Warning);
+        assert!(
+            said[2]
+                .1
+                .starts_with("--discover-include names eth9, which auto-discovery does not find"),
+            "{said:?}"
+        );
+        // The Go project's policy offers all three and says nothing.
+        let mut findings = Vec::new();
+        let configs = configured(
+            &Resources::AutoDiscover(DiscoveryPolicy::All),
+            &links,
+            &d,
+            &net,
+            &include,
+            &mut findings,
+        );
+        assert_eq!(configs.len(), 3);
+        assert!(findings.is_empty(), "{findings:?}");
     }
 
     #[test]
