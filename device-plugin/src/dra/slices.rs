@@ -245,6 +245,7 @@ mod tests {
             lower_device: nic.into(),
             mode: MacvtapMode::Bridge,
             capacity,
+            placement: None,
         }
     }
 

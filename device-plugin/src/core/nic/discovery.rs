@@ -204,6 +204,11 @@ impl Discovery {
         }
     }
 
+    /// The link kinds counted as NICs besides physical NICs and bonds.
+    pub(crate) fn extra_kinds(&self) -> &[String] {
+        &self.extra_kinds
+    }
+
     /// What auto-discovery under `policy` finds among `links`, given what
     /// the node uses itself (`net`), without logging.
     pub(crate) fn plan(&self, links: &[Link], policy: DiscoveryPolicy, net: &NodeNet) -> Plan {
