@@ -12,7 +12,7 @@
 //!   `crate::core::wanted` decides), changes of the node's global
 //!   addresses and default routes from `crate::core::addressing` and of
 //!   its Node's InternalIP from the Node watch
-//!   ([`crate::operator::node`], started once the configuration needs
+//!   (`crate::operator::node`, started once the configuration needs
 //!   it), and config reloads (`reload.rs`), and answer which resources
 //!   came and went;
 //! - the watches (`watches.rs`: one `DirWatcher` and the socket check's
