@@ -2,7 +2,9 @@
 //!
 //! The format is the Go project's `DP_MACVTAP_CONF`: a JSON array of
 //! `{"name", "lowerDevice", "mode", "capacity"}`; `[]` or `null` means
-//! auto-discovery. The same JSON may come from `--config FILE`, and entries
+//! auto-discovery. An entry may also carry a `nicSelector` (instead of
+//! `lowerDevice`) and a `nodeSelector` ([`crate::placement`]), which each
+//! node resolves to its own NIC, or to not serving the entry. The same JSON may come from `--config FILE`, and entries
 //! from `--resource` flags. The source with the highest precedence that is
 //! present decides the whole list: flags, then the file, then the env, then
 //! the default (auto-discovery).
@@ -42,9 +44,13 @@
 //! other entry is the one that worked with it).
 
 use crate::error::{Error, Result};
+use crate::placement::{
+    NicSelector, Placement, RawNicSelector, check_nic_selector, check_node_selector,
+};
 use macvtap_link::{MacvtapMode, RESOURCE_PREFIX, check_ifname};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 
@@ -65,12 +71,18 @@ pub(crate) const ENV_VAR: &str = "DP_MACVTAP_CONF";
 pub struct ResourceConfig {
     /// Resource name suffix, e.g. `dataplane` for `macvtap.network.kubevirt.io/dataplane`.
     pub name: String,
-    /// The host NIC the macvtaps are created on.
+    /// The host NIC the macvtaps are created on. For an entry whose NIC a
+    /// selector picks (`placement`), empty as configured, and the NIC this
+    /// node picked once the node resolved it (as every served resource is).
     pub lower_device: String,
     /// The macvtap mode.
     pub mode: MacvtapMode,
     /// Number of devices advertised.
     pub capacity: u32,
+    /// Where it is served and how each node picks its NIC, when the entry
+    /// says (a `nicSelector`, a `nodeSelector`); `None`: on every node, on
+    /// `lower_device`, as every Go project entry.
+    pub placement: Option<Placement>,
 }
 
 impl ResourceConfig {
@@ -82,7 +94,18 @@ impl ResourceConfig {
             lower_device: nic.to_string(),
             mode: MacvtapMode::Bridge,
             capacity: DEFAULT_CAPACITY,
+            placement: None,
         }
+    }
+
+    /// The NIC selector that picks its NIC on each node, if any.
+    pub(crate) fn nic_selector(&self) -> Option<&NicSelector> {
+        self.placement.as_ref().and_then(|p| p.nic.as_ref())
+    }
+
+    /// Whether it is served only on nodes with some labels.
+    pub(crate) fn has_node_selector(&self) -> bool {
+        self.placement.as_ref().is_some_and(|p| !p.nodes.is_empty())
     }
 
     /// The full extended resource name, `macvtap.network.kubevirt.io/<name>`.
@@ -97,16 +120,21 @@ impl ResourceConfig {
 }
 
 impl fmt::Display for ResourceConfig {
-    /// `macvtap.network.kubevirt.io/dp on NIC eth1 (bridge mode, 100 devices)`.
+    /// `macvtap.network.kubevirt.io/dp on NIC eth1 (bridge mode, 100
+    /// devices)`; as configured with a NIC selector, `... on the first NIC
+    /// with driver ixgbe ...`; with a node selector, `..., on nodes
+    /// labelled role=dp`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} on NIC {} ({} mode, {} devices)",
-            self.resource_name(),
-            self.lower_device,
-            self.mode,
-            self.capacity
-        )
+        write!(f, "{} on ", self.resource_name())?;
+        match self.nic_selector() {
+            Some(sel) if self.lower_device.is_empty() => write!(f, "{sel}")?,
+            _ => write!(f, "NIC {}", self.lower_device)?,
+        }
+        write!(f, " ({} mode, {} devices)", self.mode, self.capacity)?;
+        if let Some(p) = self.placement.as_ref().filter(|p| !p.nodes.is_empty()) {
+            write!(f, ", on nodes labelled {}", p.nodes_text())?;
+        }
+        Ok(())
     }
 }
 
@@ -290,29 +318,39 @@ pub(crate) struct RawEntry {
     pub mode: String,
     /// Capacity; 0 or less means [`DEFAULT_CAPACITY`].
     pub capacity: i64,
+    /// The NIC selector, instead of `lowerDevice`.
+    pub nic_selector: Option<RawNicSelector>,
+    /// The node selector: labels a node must have.
+    pub node_selector: Option<BTreeMap<String, String>>,
     /// Keys that name no field (ignored, as Go ignored them), in order.
     pub unknown_keys: Vec<String>,
 }
 
-/// The struct fields of the Go project's `macvtapConfig`.
+/// The struct fields of the Go project's `macvtapConfig`, and our two
+/// selectors.
 #[derive(Clone, Copy)]
 enum Field {
     Name,
     LowerDevice,
     Mode,
     Capacity,
+    NicSelector,
+    NodeSelector,
 }
 
 impl Field {
     /// The field a JSON key fills, as Go's `encoding/json` picks it: the
-    /// exact name, else a case-insensitive match (the names hold no `k` or
-    /// `s`, the only letters Go folds beyond ASCII).
+    /// exact name, else a case-insensitive match (the Go project's names
+    /// hold no `k` or `s`, the only letters Go folds beyond ASCII; the
+    /// selectors, which Go never had, are matched the same way).
     fn for_key(key: &str) -> Option<Field> {
-        const FIELDS: [(&str, Field); 4] = [
+        const FIELDS: [(&str, Field); 6] = [
             ("name", Field::Name),
             ("lowerDevice", Field::LowerDevice),
             ("mode", Field::Mode),
             ("capacity", Field::Capacity),
+            ("nicSelector", Field::NicSelector),
+            ("nodeSelector", Field::NodeSelector),
         ];
         FIELDS
             .iter()
@@ -332,7 +370,10 @@ impl<'de> Deserialize<'de> for RawEntry {
         impl<'de> Visitor<'de> for EntryVisitor {
             type Value = RawEntry;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an object with name, lowerDevice, mode and capacity")
+                f.write_str(
+                    "an object with name, lowerDevice, mode and capacity (and nicSelector, \
+                     nodeSelector)",
+                )
             }
             fn visit_unit<E: de::Error>(self) -> std::result::Result<RawEntry, E> {
                 Ok(RawEntry::default())
@@ -355,6 +396,16 @@ impl<'de> Deserialize<'de> for RawEntry {
                         Some(Field::Capacity) => {
                             if let Some(c) = map.next_value::<Option<i64>>()? {
                                 e.capacity = c;
+                            }
+                        }
+                        Some(Field::NicSelector) => {
+                            if let Some(s) = map.next_value::<Option<RawNicSelector>>()? {
+                                e.nic_selector = Some(s);
+                            }
+                        }
+                        Some(Field::NodeSelector) => {
+                            if let Some(n) = map.next_value::<Option<BTreeMap<String, String>>>()? {
+                                e.node_selector = Some(n);
                             }
                         }
                         None => {
@@ -384,7 +435,9 @@ pub fn parse_json(source: &Source, text: &str) -> Result<Resources> {
 }
 
 /// Parses one `--resource` flag: `name=N,lowerDevice=D,mode=M,capacity=C`,
-/// or just a NIC name for the defaults.
+/// or just a NIC name for the defaults; a NIC selector as `names=A|B`,
+/// `pattern=P`, `driver=D`, `vendor=V`, `device=D` and a node selector as
+/// `node=LABEL:VALUE` (repeatable).
 pub(crate) fn parse_resource_flag(s: &str) -> std::result::Result<RawEntry, String> {
     if !s.contains('=') {
         return Ok(RawEntry {
@@ -407,9 +460,26 @@ pub(crate) fn parse_resource_flag(s: &str) -> std::result::Result<RawEntry, Stri
                     .parse()
                     .map_err(|_| format!("--resource {s:?}: capacity {v:?} is not a number"))?;
             }
+            "names" => {
+                e.nic_selector.get_or_insert_with(Default::default).names =
+                    Some(v.split('|').map(|n| n.trim().to_string()).collect());
+            }
+            "pattern" => e.nic_selector.get_or_insert_with(Default::default).pattern = Some(v),
+            "driver" => e.nic_selector.get_or_insert_with(Default::default).driver = Some(v),
+            "vendor" => e.nic_selector.get_or_insert_with(Default::default).vendor = Some(v),
+            "device" => e.nic_selector.get_or_insert_with(Default::default).device = Some(v),
+            "node" => {
+                let (label, value) = v
+                    .split_once(':')
+                    .ok_or_else(|| format!("--resource {s:?}: node {v:?} is not LABEL:VALUE"))?;
+                e.node_selector
+                    .get_or_insert_with(Default::default)
+                    .insert(label.trim().to_string(), value.trim().to_string());
+            }
             other => {
                 return Err(format!(
-                    "--resource {s:?}: unknown key {other:?} (expected name, lowerDevice, mode, capacity)"
+                    "--resource {s:?}: unknown key {other:?} (expected name, lowerDevice, mode, \
+                     capacity, names, pattern, driver, vendor, device, node)"
                 ));
             }
         }
@@ -468,7 +538,7 @@ pub(crate) fn check_entries(source: &Source, entries: Vec<RawEntry>) -> Result<C
         if !e.unknown_keys.is_empty() {
             out.warnings.push(format!(
                 "{what}: unknown key{} {} ignored, as the Go device plugin ignored them \
-                 (expected name, lowerDevice, mode, capacity)",
+                 (expected name, lowerDevice, mode, capacity, nicSelector, nodeSelector)",
                 if e.unknown_keys.len() > 1 { "s" } else { "" },
                 e.unknown_keys
                     .iter()
@@ -535,12 +605,17 @@ pub(crate) fn check_entries(source: &Source, entries: Vec<RawEntry>) -> Result<C
 /// or a file that is an error naming both entries; from `DP_MACVTAP_CONF`
 /// the passthru entry is left out (the later one when both are passthru)
 /// and the other starts, as it did with the Go device plugin, which never
-/// served passthru. `entry_of` holds each resource's entry number.
+/// served passthru. `entry_of` holds each resource's entry number. An
+/// entry with a placement is checked by each node against the others it
+/// serves, on the NIC it picks (`crate::core::nic::select`).
 fn check_passthru_nics(source: &Source, out: &mut Checked, entry_of: &[usize]) -> Result<()> {
     let passthru = |r: &ResourceConfig| r.mode == MacvtapMode::Passthru;
     let mut kept: Vec<usize> = Vec::new();
     let mut left_out = vec![false; out.resources.len()];
     for (n, r) in out.resources.iter().enumerate() {
+        if r.placement.is_some() {
+            continue;
+        }
         let clash = kept.iter().position(|&k| {
             let o = &out.resources[k];
             o.lower_device == r.lower_device && (passthru(o) || passthru(r))
@@ -586,7 +661,25 @@ fn check_passthru_nics(source: &Source, out: &mut Checked, entry_of: &[usize]) -
 /// One entry as a resource, or why it cannot work.
 fn check_entry(e: &RawEntry) -> std::result::Result<ResourceConfig, String> {
     check_resource_name(&e.name)?;
-    let lower = if e.lower_device.is_empty() {
+    let nic = e
+        .nic_selector
+        .as_ref()
+        .map(check_nic_selector)
+        .transpose()?;
+    if nic.is_some() && !e.lower_device.is_empty() {
+        return Err(
+            "lowerDevice and nicSelector both choose the NIC; give one of them".to_string(),
+        );
+    }
+    let nodes = e.node_selector.clone().unwrap_or_default();
+    check_node_selector(&nodes)?;
+    let placement = (nic.is_some() || !nodes.is_empty()).then(|| Placement {
+        nic: nic.clone(),
+        nodes,
+    });
+    let lower = if nic.is_some() {
+        String::new()
+    } else if e.lower_device.is_empty() {
         check_ifname(&e.name).map_err(|m| {
             format!("lowerDevice is not given, so the NIC is the resource name, and {m}")
         })?;
@@ -613,6 +706,7 @@ fn check_entry(e: &RawEntry) -> std::result::Result<ResourceConfig, String> {
         lower_device: lower,
         mode,
         capacity,
+        placement,
     })
 }
 
@@ -709,7 +803,8 @@ mod tests {
                 name: "dataplane".into(),
                 lower_device: "eth0".into(),
                 mode: MacvtapMode::Vepa,
-                capacity: 50
+                capacity: 50,
+                placement: None,
             }
         );
         assert_eq!(list[1], ResourceConfig::for_nic("eth1"));
@@ -805,7 +900,8 @@ mod tests {
                 name: "fromflag".into(),
                 lower_device: "eth2".into(),
                 mode: MacvtapMode::Private,
-                capacity: 3
+                capacity: 3,
+                placement: None,
             }])
         );
         let no_flags = Sources {
@@ -1128,7 +1224,8 @@ mod tests {
                 name: "pt".into(),
                 lower_device: "eth0".into(),
                 mode: MacvtapMode::Passthru,
-                capacity: 1
+                capacity: 1,
+                placement: None,
             }])
         );
     }
@@ -1241,13 +1338,15 @@ mod tests {
                     name: "a".into(),
                     lower_device: "eth0".into(),
                     mode: MacvtapMode::Vepa,
-                    capacity: 3
+                    capacity: 3,
+                    placement: None,
                 },
                 ResourceConfig {
                     name: "b".into(),
                     lower_device: "eth2".into(),
                     mode: MacvtapMode::Bridge,
-                    capacity: DEFAULT_CAPACITY
+                    capacity: DEFAULT_CAPACITY,
+                    placement: None,
                 },
                 ResourceConfig::for_nic("d"),
             ]
@@ -1291,5 +1390,129 @@ mod tests {
             discovery: None,
         };
         assert!(err(&s).contains("config file /c.json"));
+    }
+
+    #[test]
+    fn an_entry_may_select_its_nic_and_its_nodes() {
+        let text = r#"[{"name":"dp","nicSelector":{"names":["eth1","ens5f0"],"pattern":"e*",
+                        "driver":"ixgbe","vendor":"0x8086","device":"10FB"},
+                        "nodeSelector":{"role":"dp"},"capacity":4},
+                       {"name":"plain","lowerDevice":"eth2"},
+                       {"name":"labelled","lowerDevice":"eth3","NodeSelector":{"zone":"a"}}]"#;
+        for source in [env(text), file(text)] {
+            let r = resolve(&source).unwrap();
+            let Resources::Static(list) = r.resources else {
+                panic!()
+            };
+            let dp = &list[0];
+            assert_eq!(dp.lower_device, "", "picked by each node");
+            let p = dp.placement.as_ref().unwrap();
+            let nic = p.nic.as_ref().unwrap();
+            assert_eq!(nic.names, ["eth1", "ens5f0"]);
+            assert_eq!(nic.pattern.as_deref(), Some("e*"));
+            assert_eq!(nic.driver.as_deref(), Some("ixgbe"));
+            assert_eq!(
+                (nic.vendor.as_deref(), nic.device.as_deref()),
+                (Some("8086"), Some("10fb"))
+            );
+            assert_eq!(p.nodes["role"], "dp");
+            assert_eq!(
+                dp.to_string(),
+                "macvtap.network.kubevirt.io/dp on the first NIC named eth1 or ens5f0, whose \
+                 name matches e*, with driver ixgbe, with PCI vendor 8086, with PCI device 10fb \
+                 (bridge mode, 4 devices), on nodes labelled role=dp"
+            );
+            // The Go project's form stays as it was.
+            assert_eq!(
+                list[1],
+                ResourceConfig {
+                    lower_device: "eth2".into(),
+                    ..ResourceConfig::for_nic("plain")
+                }
+            );
+            assert_eq!(list[1].placement, None);
+            let labelled = list[2].placement.as_ref().unwrap();
+            assert_eq!(list[2].lower_device, "eth3");
+            assert_eq!(labelled.nic, None);
+            assert_eq!(labelled.nodes["zone"], "a");
+        }
+    }
+
+    #[test]
+    fn selectors_that_cannot_work_are_refused_naming_the_entry() {
+        for (entry, why) in [
+            (
+                r#"{"name":"dp","lowerDevice":"eth1","nicSelector":{"names":["eth2"]}}"#,
+                "lowerDevice and nicSelector both choose the NIC",
+            ),
+            (
+                r#"{"name":"dp","nicSelector":{}}"#,
+                "nicSelector says nothing",
+            ),
+            (
+                r#"{"name":"dp","nicSelector":{"vendor":"intel"}}"#,
+                "nicSelector.vendor \"intel\" is not a PCI ID",
+            ),
+            (
+                r#"{"name":"dp","nicSelector":{"names":["a-name-far-too-long"]}}"#,
+                "nicSelector.names: ",
+            ),
+            (
+                r#"{"name":"dp","lowerDevice":"eth1","nodeSelector":{"bad key":"x"}}"#,
+                "nodeSelector: \"bad key\" is not a label name",
+            ),
+        ] {
+            let text = format!("[{entry},{{\"name\":\"eth9\"}}]");
+            let c = checked(&text);
+            assert_eq!(c.resources.len(), 1, "{entry}: the other entry is served");
+            assert!(
+                c.refused[0].starts_with("DP_MACVTAP_CONF: entry 0 (\"dp\"): ")
+                    && c.refused[0].contains(why),
+                "{entry}: {:?}",
+                c.refused
+            );
+            let e = err(&file(&text));
+            assert!(e.contains("entry 0 (\"dp\")") && e.contains(why), "{e}");
+        }
+        // A misspelt key inside a selector would widen what it matches:
+        // the whole list is refused, as a wrong type is.
+        let e = err(&env(r#"[{"name":"dp","nicSelector":{"drvier":"ixgbe"}}]"#));
+        assert!(
+            e.contains("not a JSON array") && e.contains("drvier"),
+            "{e}"
+        );
+        let e = err(&env(r#"[{"name":"dp","nodeSelector":{"role":1}}]"#));
+        assert!(e.contains("not a JSON array"), "{e}");
+    }
+
+    #[test]
+    fn flags_take_the_selectors_too() {
+        let r = resolve(&flags(&[
+            "name=dp,names=eth1|ens5f0,driver=ixgbe,vendor=8086,device=10fb,node=role:dp,node=zone:a",
+            "name=p,pattern=ens5f*,mode=passthru",
+        ]))
+        .unwrap();
+        let Resources::Static(list) = r.resources else {
+            panic!()
+        };
+        let p = list[0].placement.as_ref().unwrap();
+        assert_eq!(p.nic.as_ref().unwrap().names, ["eth1", "ens5f0"]);
+        assert_eq!(p.nodes.len(), 2);
+        assert_eq!(
+            list[1].nic_selector().unwrap().pattern.as_deref(),
+            Some("ens5f*")
+        );
+        assert!(err(&flags(&["name=dp,node=role"])).contains("node \"role\" is not LABEL:VALUE"));
+    }
+
+    #[test]
+    fn passthru_sharing_is_left_to_each_node_for_selected_nics() {
+        // Two entries on one NIC, the passthru one for some nodes only:
+        // whether they meet is each node's to see.
+        let text = r#"[{"name":"dp","lowerDevice":"eth0"},
+                       {"name":"pt","lowerDevice":"eth0","mode":"passthru",
+                        "nodeSelector":{"role":"pt"}},
+                       {"name":"sel","nicSelector":{"pattern":"eth*"},"mode":"passthru"}]"#;
+        assert_eq!(names(&resolve(&file(text)).unwrap()), ["dp", "pt", "sel"]);
     }
 }

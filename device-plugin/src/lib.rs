@@ -14,7 +14,8 @@
 //! reclaim, the host's namespace and paths on the kernel seam); the fronts
 //! only translate: [`kubelet`] (the device plugin API: the tonic service,
 //! Allocate, Register, the device list) and [`operator`] (metrics, Events,
-//! `doctor`, HTTP). [`daemon`] is the loop wiring them; [`config`],
+//! `doctor`, HTTP). [`daemon`] is the loop wiring them; [`config`] (with
+//! [`placement`], an entry's NIC and node selectors),
 //! [`options`] and [`cli`] say what it is told (with the Go project's flags
 //! in [`glog`]); `fswatch` is its one
 //! inotify instance; [`install`] is the `install-cni` subcommand.
@@ -32,6 +33,7 @@ pub mod kubelet;
 pub mod logging;
 pub mod operator;
 pub mod options;
+pub mod placement;
 #[cfg(test)]
 mod testlog;
 

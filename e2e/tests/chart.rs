@@ -693,6 +693,40 @@ fn the_other_values_reach_the_objects() {
     assert!(!off.iter().any(|d| d["kind"] == "Namespace"));
 }
 
+/// An entry's NIC and node selectors (issue 46, item 4) reach the
+/// ConfigMap as the daemon reads them, and the chart's passthru check
+/// leaves such entries to each node.
+#[test]
+fn selectors_reach_the_configmap_as_the_daemon_reads_them() {
+    let docs = helm_template(&[
+        "macvtapResources[0].name=dataplane",
+        "macvtapResources[0].nicSelector.names[0]=ens5f0",
+        "macvtapResources[0].nicSelector.names[1]=eth1",
+        "macvtapResources[0].nicSelector.driver=ixgbe",
+        "macvtapResources[0].nicSelector.vendor=0x8086",
+        "macvtapResources[0].nicSelector.device=10fb",
+        "macvtapResources[0].nodeSelector.macvtap\\.example\\.com/dataplane=yes",
+        "macvtapResources[1].name=pt",
+        "macvtapResources[1].lowerDevice=ens5f0",
+        "macvtapResources[1].mode=passthru",
+        "macvtapResources[1].capacity=1",
+        "macvtapResources[1].nodeSelector.role=pt",
+    ]);
+    let Resources::Static(list) = as_the_daemon_reads(&docs) else {
+        panic!("the device plugin auto-discovers")
+    };
+    assert_eq!(list.len(), 2, "{list:?}");
+    let p = list[0].placement.as_ref().unwrap();
+    let nic = p.nic.as_ref().unwrap();
+    assert_eq!(nic.names, ["ens5f0", "eth1"]);
+    assert_eq!(nic.driver.as_deref(), Some("ixgbe"));
+    assert_eq!(nic.vendor.as_deref(), Some("8086"));
+    assert_eq!(nic.device.as_deref(), Some("10fb"));
+    assert_eq!(p.nodes["macvtap.example.com/dataplane"], "yes");
+    assert_eq!(list[1].lower_device, "ens5f0");
+    assert_eq!(list[1].placement.as_ref().unwrap().nodes["role"], "pt");
+}
+
 /// `extraArgs`, `imagePullSecrets`, `nodeSelector`, `affinity`,
 /// `tolerations` and `priorityClassName` land in the pod, and the
 /// daemon's command line, extra flags included, is one the daemon's own
@@ -915,6 +949,35 @@ const MISTAKES: &[Mistake] = &[
     bad(
         &["extraArgs[0]=--cdi-dir=/etc/cdi"],
         "extraArgs: --cdi-dir is set by the chart",
+    ),
+    bad(
+        &[
+            "macvtapResources[0].name=dp",
+            "macvtapResources[0].lowerDevice=eth1",
+            "macvtapResources[0].nicSelector.driver=ixgbe",
+        ],
+        "at '/macvtapResources/0'",
+    ),
+    bad(
+        &[
+            "macvtapResources[0].name=dp",
+            "macvtapResources[0].nicSelector.drvier=ixgbe",
+        ],
+        "additional properties 'drvier' not allowed",
+    ),
+    bad(
+        &[
+            "macvtapResources[0].name=dp",
+            "macvtapResources[0].nicSelector.vendor=intel",
+        ],
+        "at '/macvtapResources/0/nicSelector/vendor'",
+    ),
+    bad(
+        &[
+            "macvtapResources[0].name=dp",
+            "json:macvtapResources[0].nicSelector={}",
+        ],
+        "at '/macvtapResources/0/nicSelector'",
     ),
     bad(
         &["extraArgs[0]=--discovery=all"],

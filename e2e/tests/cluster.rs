@@ -41,7 +41,8 @@
 //! of ours (the CNI, its settings, the record, device plugin sockets,
 //! macvtaps, RBAC, the namespace); the Go project's and the operator's
 //! DaemonSets with our image. A second test runs DRA mode on the same
-//! cluster (`cluster/dra.rs`).
+//! cluster (`cluster/dra.rs`), a third a resource served by a node
+//! selector as the Node is labelled and unlabelled (`cluster/labels.rs`).
 //!
 //! The cluster uses the node's fixed paths (`/var/lib/kubelet`,
 //! `/opt/cni/bin`, `/dev`), so this test holds the locks every test that
@@ -56,6 +57,8 @@ mod dra;
 mod dra_faults;
 #[path = "cluster/dra_switch.rs"]
 mod dra_switch;
+#[path = "cluster/labels.rs"]
+mod labels;
 
 use anyhow::{Context, Result, bail, ensure};
 use macvtap_e2e::cluster::{Cluster, NODE, last_lines, vm_rootfs};
@@ -653,8 +656,43 @@ fn dra_mode_on_a_real_node() -> Result<()> {
     outcome.and(cleanup)
 }
 
+/// A resource with a node selector on the real node (`cluster/labels.rs`):
+/// the Node labelled, it appears; the label removed, it goes, live. On the
+/// cluster the tests above leave or bring up, holding the same locks.
+#[test]
+fn node_selected_resource_follows_the_node_label_on_a_real_node() -> Result<()> {
+    require_root()?;
+    let _tap_lock = test_support::tap_node_lock()?;
+    let _dirs = node_locks::lock_node_dirs()?;
+    let cluster = Cluster::up()?;
+    let mut run = Run {
+        c: &cluster,
+        steps: Steps::new(),
+    };
+    if !cluster.started_here() {
+        run.steps
+            .step("the cluster was running: what an earlier run left, removed");
+        clean_up(&run)?;
+    }
+    let outcome = (|| -> Result<()> {
+        run.steps.step("the node's NIC and the peer host");
+        let peer = TestNs::new("clpeerl")?;
+        let _nic = HostNic::add(&peer)?;
+        run.steps.step("our image (hack/cluster.sh image)");
+        let tag = "e2e-labels";
+        cluster.import_our_image(&format!("{IMAGE_REPO}:{tag}"))?;
+        labels::labelled_resource(&mut run, tag)
+    })();
+    let cleanup = clean_up(&run);
+    run.steps.finish();
+    println!("{}", run.steps.summary());
+    outcome.and(cleanup)
+}
+
 fn clean_up(run: &Run) -> Result<()> {
     let c = run.c;
+    // What cluster/labels.rs sets on the Node.
+    let _ = c.kubectl(&["label", "node", NODE, &format!("{}-", labels::LABEL)]);
     let _ = c.helm(&[
         "uninstall",
         HELM_RELEASE,

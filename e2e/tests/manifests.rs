@@ -162,6 +162,45 @@ fn every_object_parses_into_its_kubernetes_type() {
     assert!(cm.data.unwrap().contains_key("DP_MACVTAP_CONF"));
 }
 
+/// The example of selectors (issue 46, item 4) is a ConfigMap the daemon
+/// reads as its comment says: from the mounted file, where one bad entry
+/// would refuse the whole list.
+#[test]
+fn the_selectors_example_is_what_its_comment_says() {
+    let doc = &example("configmap-selectors.yaml")[0];
+    let cm: ConfigMap = typed("examples/configmap-selectors.yaml", doc);
+    assert_eq!(
+        cm.metadata.name.as_deref(),
+        Some("macvtap-deviceplugin-config")
+    );
+    let text = &cm.data.unwrap()["DP_MACVTAP_CONF"];
+    let file = Source::File("/etc/macvtap-deviceplugin/DP_MACVTAP_CONF".into());
+    let Resources::Static(list) = parse_json(&file, text).unwrap() else {
+        panic!("an explicit list")
+    };
+    let dataplane = list[0].placement.as_ref().unwrap();
+    let nic = dataplane.nic.as_ref().unwrap();
+    assert_eq!(
+        (nic.names.as_slice(), nic.driver.as_deref()),
+        (
+            &["ens5f0".to_string(), "eth1".to_string()][..],
+            Some("ixgbe")
+        )
+    );
+    assert!(dataplane.nodes.is_empty());
+    let fast = list[1].placement.as_ref().unwrap();
+    let nic = fast.nic.as_ref().unwrap();
+    assert_eq!(nic.pattern.as_deref(), Some("enp*"));
+    assert_eq!(
+        (nic.vendor.as_deref(), nic.device.as_deref()),
+        (Some("15b3"), Some("1017"))
+    );
+    assert_eq!(fast.nodes["macvtap.example.com/fast"], "yes");
+    let comment =
+        std::fs::read_to_string(manifests().join("examples/configmap-selectors.yaml")).unwrap();
+    assert!(comment.contains("macvtap.example.com/fast=yes"));
+}
+
 /// The example NAD works with the defaults as shipped (no ConfigMap: each
 /// NIC is the resource named after it) on the NIC that the explicit
 /// ConfigMap names, and the explicit ConfigMap's resource is the one its

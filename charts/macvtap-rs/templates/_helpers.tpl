@@ -111,6 +111,9 @@ the API holds to 64 characters (macvtap-link's dra_name_problem). */}}
 {{- fail (printf "macvtapResources: entries %v and %d are both named %s; the daemon refuses the whole list" (get $names $r.name) $i $r.name) }}
 {{- end }}
 {{- $_ := set $names $r.name $i }}
+{{- /* An entry with a NIC or node selector: each node checks it against
+the others on the NIC it picks (the daemon's core/nic/select.rs). */}}
+{{- if not (or $r.nicSelector $r.nodeSelector) }}
 {{- $nic := $r.lowerDevice | default $r.name }}
 {{- $passthru := eq ($r.mode | default "bridge") "passthru" }}
 {{- if hasKey $nics $nic }}
@@ -120,5 +123,6 @@ the API holds to 64 characters (macvtap-link's dra_name_problem). */}}
 {{- end }}
 {{- end }}
 {{- $_ := set $nics $nic (dict "entry" $i "passthru" $passthru) }}
+{{- end }}
 {{- end }}
 {{- end -}}

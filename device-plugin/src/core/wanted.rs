@@ -1,8 +1,10 @@
 //! Which resources the node should serve, and what a new configuration or
 //! a change of the links changes of the ones it serves: plain functions of
-//! the configuration, the link table and auto-discovery that return
-//! [`Change`]s, which the daemon carries out (serving, logging, counting,
-//! posting). Nothing here serves, reads sysfs or waits.
+//! the configuration, the link table, auto-discovery and the Node's labels
+//! that return [`Change`]s, which the daemon carries out (serving, logging,
+//! counting, posting). Nothing here serves or waits; the one thing read is
+//! a selected NIC's driver and PCI IDs, under the sysfs root given
+//! ([`crate::core::nic::select`]).
 //!
 //! A change of some links revisits only the resources it touches (their
 //! NIC, the NIC's master, or a port on the NIC that can be in the way of
@@ -14,8 +16,10 @@ use crate::core::link_table::LinkTable;
 use crate::core::nic::discovery::Discovery;
 use crate::core::nic::health::{NicHealth, resource_health};
 use crate::core::nic::port::can_be_in_the_way;
+use crate::core::nic::select::{Labels, Placed, Placements, place_all};
 use crate::core::nic::usage::NodeNet;
 use macvtap_link::{Link, MacvtapMode};
+use std::path::Path;
 
 /// A resource the node should serve (or serves).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +42,12 @@ pub(crate) struct Node<'a> {
     /// What the node uses of them itself (its addresses, default routes
     /// and InternalIP), which `spare` auto-discovery leaves out.
     pub net: &'a NodeNet,
+    /// The Node's labels, which node selectors match.
+    pub labels: Labels<'a>,
+    /// Placement (which logs where each selected entry goes once).
+    pub placements: &'a Placements,
+    /// Where sysfs is: a selected NIC's driver and PCI IDs.
+    pub sysfs: &'a Path,
 }
 
 /// A wanted resource with its NIC's health now: what is published of it.
@@ -63,18 +73,46 @@ pub(crate) enum Change {
 }
 
 /// The resources wanted now on `node`, given the resources `served`: the
-/// configured ones, or what auto-discovery finds plus the discovered ones
-/// served whose NIC vanished (kept, unhealthy).
+/// configured ones this node serves, each on its NIC ([`place_all`]: a
+/// node selector may leave one out, a NIC selector picks the NIC; an entry
+/// whose selected NIC vanished keeps it, unhealthy, as a named NIC does),
+/// or what auto-discovery finds plus the discovered ones served whose NIC
+/// vanished (kept, unhealthy).
 pub(crate) fn wanted(node: Node<'_>, served: &[Wanted]) -> Vec<Wanted> {
     match node.resources {
-        Resources::Static(list) => list
-            .iter()
-            .cloned()
-            .map(|config| Wanted {
-                config,
-                discovered: false,
-            })
-            .collect(),
+        Resources::Static(list) => {
+            let links = node.links.links();
+            let placed = place_all(
+                list,
+                links,
+                node.discovery.extra_kinds(),
+                node.labels,
+                node.sysfs,
+                node.placements,
+            );
+            node.placements.log(list, &placed);
+            list.iter()
+                .zip(placed)
+                .filter_map(|(cfg, p)| match p {
+                    Placed::Here(config, _) => Some(config),
+                    Placed::NotHere(_) => None,
+                    // Served on a NIC that is gone now: kept, unhealthy.
+                    Placed::NoNic(_) => served
+                        .iter()
+                        .find(|s| {
+                            !s.discovered
+                                && s.config.name == cfg.name
+                                && s.config.placement == cfg.placement
+                                && node.links.by_name(&s.config.lower_device).is_none()
+                        })
+                        .map(|s| s.config.clone()),
+                })
+                .map(|config| Wanted {
+                    config,
+                    discovered: false,
+                })
+                .collect()
+        }
         Resources::AutoDiscover(policy) => {
             let discovered = node
                 .discovery
@@ -275,6 +313,9 @@ mod tests {
             discovery: &Discovery::default(),
             links: &links,
             net: &NodeNet::default(),
+            labels: Labels::Unknown("not read"),
+            placements: &Placements::default(),
+            sysfs: Path::new("/nonexistent"),
         };
         // In the configuration's order; neither discovered, nor kept.
         assert_eq!(
@@ -300,6 +341,9 @@ mod tests {
             discovery: &Discovery::default(),
             links: &links,
             net: &NodeNet::default(),
+            labels: Labels::Unknown("not read"),
+            placements: &Placements::default(),
+            sysfs: Path::new("/nonexistent"),
         };
         let mut now = served(&["eth0"], true);
         now.extend(served(&["dp"], false));
@@ -333,6 +377,9 @@ mod tests {
             discovery: &Discovery::default(),
             links: &links,
             net: &net,
+            labels: Labels::Unknown("not read"),
+            placements: &Placements::default(),
+            sysfs: Path::new("/nonexistent"),
         };
         assert_eq!(
             names(&changes(node, &now, None)),
@@ -348,6 +395,65 @@ mod tests {
     }
 
     #[test]
+    fn each_node_serves_an_entry_on_the_nic_it_picks_where_its_labels_say() {
+        use crate::placement::{NicSelector, Placement};
+        use std::collections::BTreeMap;
+        let entry = ResourceConfig {
+            lower_device: String::new(),
+            placement: Some(Placement {
+                nic: Some(NicSelector {
+                    names: vec!["ens5f0".into(), "eth1".into()],
+                    ..Default::default()
+                }),
+                nodes: BTreeMap::from([("role".to_string(), "dp".to_string())]),
+            }),
+            ..ResourceConfig::for_nic("dp")
+        };
+        let resources = Resources::Static(vec![entry.clone()]);
+        let links = LinkTable::new(vec![nic(2, "eth1"), nic(3, "eth2")]);
+        let dp = BTreeMap::from([("role".to_string(), "dp".to_string())]);
+        let placements = Placements::default();
+        let (discovery, net) = (Discovery::default(), NodeNet::default());
+        let node = |labels| Node {
+            resources: &resources,
+            discovery: &discovery,
+            links: &links,
+            net: &net,
+            labels,
+            placements: &placements,
+            sysfs: Path::new("/nonexistent"),
+        };
+        let got = wanted(node(Labels::Known(&dp)), &[]);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].config.lower_device, "eth1", "ens5f0 is not here");
+        assert!(!got[0].discovered);
+        // Labels unknown or other: not served here.
+        assert!(wanted(node(Labels::Unknown("x")), &[]).is_empty());
+        let web = BTreeMap::from([("role".to_string(), "web".to_string())]);
+        assert!(wanted(node(Labels::Known(&web)), &got).is_empty());
+        // The NIC it picked vanished: kept, unhealthy, as a named one.
+        let gone = LinkTable::new(vec![nic(3, "eth2")]);
+        let node = Node {
+            links: &gone,
+            ..node(Labels::Known(&dp))
+        };
+        let kept = wanted(node, &got);
+        assert_eq!(kept, got);
+        assert_eq!(
+            changes(node, &got, None)
+                .into_iter()
+                .map(|c| match c {
+                    Change::Updated(p) => p.health.reason(),
+                    other => panic!("{other:?}"),
+                })
+                .collect::<Vec<_>>(),
+            ["nic_missing"]
+        );
+        // Never served here: nothing to keep.
+        assert!(wanted(node, &[]).is_empty());
+    }
+
+    #[test]
     fn a_change_discovery_is_not_concerned_by_keeps_what_is_served() {
         let veth = Link {
             kind: Some("veth".into()),
@@ -359,6 +465,9 @@ mod tests {
             discovery: &Discovery::default(),
             links: &links,
             net: &NodeNet::default(),
+            labels: Labels::Unknown("not read"),
+            placements: &Placements::default(),
+            sysfs: Path::new("/nonexistent"),
         };
         let now = served(&["eth0"], true);
         assert_eq!(wanted_after(node, &now, &[&veth]), now, "nothing new found");
@@ -380,6 +489,9 @@ mod tests {
             discovery: &Discovery::default(),
             links: &links,
             net: &NodeNet::default(),
+            labels: Labels::Unknown("not read"),
+            placements: &Placements::default(),
+            sysfs: Path::new("/nonexistent"),
         };
         let got = changes(node, &served(&["eth0", "eth1"], false), None);
         assert_eq!(names(&got), ["-eth0", "~eth1", "+eth2"]);
@@ -415,6 +527,9 @@ mod tests {
             discovery: &Discovery::default(),
             links: &links,
             net: &NodeNet::default(),
+            labels: Labels::Unknown("not read"),
+            placements: &Placements::default(),
+            sysfs: Path::new("/nonexistent"),
         };
         let now = served(&["eth1", "eth2", "eth3"], false);
         let eth1 = nic(2, "eth1");

@@ -13,6 +13,7 @@ use crate::config::{Resolved, ResourceConfig};
 use crate::core::link_table::{LinkDelta, LinkTable, LinkUpdate};
 use crate::core::nic::discovery::Discovery;
 use crate::core::nic::health::{HealthLog, NicHealth};
+use crate::core::nic::select::{Labels, Placements};
 use crate::core::nic::topology::numa_node;
 use crate::core::nic::usage::{Addressing, NodeNet};
 use crate::core::report::Observer;
@@ -75,6 +76,10 @@ pub(super) struct Resources {
     discovery: Discovery,
     /// What the node uses of its links itself, kept current.
     net: NodeNet,
+    /// What is known of our Node (its labels, for node selectors).
+    node: NodeView,
+    /// Placement of configured entries, which logs each once.
+    placements: Placements,
     /// Each resource's last NIC health, to log and count its changes.
     health: HealthLog,
     /// Each served resource, by name.
@@ -127,6 +132,8 @@ impl Resources {
                 addressing: start.addressing,
                 internal_ips: None,
             },
+            node: NodeView::NotAsked,
+            placements: Placements::default(),
             health: HealthLog::default(),
             served: BTreeMap::new(),
             configs: start.configs,
@@ -199,11 +206,17 @@ impl Resources {
     }
 
     /// What is known of our Node changed: what auto-discovery offers
-    /// follows its InternalIP.
+    /// follows its InternalIP, and which entries this node serves its
+    /// labels.
     pub(super) fn on_node(&mut self, view: &NodeView) -> Vec<Served> {
         let internal_ips = view.internal_ips();
-        if self.net.internal_ips == internal_ips {
+        if self.node == *view {
             return Vec::new();
+        }
+        self.node = view.clone();
+        if self.net.internal_ips == internal_ips {
+            debug!("our Node's labels changed");
+            return self.reconcile();
         }
         match (&internal_ips, view) {
             (Some(ips), _) => info!(internal_ips = ?ips, "our Node's InternalIP is known"),
@@ -217,12 +230,17 @@ impl Resources {
     }
 
     /// Whether the configuration needs our Node read: `spare`
-    /// auto-discovery never offers the NIC holding its InternalIP.
+    /// auto-discovery never offers the NIC holding its InternalIP, and a
+    /// node selector matches its labels.
     pub(super) fn needs_node(&self) -> bool {
-        matches!(
-            self.resolved.resources,
-            crate::config::Resources::AutoDiscover(crate::config::DiscoveryPolicy::Spare)
-        )
+        match &self.resolved.resources {
+            crate::config::Resources::AutoDiscover(p) => {
+                *p == crate::config::DiscoveryPolicy::Spare
+            }
+            crate::config::Resources::Static(list) => {
+                list.iter().any(ResourceConfig::has_node_selector)
+            }
+        }
     }
 
     /// Brings the served resources in line with the configuration and the
@@ -238,11 +256,19 @@ impl Resources {
                 discovered: r.discovered,
             })
             .collect();
+        let labels = match &self.node {
+            NodeView::Known(f) => Labels::Known(&f.labels),
+            NodeView::Unknown(why) => Labels::Unknown(why),
+            NodeView::NotAsked => Labels::Unknown("not read yet"),
+        };
         let node = Node {
             resources: &self.resolved.resources,
             discovery: &self.discovery,
             links: &self.links,
             net: &self.net,
+            labels,
+            placements: &self.placements,
+            sysfs: &self.sysfs,
         };
         let mut out = Vec::new();
         for change in wanted::changes(node, &served, changed) {
@@ -517,6 +543,7 @@ mod tests {
         // but the reason does, and is said.
         let view = crate::operator::node::NodeView::Known(crate::operator::node::NodeFacts {
             internal_ips: vec!["192.0.2.10".parse().unwrap()],
+            ..Default::default()
         });
         assert!(r.on_node(&view).is_empty());
         let Ok(NodeEvent::NicsLeftOut { left_out, .. }) = posted.try_recv() else {

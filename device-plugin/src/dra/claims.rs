@@ -105,6 +105,7 @@ mod tests {
             lower_device: "eth1".into(),
             mode: MacvtapMode::Bridge,
             capacity: 4,
+            placement: None,
         }]
     }
 

@@ -257,6 +257,7 @@ mod tests {
                 lower_device: n.to_string(),
                 mode: MacvtapMode::Bridge,
                 capacity: 4,
+                placement: None,
             })
             .collect()
     }

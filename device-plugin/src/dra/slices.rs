@@ -256,6 +256,7 @@ mod tests {
             lower_device: nic.into(),
             mode: MacvtapMode::Bridge,
             capacity,
+            placement: None,
         }
     }
 

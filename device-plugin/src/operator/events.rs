@@ -314,20 +314,22 @@ impl NodeEvent {
                 format!("Uninstall kept on this node what is still in use: {kept}"),
             ),
             Self::NicsLeftOut { served, left_out } => {
+                // What it leaves out first: a long list of what it serves
+                // is what the API's length limit cuts.
                 let serves = if served.is_empty() {
-                    "Auto-discovery serves no NIC on this node".to_string()
+                    "It serves no NIC on this node.".to_string()
                 } else {
-                    format!("Auto-discovery serves {}", served.join(", "))
+                    format!("It serves {}.", served.join(", "))
                 };
                 let names: Vec<&str> = left_out
                     .iter()
                     .filter_map(|r| r.split_whitespace().next())
                     .collect();
                 let note = if left_out.is_empty() {
-                    format!("{serves} and leaves no NIC out now")
+                    format!("Auto-discovery leaves out no NIC the node uses now. {serves}")
                 } else {
                     format!(
-                        "{serves} and leaves out {}. {}.",
+                        "Auto-discovery leaves out {}, which the node uses itself. {}. {serves}",
                         names.join(", "),
                         left_out.join(". ")
                     )
@@ -775,16 +777,18 @@ mod tests {
                     "eth2 has the global address 192.0.2.2/24; name it"
                 ]
             ),
-            "Auto-discovery serves eth1 and leaves out eth0, eth2. eth0 carries the IPv4 default \
-             route; name it. eth2 has the global address 192.0.2.2/24; name it."
+            "Auto-discovery leaves out eth0, eth2, which the node uses itself. eth0 carries the \
+             IPv4 default route; name it. eth2 has the global address 192.0.2.2/24; name it. It \
+             serves eth1."
         );
         assert_eq!(
             note(&[], &["eth0 carries it"]),
-            "Auto-discovery serves no NIC on this node and leaves out eth0. eth0 carries it."
+            "Auto-discovery leaves out eth0, which the node uses itself. eth0 carries it. It \
+             serves no NIC on this node."
         );
         assert_eq!(
             note(&["eth1"], &[]),
-            "Auto-discovery serves eth1 and leaves no NIC out now"
+            "Auto-discovery leaves out no NIC the node uses now. It serves eth1."
         );
         let ev = NodeEvent::NicsLeftOut {
             served: vec![],

@@ -1,5 +1,8 @@
 //! The daemon's own Node, read from the API server: its InternalIP, whose
-//! NIC `spare` auto-discovery never offers (`crate::core::nic::usage`).
+//! NIC `spare` auto-discovery never offers (`crate::core::nic::usage`),
+//! and its labels, which configured resources' node selectors match
+//! (`crate::core::nic::select`), live: a label set or removed serves or
+//! withdraws a resource at once.
 //!
 //! A watch of the one Node (a field selector on its name) runs from the
 //! moment the configuration first needs it ([`NodeWatch::ensure`]), so a
@@ -15,6 +18,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -26,6 +30,8 @@ use tracing::{info, warn};
 pub(crate) struct NodeFacts {
     /// The addresses of type `InternalIP` in its `status.addresses`.
     pub internal_ips: Vec<IpAddr>,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
 }
 
 /// What is known of the Node.
@@ -58,7 +64,10 @@ pub(crate) fn facts(node: &Node) -> NodeFacts {
         .filter(|a| a.type_ == "InternalIP")
         .filter_map(|a| a.address.parse().ok())
         .collect();
-    NodeFacts { internal_ips }
+    NodeFacts {
+        internal_ips,
+        labels: node.metadata.labels.clone().unwrap_or_default(),
+    }
 }
 
 /// The watch of the daemon's Node, started on demand; its views arrive on
@@ -221,8 +230,13 @@ mod tests {
                 ]),
                 ..Default::default()
             }),
+            metadata: kube::api::ObjectMeta {
+                labels: Some(BTreeMap::from([("role".to_string(), "dp".to_string())])),
+                ..Default::default()
+            },
             ..Default::default()
         };
+        assert_eq!(facts(&node).labels["role"], "dp");
         assert_eq!(
             facts(&node).internal_ips,
             [

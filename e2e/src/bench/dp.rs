@@ -100,6 +100,7 @@ async fn allocate(bin: &Path, n: usize, report: &mut Report) -> Result<(String, 
         lower_device: "lower0".into(),
         mode: MacvtapMode::Bridge,
         capacity: 1000,
+        placement: None,
     };
     let mut next = 0u32;
     let batch = 200usize;

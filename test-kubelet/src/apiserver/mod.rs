@@ -1,7 +1,10 @@
 //! A plain-HTTP stand-in for the Kubernetes API server, inside a test
 //! namespace, serving what our binaries and Multus ask of it: events.k8s.io
 //! Events (created, patched while they exist, validated as the real server
-//! validates them) for the device plugin; GET of a Pod and of a
+//! validates them) and a list and watch of Nodes by name (each change
+//! [`FakeApiServer::put_node`] makes streamed to the watches open, as
+//! `MODIFIED` events in the real server's chunked JSON lines) for the
+//! device plugin; GET of a Pod and of a
 //! NetworkAttachmentDefinition, PUT of a Pod's status and POST of core
 //! Events for Multus' thin plugin (multus-cni `pkg/multus/multus.go`
 //! `GetPod`, `pkg/k8sclient/k8sclient.go` `getKubernetesDelegate` and
@@ -21,7 +24,7 @@ use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use store::{Store, key_of};
+use store::{Store, key_of, query_value, selected_name};
 use test_support::TestNs;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 pub use validation::validate_event_v1;
@@ -61,6 +64,8 @@ pub struct FakeApiServer {
     pub requests: tokio::sync::mpsc::UnboundedReceiver<ApiRequest>,
     store: Arc<Mutex<Store>>,
     log: Arc<Mutex<Vec<ApiRequest>>>,
+    /// Each Node stored, to the watches open.
+    nodes: tokio::sync::broadcast::Sender<Value>,
     _dir: tempfile::TempDir,
     task: tokio::task::JoinHandle<()>,
 }
@@ -84,13 +89,15 @@ impl FakeApiServer {
         let (tx, requests) = tokio::sync::mpsc::unbounded_channel();
         let store = Arc::new(Mutex::new(Store::default()));
         let log = Arc::new(Mutex::new(Vec::new()));
-        let (st, lg) = (store.clone(), log.clone());
+        let (nodes, _) = tokio::sync::broadcast::channel(64);
+        let (st, lg, nd) = (store.clone(), log.clone(), nodes.clone());
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let server = Server {
                     tx: tx.clone(),
                     store: st.clone(),
                     log: lg.clone(),
+                    nodes: nd.clone(),
                 };
                 tokio::spawn(server.serve(stream));
             }
@@ -101,9 +108,17 @@ impl FakeApiServer {
             requests,
             store,
             log,
+            nodes,
             _dir: dir,
             task,
         })
+    }
+
+    /// Adds or replaces a Node object (the next resourceVersion), and
+    /// sends it to every watch of it that is open.
+    pub fn put_node(&self, node: Value) {
+        let stored = lock(&self.store).put_node(node);
+        let _ = self.nodes.send(stored);
     }
 
     /// The next request, within 10 s.
@@ -172,26 +187,99 @@ struct Server {
     tx: tokio::sync::mpsc::UnboundedSender<ApiRequest>,
     store: Arc<Mutex<Store>>,
     log: Arc<Mutex<Vec<ApiRequest>>>,
+    nodes: tokio::sync::broadcast::Sender<Value>,
 }
 
 impl Server {
     /// Answers HTTP/1.1 requests on one (keep-alive) connection, until the
-    /// client closes it or sends something that is not HTTP.
+    /// client closes it or sends something that is not HTTP; a watch of
+    /// Nodes streams until the client goes.
     async fn serve(self, stream: tokio::net::TcpStream) {
         let mut stream = BufReader::new(stream);
-        while let Ok(Some(req)) = answer_one(&mut stream, &self.store).await {
+        // Subscribed before each request is read, so no change made while
+        // a watch is set up is missed (the watch sends what is newer than
+        // the version it asks from first).
+        while let Ok(Some((req, watch))) =
+            answer_one(&mut stream, &self.store, self.nodes.subscribe()).await
+        {
             lock(&self.log).push(req.clone());
             let _ = self.tx.send(req);
+            if let Some(w) = watch {
+                let _ = w.stream(stream.get_mut()).await;
+                return;
+            }
         }
     }
 }
 
-/// Reads one request from `stream`, answers it, and returns it; `None` when
-/// the client closed the connection.
+/// A watch of one Node (or all) from a resourceVersion on: what to send.
+struct NodeWatch {
+    name: Option<String>,
+    from: u64,
+    current: Vec<Value>,
+    changes: tokio::sync::broadcast::Receiver<Value>,
+}
+
+impl NodeWatch {
+    /// Sends the chunked response: the Nodes newer than `from`, then each
+    /// change, as `MODIFIED` events, until the client goes.
+    async fn stream(mut self, out: &mut tokio::net::TcpStream) -> std::io::Result<()> {
+        out.write_all(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
+        )
+        .await?;
+        let version = |n: &Value| {
+            n["metadata"]["resourceVersion"]
+                .as_str()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let name = self.name.clone();
+        let wanted = |n: &Value| {
+            name.as_deref()
+                .is_none_or(|want| n["metadata"]["name"] == want)
+        };
+        let mut sent = self.from;
+        let current = std::mem::take(&mut self.current);
+        for n in &current {
+            if wanted(n) && version(n) > self.from {
+                sent = sent.max(version(n));
+                send_event(out, n).await?;
+            }
+        }
+        loop {
+            let node = match self.changes.recv().await {
+                Ok(n) => n,
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return Ok(()),
+            };
+            if wanted(&node) && version(&node) > sent {
+                sent = version(&node);
+                send_event(out, &node).await?;
+            }
+        }
+    }
+}
+
+/// One watch event line, as one chunk.
+async fn send_event(out: &mut tokio::net::TcpStream, node: &Value) -> std::io::Result<()> {
+    let line = format!(
+        "{}\n",
+        serde_json::json!({"type": "MODIFIED", "object": node})
+    );
+    out.write_all(format!("{:x}\r\n{line}\r\n", line.len()).as_bytes())
+        .await?;
+    out.flush().await
+}
+
+/// Reads one request from `stream`, answers it, and returns it, with the
+/// watch to stream when it asks for one (`changes` are the Nodes stored
+/// from now on); `None` when the client closed the connection.
 async fn answer_one(
     stream: &mut BufReader<tokio::net::TcpStream>,
     store: &Mutex<Store>,
-) -> std::io::Result<Option<ApiRequest>> {
+    changes: tokio::sync::broadcast::Receiver<Value>,
+) -> std::io::Result<Option<(ApiRequest, Option<NodeWatch>)>> {
     let mut request_line = String::new();
     if stream.read_line(&mut request_line).await? == 0 {
         return Ok(None);
@@ -199,7 +287,8 @@ async fn answer_one(
     let mut parts = request_line.split_whitespace();
     let method = parts.next().unwrap_or_default().to_string();
     let target = parts.next().unwrap_or_default();
-    let path = target.split('?').next().unwrap_or_default().to_string();
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let (path, query) = (path.to_string(), query.to_string());
     let (mut length, mut content_type) = (0usize, String::new());
     loop {
         let mut line = String::new();
@@ -226,7 +315,33 @@ async fn answer_one(
     let mut body = vec![0u8; length];
     stream.read_exact(&mut body).await?;
     let json: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let answer = lock(store).answer(&method, &path, &body);
+    let watching = matches!(
+        query_value(&query, "watch").as_deref(),
+        Some("true") | Some("1")
+    );
+    if method == "GET" && path == "/api/v1/nodes" && watching {
+        let name = selected_name(&query);
+        let from = query_value(&query, "resourceVersion")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let current = lock(store).nodes.values().cloned().collect();
+        let req = ApiRequest {
+            method,
+            path,
+            content_type,
+            body: json,
+            invalid: Vec::new(),
+            status: 200,
+        };
+        let watch = NodeWatch {
+            name,
+            from,
+            current,
+            changes,
+        };
+        return Ok(Some((req, Some(watch))));
+    }
+    let answer = lock(store).answer(&method, &path, &query, &body);
     let text = answer.body.to_string();
     let head = format!(
         "HTTP/1.1 {} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
@@ -236,14 +351,17 @@ async fn answer_one(
     );
     stream.get_mut().write_all(head.as_bytes()).await?;
     stream.get_mut().write_all(text.as_bytes()).await?;
-    Ok(Some(ApiRequest {
-        method,
-        path,
-        content_type,
-        body: json,
-        invalid: answer.invalid,
-        status: answer.status,
-    }))
+    Ok(Some((
+        ApiRequest {
+            method,
+            path,
+            content_type,
+            body: json,
+            invalid: answer.invalid,
+            status: answer.status,
+        },
+        None,
+    )))
 }
 
 /// The reason phrase of the statuses the server answers.

@@ -1,6 +1,6 @@
 //! What the fake API server stores (Pods, NetworkAttachmentDefinitions,
-//! events.k8s.io Events) and how it answers each request it serves, as the
-//! real one does (`staging/src/k8s.io/apiserver/pkg/endpoints/handlers/`
+//! events.k8s.io Events, Nodes) and how it answers each request it serves,
+//! as the real one does (`staging/src/k8s.io/apiserver/pkg/endpoints/handlers/`
 //! `get.go`, `create.go`, `update.go`, `patch.go`).
 
 use super::protobuf::annotations_of_protobuf_pod;
@@ -15,7 +15,32 @@ pub(super) struct Store {
     pub(super) pods: HashMap<String, Value>,
     pub(super) nads: HashMap<String, Value>,
     pub(super) events: HashMap<String, Value>,
+    /// Nodes by name, each with its `metadata.resourceVersion`.
+    pub(super) nodes: HashMap<String, Value>,
+    /// The last resourceVersion given out.
+    pub(super) version: u64,
     pub(super) fail: Option<u16>,
+}
+
+/// The value of `key` in a request's query string, percent-decoded as far
+/// as field selectors need (`%3D` is `=`, `%2F` is `/`).
+pub(super) fn query_value(query: &str, key: &str) -> Option<String> {
+    query.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        (k == key).then(|| {
+            v.replace("%3D", "=")
+                .replace("%3d", "=")
+                .replace("%2F", "/")
+                .replace("%2f", "/")
+        })
+    })
+}
+
+/// The node name a field selector `metadata.name=NAME` asks for.
+pub(super) fn selected_name(query: &str) -> Option<String> {
+    query_value(query, "fieldSelector")?
+        .strip_prefix("metadata.name=")
+        .map(str::to_string)
 }
 
 /// One answer: the HTTP status, the JSON body, and the validation rules an
@@ -90,9 +115,22 @@ fn merge_patch(target: &mut Value, patch: &Value) {
 }
 
 impl Store {
-    /// Answers `method path` with `body` (JSON, or a protobuf Pod), and
-    /// changes what is stored as the real server would.
-    pub(super) fn answer(&mut self, method: &str, path: &str, body: &[u8]) -> Answer {
+    /// Stores `node` (a Node object) with the next resourceVersion, and
+    /// returns it as stored.
+    pub(super) fn put_node(&mut self, mut node: Value) -> Value {
+        self.version += 1;
+        node["metadata"]["resourceVersion"] = Value::from(self.version.to_string());
+        let name = node["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        self.nodes.insert(name, node.clone());
+        node
+    }
+
+    /// Answers `method path?query` with `body` (JSON, or a protobuf Pod),
+    /// and changes what is stored as the real server would.
+    pub(super) fn answer(&mut self, method: &str, path: &str, query: &str, body: &[u8]) -> Answer {
         if let Some(status) = self.fail {
             return Answer::failure(
                 status,
@@ -103,6 +141,25 @@ impl Store {
         let json: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
         let seg: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         match (method, seg.as_slice()) {
+            // A list of Nodes, by a field selector on the name (kube's
+            // watcher and `doctor` ask so); a watch is streamed instead.
+            ("GET", ["api", "v1", "nodes"]) => {
+                let items: Vec<Value> = self
+                    .nodes
+                    .values()
+                    .filter(|n| {
+                        selected_name(query)
+                            .is_none_or(|want| n["metadata"]["name"] == want.as_str())
+                    })
+                    .cloned()
+                    .collect();
+                Answer::ok(
+                    200,
+                    json!({"apiVersion": "v1", "kind": "NodeList",
+                           "metadata": {"resourceVersion": self.version.to_string()},
+                           "items": items}),
+                )
+            }
             ("GET", ["api", "v1", "namespaces", ns, "pods", name]) => {
                 match self.pods.get(&format!("{ns}/{name}")) {
                     Some(p) => Answer::ok(200, p.clone()),
@@ -227,21 +284,21 @@ mod tests {
             json!({"series": {"count": 2, "lastObservedTime": "2026-01-01T00:00:01.000000Z"}})
                 .to_string();
         let path = format!("{EVENTS}/n.1");
-        assert_eq!(s.answer("PATCH", &path, patch.as_bytes()).status, 404);
-        assert_eq!(s.answer("POST", EVENTS, body.as_bytes()).status, 201);
-        assert_eq!(s.answer("POST", EVENTS, body.as_bytes()).status, 409);
-        let a = s.answer("PATCH", &path, patch.as_bytes());
+        assert_eq!(s.answer("PATCH", &path, "", patch.as_bytes()).status, 404);
+        assert_eq!(s.answer("POST", EVENTS, "", body.as_bytes()).status, 201);
+        assert_eq!(s.answer("POST", EVENTS, "", body.as_bytes()).status, 409);
+        let a = s.answer("PATCH", &path, "", patch.as_bytes());
         assert_eq!(a.status, 200);
         assert_eq!(a.body["series"]["count"], 2);
         assert_eq!(a.body["reason"], "R");
         // A patch that breaks the validation is refused and not stored.
         let bad = json!({"series": {"count": 1}}).to_string();
-        assert_eq!(s.answer("PATCH", &path, bad.as_bytes()).status, 422);
+        assert_eq!(s.answer("PATCH", &path, "", bad.as_bytes()).status, 422);
         assert_eq!(s.events["default/n.1"]["series"]["count"], 2);
         s.events.clear();
-        assert_eq!(s.answer("PATCH", &path, patch.as_bytes()).status, 404);
+        assert_eq!(s.answer("PATCH", &path, "", patch.as_bytes()).status, 404);
         s.fail = Some(500);
-        assert_eq!(s.answer("POST", EVENTS, body.as_bytes()).status, 500);
+        assert_eq!(s.answer("POST", EVENTS, "", body.as_bytes()).status, 500);
         assert!(s.events.is_empty());
     }
 
@@ -252,14 +309,39 @@ mod tests {
         s.pods.insert(key_of(&pod), pod);
         let path = "/api/v1/namespaces/d/pods/p/status";
         let put = json!({"metadata": {"annotations": {"b": "2"}}}).to_string();
-        let a = s.answer("PUT", path, put.as_bytes());
+        let a = s.answer("PUT", path, "", put.as_bytes());
         assert_eq!(a.status, 200);
         assert_eq!(
             a.body["metadata"]["annotations"],
             json!({"a": "1", "b": "2"})
         );
-        assert_eq!(s.answer("PUT", path, b"not a pod").status, 400);
+        assert_eq!(s.answer("PUT", path, "", b"not a pod").status, 400);
         let missing = "/api/v1/namespaces/d/pods/q/status";
-        assert_eq!(s.answer("PUT", missing, put.as_bytes()).status, 404);
+        assert_eq!(s.answer("PUT", missing, "", put.as_bytes()).status, 404);
+    }
+
+    #[test]
+    fn nodes_are_listed_by_name_with_their_versions() {
+        let mut s = Store::default();
+        s.put_node(json!({"metadata": {"name": "a"}}));
+        s.put_node(json!({"metadata": {"name": "b", "labels": {"role": "dp"}}}));
+        let a = s.answer(
+            "GET",
+            "/api/v1/nodes",
+            "fieldSelector=metadata.name%3Db&limit=500",
+            b"",
+        );
+        assert_eq!(a.status, 200);
+        assert_eq!(a.body["metadata"]["resourceVersion"], "2");
+        let items = a.body["items"].as_array().unwrap();
+        assert_eq!(items.len(), 1);
+        assert_eq!(items[0]["metadata"]["labels"]["role"], "dp");
+        assert_eq!(items[0]["metadata"]["resourceVersion"], "2");
+        let all = s.answer("GET", "/api/v1/nodes", "", b"");
+        assert_eq!(all.body["items"].as_array().unwrap().len(), 2);
+        assert_eq!(
+            query_value("a=1&watch=true", "watch").as_deref(),
+            Some("true")
+        );
     }
 }

@@ -190,6 +190,7 @@ fn on_lower0(name: &str, mode: MacvtapMode, capacity: u32) -> ResourceConfig {
         lower_device: "lower0".into(),
         mode,
         capacity,
+        placement: None,
     }
 }
 

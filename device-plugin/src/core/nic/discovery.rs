@@ -166,20 +166,23 @@ pub(crate) struct Discovered {
     pub node_uses: Vec<String>,
 }
 
-/// What auto-discovery decided, as the Event about it says it: the links
-/// it advertises and the NICs it leaves out, with why.
+/// What auto-discovery decided of the NICs the node uses itself, as the
+/// Event about it says it: those it leaves out, with why, and the links it
+/// advertises. (A NIC a master owns is only logged: with `--discover-kinds
+/// veth` every pod's veth is one, and would make an Event per pod.)
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Report {
     /// The advertised links, in the kernel's order.
     pub advertise: Vec<String>,
-    /// The left-out NICs, with why and how to serve them.
+    /// The NICs left out because the node uses them, with why and how to
+    /// serve them.
     pub left_out: BTreeMap<String, String>,
 }
 
 /// Auto-discovery with memory: it logs each left-out link once, and again
 /// only when the reason changes or after the link was advertised or gone;
 /// and it keeps a [`Report`] for an Event each time the NICs it leaves out
-/// (or their reasons) change.
+/// because the node uses them (or their reasons) change.
 #[derive(Debug, Default)]
 pub(crate) struct Discovery {
     extra_kinds: Vec<String>,
@@ -199,6 +202,11 @@ impl Discovery {
             include,
             ..Self::default()
         }
+    }
+
+    /// The link kinds counted as NICs besides physical NICs and bonds.
+    pub(crate) fn extra_kinds(&self) -> &[String] {
+        &self.extra_kinds
     }
 
     /// What auto-discovery under `policy` finds among `links`, given what
@@ -240,15 +248,21 @@ impl Discovery {
         }
     }
 
-    /// Keeps a report of `plan` when the NICs it leaves out, or why,
-    /// differ from the last report's.
+    /// Keeps a report of `plan` when the NICs it leaves out because the
+    /// node uses them, or why, differ from the last report's.
     fn note(&self, plan: &Plan) {
+        let used: BTreeMap<String, String> = plan
+            .left_out
+            .iter()
+            .filter(|(n, _)| plan.node_uses.contains(n))
+            .map(|(n, w)| (n.clone(), w.clone()))
+            .collect();
         let mut reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
-        if reported.0 != plan.left_out {
-            reported.0 = plan.left_out.clone();
+        if reported.0 != used {
+            reported.0 = used.clone();
             reported.1 = Some(Report {
                 advertise: plan.advertise.clone(),
-                left_out: plan.left_out.clone(),
+                left_out: used,
             });
         }
     }
@@ -723,7 +737,8 @@ mod tests {
         assert_eq!(first.advertise, ["eth1"]);
         assert_eq!(
             first.left_out.keys().collect::<Vec<_>>(),
-            ["br3", "eth0", "eth2", "eth3"]
+            ["br3", "eth0", "eth2"],
+            "not eth3, which its bridge owns"
         );
         assert_eq!(d.take_report(), None, "taken");
         d.discover(&links, DiscoveryPolicy::Spare, &net);

@@ -280,6 +280,7 @@ mod tests {
             lower_device: "eth0".into(),
             mode,
             capacity,
+            placement: None,
         }
     }
 

@@ -264,6 +264,7 @@ mod tests {
             lower_device: "eth0".into(),
             mode: macvtap_link::MacvtapMode::Bridge,
             capacity: 10,
+            placement: None,
         }];
         let allocated = HashSet::from(["dpMvp1".to_string()]);
         let leaked = go_era_leaked_links(&links, &resources, &allocated);

@@ -1,12 +1,15 @@
 //! Each resource the daemon serves: its lower NIC (present, up, free), its
 //! mode and capacity, the devices pods hold per the kubelet's PodResources
 //! API, and the macvtap links on the node that no pod holds; under
-//! auto-discovery, the NICs it leaves out, why and how to serve them.
+//! auto-discovery, the NICs it leaves out, why and how to serve them; for
+//! an entry with a NIC or node selector, whether this node serves it, on
+//! which NIC, and why the NICs passed over did not match.
 
 use super::{Finding, TIMEOUT};
 use crate::config::{DiscoveryPolicy, ResourceConfig, Resources};
 use crate::core::nic::discovery::Discovery;
 use crate::core::nic::health::{NicHealth, resource_health};
+use crate::core::nic::select::{Labels, Placed, Placements, place_all};
 use crate::core::nic::usage::{Addressing, NodeNet};
 use crate::core::reclaim::{Held, go_era_leaked_links, leaked_links};
 use crate::operator::node::{NodeView, read_once};
@@ -82,26 +85,40 @@ pub(crate) async fn gather(opts: &Options, held: Option<&Held>) -> Gathered {
         addressing,
         internal_ips: None,
     };
-    if spare {
-        match read_once(opts.node_name.as_deref(), TIMEOUT).await {
-            NodeView::Known(f) => net.internal_ips = Some(f.internal_ips),
-            NodeView::Unknown(why) => findings.push(Finding::warning(
-                "discovery",
-                format!(
-                    "our Node's InternalIP is unknown ({why}), so auto-discovery cannot tell which \
-                     NIC holds it; NICs with a global address or a default route are left out all \
-                     the same"
-                ),
-            )),
-            NodeView::NotAsked => {}
-        }
+    let labelled = matches!(&resolved.resources, Resources::Static(list)
+        if list.iter().any(ResourceConfig::has_node_selector));
+    let view = if spare || labelled {
+        read_once(opts.node_name.as_deref(), TIMEOUT).await
+    } else {
+        NodeView::NotAsked
+    };
+    match &view {
+        NodeView::Known(f) => net.internal_ips = Some(f.internal_ips.clone()),
+        NodeView::Unknown(why) if spare => findings.push(Finding::warning(
+            "discovery",
+            format!(
+                "our Node's InternalIP is unknown ({why}), so auto-discovery cannot tell which \
+                 NIC holds it; NICs with a global address or a default route are left out all \
+                 the same"
+            ),
+        )),
+        NodeView::Unknown(_) | NodeView::NotAsked => {}
     }
+    let labels = match &view {
+        NodeView::Known(f) => Labels::Known(&f.labels),
+        NodeView::Unknown(why) => Labels::Unknown(why),
+        NodeView::NotAsked => Labels::Unknown("not read"),
+    };
     let discovery = Discovery::new(opts.discover_kinds.clone(), opts.discover_include.clone());
     let configs = configured(
         &resolved.resources,
-        &links,
+        &Seen {
+            links: &links,
+            net: &net,
+            labels,
+            sysfs: &opts.sysfs,
+        },
         &discovery,
-        &net,
         &opts.discover_include,
         &mut findings,
     );
@@ -119,22 +136,80 @@ pub(crate) async fn gather(opts: &Options, held: Option<&Held>) -> Gathered {
     Gathered { configs, findings }
 }
 
-/// The resources `resources` makes on a node with `links`: the static list,
-/// or what `discovery` advertises given what the node uses itself (`net`);
-/// each NIC it leaves out, and each it serves only because `include`
+/// What `doctor` read of the node for [`configured`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Seen<'a> {
+    /// The node's links.
+    pub links: &'a [Link],
+    /// What the node uses of them itself.
+    pub net: &'a NodeNet,
+    /// The Node's labels.
+    pub labels: Labels<'a>,
+    /// Where sysfs is.
+    pub sysfs: &'a std::path::Path,
+}
+
+/// The resources `resources` makes on the node `seen`: the configured ones
+/// this node serves, each on its NIC (an entry with a NIC or node selector
+/// said as a `placement` finding: on which NIC and what was passed over,
+/// or why this node does not serve it: `ok` for its node selector, a
+/// warning when no NIC matches or the labels are unknown); or what
+/// `discovery` advertises given what the node uses itself; each NIC it
+/// leaves out, and each it serves only because `include`
 /// (`--discover-include`) names it, is said as an `ok` finding into
 /// `findings`, and a name in `include` that auto-discovery does not find
 /// as a warning.
 pub(crate) fn configured(
     resources: &Resources,
-    links: &[Link],
+    seen: &Seen<'_>,
     discovery: &Discovery,
-    net: &NodeNet,
     include: &[String],
     findings: &mut Vec<Finding>,
 ) -> Vec<ResourceConfig> {
+    let (links, net) = (seen.links, seen.net);
     match resources {
-        Resources::Static(list) => list.clone(),
+        Resources::Static(list) => {
+            let placed = place_all(
+                list,
+                links,
+                discovery.extra_kinds(),
+                seen.labels,
+                seen.sysfs,
+                &Placements::default(),
+            );
+            let mut out = Vec::new();
+            for (cfg, p) in list.iter().zip(placed) {
+                let resource = cfg.resource_name();
+                match p {
+                    Placed::Here(c, why) => {
+                        if cfg.placement.is_some() {
+                            findings.push(Finding::ok(
+                                "placement",
+                                format!("{resource} is served on this node {why}"),
+                            ));
+                        }
+                        out.push(c);
+                    }
+                    Placed::NotHere(why) => {
+                        let level = if matches!(seen.labels, Labels::Unknown(_)) {
+                            super::Level::Warning
+                        } else {
+                            super::Level::Ok
+                        };
+                        findings.push(Finding::new(
+                            level,
+                            "placement",
+                            format!("{resource} is not served on this node: {why}"),
+                        ));
+                    }
+                    Placed::NoNic(why) => findings.push(Finding::warning(
+                        "placement",
+                        format!("{resource} is not served on this node: {why}"),
+                    )),
+                }
+            }
+            out
+        }
         Resources::AutoDiscover(policy) => {
             let plan = discovery.plan(links, *policy, net);
             for (nic, why) in &plan.left_out {
@@ -344,12 +419,17 @@ mod tests {
         };
         let include = ["eth2".to_string(), "eth9".to_string()];
         let d = Discovery::new(Vec::new(), include.to_vec());
+        let seen = Seen {
+            links: &links,
+            net: &net,
+            labels: Labels::Unknown("not read"),
+            sysfs: std::path::Path::new("/nonexistent"),
+        };
         let mut findings = Vec::new();
         let configs = configured(
             &Resources::AutoDiscover(DiscoveryPolicy::Spare),
-            &links,
+            &seen,
             &d,
-            &net,
             &include,
             &mut findings,
         );
@@ -386,14 +466,96 @@ mod tests {
         let mut findings = Vec::new();
         let configs = configured(
             &Resources::AutoDiscover(DiscoveryPolicy::All),
-            &links,
+            &seen,
             &d,
-            &net,
             &include,
             &mut findings,
         );
         assert_eq!(configs.len(), 3);
         assert!(findings.is_empty(), "{findings:?}");
+    }
+
+    #[test]
+    fn placement_says_which_nic_each_selected_entry_took_and_why_not_elsewhere() {
+        use crate::placement::{NicSelector, Placement};
+        use std::collections::BTreeMap;
+        let sysfs = tempfile::tempdir().unwrap();
+        for (name, driver) in [("eth0", "e1000e"), ("ens5f0", "ixgbe")] {
+            let dev = sysfs.path().join("class/net").join(name).join("device");
+            std::fs::create_dir_all(&dev).unwrap();
+            let d = sysfs.path().join("bus/pci/drivers").join(driver);
+            std::fs::create_dir_all(&d).unwrap();
+            std::os::unix::fs::symlink(&d, dev.join("driver")).unwrap();
+        }
+        let links = [nic(2, "eth0", true), nic(3, "ens5f0", true)];
+        let selected = |name: &str, driver: &str, nodes: &[(&str, &str)]| ResourceConfig {
+            lower_device: String::new(),
+            placement: Some(Placement {
+                nic: Some(NicSelector {
+                    driver: Some(driver.into()),
+                    ..Default::default()
+                }),
+                nodes: nodes
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            }),
+            ..ResourceConfig::for_nic(name)
+        };
+        let list = vec![
+            selected("dp", "ixgbe", &[]),
+            selected("other", "ice", &[]),
+            selected("web", "ixgbe", &[("role", "web")]),
+            ResourceConfig::for_nic("eth0"),
+        ];
+        let labels = BTreeMap::from([("role".to_string(), "dp".to_string())]);
+        let net = NodeNet::default();
+        let seen = Seen {
+            links: &links,
+            net: &net,
+            labels: Labels::Known(&labels),
+            sysfs: sysfs.path(),
+        };
+        let mut findings = Vec::new();
+        let configs = configured(
+            &Resources::Static(list),
+            &seen,
+            &Discovery::default(),
+            &[],
+            &mut findings,
+        );
+        let on: Vec<(&str, &str)> = configs
+            .iter()
+            .map(|c| (c.name.as_str(), c.lower_device.as_str()))
+            .collect();
+        assert_eq!(on, [("dp", "ens5f0"), ("eth0", "eth0")]);
+        let said: Vec<(Level, &str)> = findings
+            .iter()
+            .map(|f| (f.level, f.message.as_str()))
+            .collect();
+        assert_eq!(
+            said,
+            [
+                (
+                    Level::Ok,
+                    "macvtap.network.kubevirt.io/dp is served on this node on NIC ens5f0, the \
+                     first NIC with driver ixgbe; passed over eth0 (its driver is e1000e, not \
+                     ixgbe)"
+                ),
+                (
+                    Level::Warning,
+                    "macvtap.network.kubevirt.io/other is not served on this node: no NIC on \
+                     this node is the first NIC with driver ice: eth0 (its driver is e1000e, not \
+                     ice), ens5f0 (its driver is ixgbe, not ice)"
+                ),
+                (
+                    Level::Ok,
+                    "macvtap.network.kubevirt.io/web is not served on this node: this node is \
+                     not one its nodeSelector role=web selects: its label role is \"dp\", not \
+                     \"web\""
+                ),
+            ]
+        );
     }
 
     #[test]
