@@ -35,6 +35,8 @@ pub mod operator;
 pub mod options;
 pub mod placement;
 #[cfg(test)]
+mod testdata;
+#[cfg(test)]
 mod testlog;
 
 pub use error::{Error, Result};

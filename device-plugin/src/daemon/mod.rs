@@ -560,30 +560,7 @@ mod tests {
     #[tokio::test]
     async fn devices_held_through_dra_are_said_until_none_are_left() {
         use crate::core::reclaim::Held;
-        use kubelet_proto::podresources::v1::{
-            ClaimResource, ContainerResources, DynamicResource, ListPodResourcesResponse,
-            PodResources,
-        };
-        let resp = ListPodResourcesResponse {
-            pod_resources: vec![PodResources {
-                name: "vm".into(),
-                namespace: "default".into(),
-                containers: vec![ContainerResources {
-                    name: "compute".into(),
-                    dynamic_resources: vec![DynamicResource {
-                        claim_name: "vm-extended-resources-x".into(),
-                        claim_namespace: "default".into(),
-                        claim_resources: vec![ClaimResource {
-                            driver_name: macvtap_link::dra::DRIVER.into(),
-                            pool_name: "node-1".into(),
-                            device_name: "eth1-mvp-1".into(),
-                            ..Default::default()
-                        }],
-                    }],
-                    ..Default::default()
-                }],
-            }],
-        };
+        let resp = crate::testdata::pod_with_claims(macvtap_link::dra::DRIVER, &["eth1-mvp-1"]);
         let (tx, rx) = watch::channel(Holding::Known(Held::from_response(&resp)));
         let (guard, log) = crate::testlog::capture();
         let drive = async {

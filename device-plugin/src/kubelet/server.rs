@@ -310,9 +310,6 @@ impl FileIdentity {
 mod tests {
     use super::*;
     use crate::core::reclaim::Held;
-    use kubelet_proto::podresources::v1::{
-        ClaimResource, ContainerResources, DynamicResource, ListPodResourcesResponse, PodResources,
-    };
     use std::os::unix::fs::PermissionsExt;
 
     /// A device a pod holds through DRA (the node switched back to the
@@ -328,26 +325,7 @@ mod tests {
             devices: crate::kubelet::devices::device_list("eth1", 3, true, None),
             config,
         };
-        let resp = ListPodResourcesResponse {
-            pod_resources: vec![PodResources {
-                name: "vm".into(),
-                namespace: "default".into(),
-                containers: vec![ContainerResources {
-                    name: "compute".into(),
-                    dynamic_resources: vec![DynamicResource {
-                        claim_name: "vm-extended-resources-x".into(),
-                        claim_namespace: "default".into(),
-                        claim_resources: vec![ClaimResource {
-                            driver_name: macvtap_link::dra::DRIVER.into(),
-                            pool_name: "node-1".into(),
-                            device_name: "eth1-mvp-1".into(),
-                            ..Default::default()
-                        }],
-                    }],
-                    ..Default::default()
-                }],
-            }],
-        };
+        let resp = crate::testdata::pod_with_claims(macvtap_link::dra::DRIVER, &["eth1-mvp-1"]);
         let health = |holding: &Holding| -> Vec<String> {
             list_and_watch_response(&state, holding)
                 .devices

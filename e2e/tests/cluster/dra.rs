@@ -106,6 +106,21 @@ pub(super) fn install(run: &Run, tag: &str, kdir: &Path, dra: bool, capacity: u3
     })
 }
 
+/// Waits until the scheduler found pod `name` of namespace `default`
+/// unschedulable, and returns its message.
+pub(super) fn wait_unschedulable(run: &Run, name: &str) -> Result<String> {
+    let c = run.c;
+    c.wait(&format!("{name} unschedulable"), WAIT, || {
+        let p = c.get_json(&["-n", "default", "pod", name])?;
+        Ok(p["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "PodScheduled" && c["reason"] == "Unschedulable")
+            .map(|c| c["message"].as_str().unwrap_or("").to_string()))
+    })
+}
+
 /// The example DeviceClass and NAD, for [`NAME`] instead of `eth1`.
 pub(super) fn examples() -> Result<(String, String)> {
     let class = std::fs::read_to_string(repo().join("manifests/examples/deviceclass.yaml"))?
@@ -200,16 +215,7 @@ pub(super) fn dra_mode(run: &mut Run, peer: &TestNs, tag: &str) -> Result<()> {
         Ipv4Addr::new(198, 51, 100, 168),
     );
     run.apply_vm_pod(&resource, vm7.0, vm7.1, vm7.2)?;
-    let why = c.wait(&format!("{} unschedulable", vm7.0), WAIT, || {
-        let p = c.get_json(&["-n", "default", "pod", vm7.0])?;
-        let cond = p["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|c| c["type"] == "PodScheduled" && c["reason"] == "Unschedulable")
-            .cloned();
-        Ok(cond.map(|c| c["message"].as_str().unwrap_or("").to_string()))
-    })?;
+    let why = wait_unschedulable(run, vm7.0)?;
     run.steps.say(format!("{} Pending: {why}", vm7.0));
     run.delete_vm_pods(&[vm6.0])?;
     run.wait_vm_serving(vm7.0)?;

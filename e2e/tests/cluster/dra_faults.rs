@@ -394,15 +394,7 @@ pub(super) fn nic_down(
         Ipv4Addr::new(198, 51, 100, 171),
     );
     run.apply_vm_pod(resource, vm10.0, vm10.1, vm10.2)?;
-    let why = c.wait(&format!("{} unschedulable", vm10.0), WAIT, || {
-        let p = c.get_json(&["-n", "default", "pod", vm10.0])?;
-        Ok(p["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|c| c["type"] == "PodScheduled" && c["reason"] == "Unschedulable")
-            .map(|c| c["message"].as_str().unwrap_or("").to_string()))
-    })?;
+    let why = super::dra::wait_unschedulable(run, vm10.0)?;
     let free = 3 - cdi_specs()?.len();
     ensure!(
         free == 1,
