@@ -593,8 +593,11 @@ fn lost_between(pinger: &Pinger, from: Instant, to: Instant) -> Result<(usize, u
     Ok((sent, lost))
 }
 
-#[test]
-fn the_daemonset_and_vm_pods_on_a_real_node() -> Result<()> {
+/// Runs `scenario` on the real node: root, the node's locks, the cluster
+/// up (what an earlier run left on a cluster found running removed first),
+/// then the scenario, the clean-up whatever its outcome, and the steps'
+/// summary.
+fn on_the_real_node(scenario: impl FnOnce(&mut Run) -> Result<()>) -> Result<()> {
     require_root()?;
     // The node's fixed paths are shared with other tests: tap nodes first,
     // then the kubelet's dirs, in the order every holder takes them.
@@ -605,7 +608,7 @@ fn the_daemonset_and_vm_pods_on_a_real_node() -> Result<()> {
         c: &cluster,
         steps: Steps::new(),
     };
-    // A cluster found running may hold what an earlier run of this test
+    // A cluster found running may hold what an earlier run of a test here
     // left (MACVTAP_CLUSTER_KEEP, or a run that was killed): removed first.
     if !cluster.started_here() {
         run.steps
@@ -619,41 +622,30 @@ fn the_daemonset_and_vm_pods_on_a_real_node() -> Result<()> {
     outcome.and(cleanup)
 }
 
+#[test]
+fn the_daemonset_and_vm_pods_on_a_real_node() -> Result<()> {
+    on_the_real_node(scenario)
+}
+
 /// DRA mode on the real node (`cluster/dra.rs`), on the cluster the test
 /// above leaves or brings up, holding the same locks.
 #[test]
 fn dra_mode_on_a_real_node() -> Result<()> {
-    require_root()?;
-    let _tap_lock = test_support::tap_node_lock()?;
-    let _dirs = node_locks::lock_node_dirs()?;
-    let cluster = Cluster::up()?;
-    let mut run = Run {
-        c: &cluster,
-        steps: Steps::new(),
-    };
-    if !cluster.started_here() {
-        run.steps
-            .step("the cluster was running: what an earlier run left, removed");
-        clean_up(&run)?;
-    }
-    let outcome = (|| -> Result<()> {
+    on_the_real_node(|run| {
         run.steps.step("the node's NIC and the peer host");
         let peer = TestNs::new("clpeerd")?;
         let _nic = HostNic::add(&peer)?;
         run.steps
             .step("our image (hack/cluster.sh image) and the VM pod's image");
         let tag = "e2e-dra";
-        cluster.import_our_image(&format!("{IMAGE_REPO}:{tag}"))?;
+        run.c.import_our_image(&format!("{IMAGE_REPO}:{tag}"))?;
         let guest = guest::build(&repo().join("target/e2e-guest"))?;
         let rootfs = tempfile::tempdir()?;
         vm_rootfs(&guest, rootfs.path())?;
-        cluster.import_rootfs(VM_IMAGE, &["/vm/start"], "107:107", rootfs.path())?;
-        dra::dra_mode(&mut run, &peer, tag)
-    })();
-    let cleanup = clean_up(&run);
-    run.steps.finish();
-    println!("{}", run.steps.summary());
-    outcome.and(cleanup)
+        run.c
+            .import_rootfs(VM_IMAGE, &["/vm/start"], "107:107", rootfs.path())?;
+        dra::dra_mode(run, &peer, tag)
+    })
 }
 
 /// A resource with a node selector on the real node (`cluster/labels.rs`):
@@ -661,32 +653,15 @@ fn dra_mode_on_a_real_node() -> Result<()> {
 /// cluster the tests above leave or bring up, holding the same locks.
 #[test]
 fn node_selected_resource_follows_the_node_label_on_a_real_node() -> Result<()> {
-    require_root()?;
-    let _tap_lock = test_support::tap_node_lock()?;
-    let _dirs = node_locks::lock_node_dirs()?;
-    let cluster = Cluster::up()?;
-    let mut run = Run {
-        c: &cluster,
-        steps: Steps::new(),
-    };
-    if !cluster.started_here() {
-        run.steps
-            .step("the cluster was running: what an earlier run left, removed");
-        clean_up(&run)?;
-    }
-    let outcome = (|| -> Result<()> {
+    on_the_real_node(|run| {
         run.steps.step("the node's NIC and the peer host");
         let peer = TestNs::new("clpeerl")?;
         let _nic = HostNic::add(&peer)?;
         run.steps.step("our image (hack/cluster.sh image)");
         let tag = "e2e-labels";
-        cluster.import_our_image(&format!("{IMAGE_REPO}:{tag}"))?;
-        labels::labelled_resource(&mut run, tag)
-    })();
-    let cleanup = clean_up(&run);
-    run.steps.finish();
-    println!("{}", run.steps.summary());
-    outcome.and(cleanup)
+        run.c.import_our_image(&format!("{IMAGE_REPO}:{tag}"))?;
+        labels::labelled_resource(run, tag)
+    })
 }
 
 fn clean_up(run: &Run) -> Result<()> {
