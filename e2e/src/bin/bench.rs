@@ -170,7 +170,7 @@ async fn run() -> Result<()> {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(default)
         };
-        let (per_block, blocks) = (env("BENCH_DRA_ROUNDS", 4), env("BENCH_DRA_BLOCKS", 4));
+        let (per_block, blocks) = (env("BENCH_DRA_ROUNDS", 5), env("BENCH_DRA_BLOCKS", 8));
         tokio::task::block_in_place(|| dra::compare(per_block.max(1), blocks.max(2), &mut report))?;
     }
     if want("soak") {
