@@ -208,9 +208,11 @@ fn wait_settled(c: &Cluster) -> Result<()> {
     )
 }
 
-/// Installs `front` and waits until the node serves the resource through it
-/// alone.
-fn switch_to(c: &Cluster, kdir: &std::path::Path, front: Front) -> Result<Duration> {
+/// Installs `front` and waits until the node serves the resource through
+/// it, then until through it alone: returns both times from the apply
+/// (the same for DRA, which serves only once the device plugin is gone;
+/// back to the device plugin, the DRA front's slices outlive it).
+fn switch_to(c: &Cluster, kdir: &std::path::Path, front: Front) -> Result<(Duration, Duration)> {
     let resource = format!("{RESOURCE_PREFIX}{NAME}");
     let t = Instant::now();
     install_with(c, TAG, kdir, front == Front::Dra, 1, RECLAIM_GRACE)?;
@@ -222,19 +224,26 @@ fn switch_to(c: &Cluster, kdir: &std::path::Path, front: Front) -> Result<Durati
     };
     match front {
         Front::DevicePlugin => {
-            c.wait("the device plugin serving the resource alone", WAIT, || {
-                Ok((allocatable()? == Some(1) && slices(c)?.is_empty()).then_some(()))
-            })?
+            c.wait("the device plugin serving the resource", WAIT, || {
+                Ok((allocatable()? == Some(1)).then_some(()))
+            })?;
+            let serving = t.elapsed();
+            c.wait("the DRA front's slices gone", WAIT, || {
+                Ok(slices(c)?.is_empty().then_some(()))
+            })?;
+            Ok((serving, t.elapsed()))
         }
-        Front::Dra => c.wait("the DRA front serving the resource alone", WAIT, || {
-            let devices: usize = slices(c)?
-                .iter()
-                .map(|s| s["spec"]["devices"].as_array().map_or(0, Vec::len))
-                .sum();
-            Ok((devices == 1 && allocatable()?.is_none_or(|n| n == 0)).then_some(()))
-        })?,
+        Front::Dra => {
+            c.wait("the DRA front serving the resource alone", WAIT, || {
+                let devices: usize = slices(c)?
+                    .iter()
+                    .map(|s| s["spec"]["devices"].as_array().map_or(0, Vec::len))
+                    .sum();
+                Ok((devices == 1 && allocatable()?.is_none_or(|n| n == 0)).then_some(()))
+            })?;
+            Ok((t.elapsed(), t.elapsed()))
+        }
     }
-    Ok(t.elapsed())
 }
 
 /// One round: a VM pod on the resource through `front`, from `kubectl
@@ -384,9 +393,13 @@ pub fn compare(per_block: usize, blocks: usize, report: &mut Report) -> Result<(
     Ok(())
 }
 
-/// The set-up and the rounds; returns each front's series and the time of
-/// each switch of fronts.
-fn measure(c: &Cluster, per_block: usize, blocks: usize) -> Result<(Series, Series, Vec<f64>)> {
+/// A switch of fronts: to which, and the times from the apply to the node
+/// serving the resource through it, and through it alone.
+type Switch = (Front, Duration, Duration);
+
+/// The set-up and the rounds; returns each front's series and the
+/// switches of fronts.
+fn measure(c: &Cluster, per_block: usize, blocks: usize) -> Result<(Series, Series, Vec<Switch>)> {
     let peer = TestNs::new("clpeerbench")?;
     let _nic = HostNic::add(&peer)?;
     println!("our image (hack/cluster.sh image) and the VM pod's image");
@@ -409,13 +422,17 @@ fn measure(c: &Cluster, per_block: usize, blocks: usize) -> Result<(Series, Seri
             Front::Dra
         };
         wait_settled(c)?;
-        let took = switch_to(c, kdir.path(), front)?;
+        let (serving, alone) = switch_to(c, kdir.path(), front)?;
         println!(
-            "block {} of {blocks}: {front:?}, serving {:.1} s after the apply",
+            "block {} of {blocks}: {front:?}, serving {:.1} s after the apply, alone {:.1} s after",
             b + 1,
-            took.as_secs_f64()
+            serving.as_secs_f64(),
+            alone.as_secs_f64()
         );
-        switches.push(took.as_secs_f64());
+        if b > 0 {
+            // The first block's install is no switch.
+            switches.push((front, serving, alone));
+        }
         for i in 0..per_block {
             let name = format!("virt-launcher-bench-{}-{}-{}", front.label(), b + 1, i + 1);
             let series = if front == Front::Dra {
@@ -429,11 +446,31 @@ fn measure(c: &Cluster, per_block: usize, blocks: usize) -> Result<(Series, Seri
     Ok((dp, dra, switches))
 }
 
+/// The switches to `front`, as `serving/alone s` each.
+fn switch_times(switches: &[Switch], front: Front) -> String {
+    let times: Vec<String> = switches
+        .iter()
+        .filter(|s| s.0 == front)
+        .map(|(_, serving, alone)| {
+            let (a, b) = (
+                format!("{:.1}", serving.as_secs_f64()),
+                format!("{:.1}", alone.as_secs_f64()),
+            );
+            if a == b {
+                format!("{a} s")
+            } else {
+                format!("{a} s / {b} s")
+            }
+        })
+        .collect();
+    times.join(", ")
+}
+
 fn write(
     report: &mut Report,
     dp: &Series,
     dra: &Series,
-    switches: &[f64],
+    switches: &[Switch],
     per_block: usize,
     blocks: usize,
     took: Duration,
@@ -442,8 +479,8 @@ fn write(
         "DRA against the device plugin on the real node",
         &format!(
             "The real single-node cluster of `hack/cluster.sh` (Kubernetes 1.37, containerd, \
-             Multus thick v4.2.2), our DaemonSet installed as README says with one resource of \
-             one device on a veth NIC, and a VM pod as KubeVirt renders it (the resource in \
+             Multus thick v4.2.2), our DaemonSet installed with kustomize as README says (with \
+             the real-node tests' daemon flags) with one resource of one device on a veth NIC, and a VM pod as KubeVirt renders it (the resource in \
              requests and limits, the NAD's network; QEMU TCG on the pod's `/dev/tapN`, the \
              test guest). The node switches fronts between blocks of {per_block} rounds \
              (device plugin, DRA, device plugin, ...; {blocks} blocks, {:.1} min in all) by \
@@ -466,17 +503,18 @@ fn write(
              `/dev/tapN` and CDI spec), and the kubelet's whole PrepareResources of the pod's \
              claims (`dra_operations_duration_seconds`: its claim reads and checkpoint around \
              the gRPC call), which the device plugin path has no counterpart of. p99 of {} \
-             rounds is their maximum. Fronts switched (apply to the new front serving the \
-             resource alone) in {} s.",
+             rounds is their maximum. **Switches** (from the apply to the new front serving \
+             the resource, and serving it alone): to DRA {}; back to the device plugin {}, \
+             where the DRA front's ResourceSlices outlive it by the kubelet's 30 s \
+             (`defaultWipingDelay`, `pkg/kubelet/cm/dra/manager.go`): the bench waits for \
+             that, new pods need not (the scheduler serves a name from the device plugin \
+             wherever the node's allocatable lists some of it; README, *DRA mode*).",
             took.as_secs_f64() / 60.0,
             RECLAIM_GRACE.as_secs(),
             PING_EVERY.as_millis(),
             dp.start.n().min(dra.start.n()),
-            switches
-                .iter()
-                .map(|s| format!("{s:.1}"))
-                .collect::<Vec<_>>()
-                .join(", "),
+            switch_times(switches, Front::Dra),
+            switch_times(switches, Front::DevicePlugin),
         ),
     );
     let reference = |s: &Samples| Some(("device plugin".to_string(), s.p50()));
