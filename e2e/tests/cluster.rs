@@ -39,10 +39,12 @@
 //! leaked link of ours deleted, the CNI and its settings removed, the VM's
 //! link just handed out kept until README's manual step), leaving nothing
 //! of ours (the CNI, its settings, the record, device plugin sockets,
-//! macvtaps, RBAC, the namespace); the Go project's and the operator's
-//! DaemonSets with our image. A second test runs DRA mode on the same
+//! macvtaps, RBAC, the namespace). A second test runs DRA mode on the same
 //! cluster (`cluster/dra.rs`), a third a resource served by a node
-//! selector as the Node is labelled and unlabelled (`cluster/labels.rs`).
+//! selector as the Node is labelled and unlabelled (`cluster/labels.rs`),
+//! a fourth the Go project's and cluster-network-addons-operator's
+//! DaemonSets with our image, each then replaced by ours with a VM pinging
+//! (`cluster/migrations.rs`).
 //!
 //! The cluster uses the node's fixed paths (`/var/lib/kubelet`,
 //! `/opt/cni/bin`, `/dev`), so this test holds the locks every test that
@@ -59,6 +61,8 @@ mod dra_faults;
 mod dra_switch;
 #[path = "cluster/labels.rs"]
 mod labels;
+#[path = "cluster/migrations.rs"]
+mod migrations;
 
 use anyhow::{Context, Result, bail, ensure};
 use macvtap_e2e::cluster::{Cluster, NODE, last_lines, vm_rootfs};
@@ -661,6 +665,29 @@ fn node_selected_resource_follows_the_node_label_on_a_real_node() -> Result<()> 
         let tag = "e2e-labels";
         run.c.import_our_image(&format!("{IMAGE_REPO}:{tag}"))?;
         labels::labelled_resource(run, tag)
+    })
+}
+
+/// The migrations from the Go project's DaemonSets (upstream's manifests,
+/// cluster-network-addons-operator's rendering) to ours on the real node
+/// (`cluster/migrations.rs`), on the cluster the tests above leave or bring
+/// up, holding the same locks.
+#[test]
+fn migrations_from_the_go_daemonsets_on_a_real_node() -> Result<()> {
+    on_the_real_node(|run| {
+        run.steps.step("the node's NIC and the peer host");
+        let peer = TestNs::new("clpeerm")?;
+        let _nic = HostNic::add(&peer)?;
+        run.steps
+            .step("our image (hack/cluster.sh image) and the VM pod's image");
+        let tag = "e2e-migrations";
+        run.c.import_our_image(&format!("{IMAGE_REPO}:{tag}"))?;
+        let guest = guest::build(&repo().join("target/e2e-guest"))?;
+        let rootfs = tempfile::tempdir()?;
+        vm_rootfs(&guest, rootfs.path())?;
+        run.c
+            .import_rootfs(VM_IMAGE, &["/vm/start"], "107:107", rootfs.path())?;
+        migrations::go_daemonsets_to_ours(run, &peer, tag)
     })
 }
 
@@ -1695,43 +1722,6 @@ fn scenario(run: &mut Run) -> Result<()> {
         "helm uninstall: the leaked {leaked} deleted, the CNI binary and settings removed, vm5's {deleted:?} kept (handed out within the grace) until README's manual step; then nothing of ours on the node or in the cluster"
     ));
 
-    run.steps
-        .step("the image swap onto the Go project's DaemonSets");
-    let conf = format!(
-        r#"[{{"name":"dataplane","lowerDevice":"{NIC}","mode":"bridge","capacity":{CAPACITY}}}]"#
-    );
-    let (cm, ds) = macvtap_e2e::manifests::go_macvtap(&tag_a, &conf)?;
-    go_daemonset_runs_our_image(
-        run,
-        &peer,
-        "the Go project's manifests/macvtap.yaml (namespace default)",
-        (cm, ds),
-        (
-            "virt-launcher-vm3",
-            "02:00:c6:33:64:a4",
-            Ipv4Addr::new(198, 51, 100, 164),
-        ),
-    )?;
-    let (cm, ds) = macvtap_e2e::manifests::cnao_macvtap(CNAO_NS, &tag_a, &conf)?;
-    c.apply(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": CNAO_NS}}))?;
-    go_daemonset_runs_our_image(
-        run,
-        &peer,
-        "cluster-network-addons-operator's rendering (namespace cluster-network-addons)",
-        (cm, ds),
-        (
-            "virt-launcher-vm4",
-            "02:00:c6:33:64:a5",
-            Ipv4Addr::new(198, 51, 100, 165),
-        ),
-    )?;
-    c.kubectl(&[
-        "delete",
-        "namespace",
-        CNAO_NS,
-        "--wait=true",
-        "--timeout=180s",
-    ])?;
     Ok(())
 }
 
@@ -1770,119 +1760,6 @@ fn assert_uninstalled(c: &Cluster) -> Result<()> {
         let out = c.kubectl(&["get", kind, name, "--ignore-not-found"])?;
         ensure!(out.trim().is_empty(), "the uninstall left {kind} {name}");
     }
-    Ok(())
-}
-
-/// The image swap on the real node: the Go project's ConfigMap and
-/// DaemonSet `objects` (named `what`), unchanged but for our image, reach
-/// Ready (the init container's `cp`, the `sh -c ls` probes where they have
-/// them); the node advertises the resource; a VM pod `vm` (name, MAC, IP)
-/// gets its device, its guest answers the peer's pings, and its deletion's
-/// DEL gives the link back. Then the DaemonSet and ConfigMap are deleted.
-fn go_daemonset_runs_our_image(
-    run: &mut Run,
-    peer: &TestNs,
-    what: &str,
-    objects: (Value, Value),
-    vm: (&str, &str, Ipv4Addr),
-) -> Result<()> {
-    let c = run.c;
-    let (cm, ds) = objects;
-    let ns = ds["metadata"]["namespace"]
-        .as_str()
-        .unwrap_or("default")
-        .to_string();
-    run.steps.step(&format!("{what} with our image"));
-    c.apply(&cm)?;
-    c.apply(&ds)?;
-    c.wait(&format!("{what}: the DaemonSet Ready"), WAIT, || {
-        run.ds_ready_in(&ns)
-    })?;
-    run.wait_allocatable(CAPACITY)?;
-    let pods = c.get_json(&["-n", &ns, "pods", "-l", "name=macvtap-cni"])?;
-    let pod = &pods["items"][0];
-    let status = &pod["status"]["containerStatuses"][0];
-    run.steps.say(format!(
-        "{}: ready {}, restarts {}, image {}; allocatable {RESOURCE}: {CAPACITY}",
-        pod["metadata"]["name"].as_str().unwrap_or("?"),
-        status["ready"],
-        status["restartCount"],
-        status["image"].as_str().unwrap_or("?"),
-    ));
-    let (name, mac, ip) = vm;
-    run.start_vm(name, mac, ip)?;
-    // The pod's link is in the pod: the host's list lacks it until DEL.
-    let during = macvtaps_on_nic()?;
-    let t0 = Instant::now();
-    let pinger = Pinger::start(peer, ip, PING_EVERY)?;
-    ensure!(
-        pinger.wait_for(Duration::from_secs(60), |l| l.replies_after(t0) >= 5),
-        "{what}: the guest of {name} did not answer 5 pings from the peer"
-    );
-    let log = pinger.stop(Duration::from_secs(2))?;
-    run.steps.say(format!(
-        "the guest of {name} answered {} pings through our macvtap",
-        log.replies_after(t0)
-    ));
-    let logs = c.kubectl(&[
-        "-n",
-        &ns,
-        "logs",
-        &format!("ds/{DS}"),
-        "-c",
-        "macvtap-cni",
-        "--tail=-1",
-    ])?;
-    ensure!(
-        logs.contains("pod-resources"),
-        "{what}: our daemon did not say what it cannot do without pod-resources:\n{logs}"
-    );
-    // The CNI bin dir is mounted in the init container only: doctor says
-    // it cannot check the CNI instead of calling it missing.
-    let out = c.kubectl_output(
-        &[
-            "-n",
-            &ns,
-            "exec",
-            &format!("ds/{DS}"),
-            "-c",
-            "macvtap-cni",
-            "--",
-            "/macvtap-deviceplugin",
-            "doctor",
-        ],
-        None,
-    )?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    ensure!(
-        text.contains("the installed CNI is not checked") && !text.contains("no CNI binary at"),
-        "{what}: doctor in the Go DaemonSet's container:\n{text}"
-    );
-    run.delete_vm_pods(&[name])?;
-    // Without pod-resources nothing reclaims it: the link stays in the
-    // host's namespace, where the next Allocate of the device reuses it.
-    c.wait(&format!("{what}: DEL giving the link back"), WAIT, || {
-        Ok((macvtaps_on_nic()?.len() == during.len() + 1).then_some(()))
-    })?;
-    run.steps
-        .say("DEL gave the link back to the host's namespace");
-    c.kubectl(&[
-        "-n",
-        &ns,
-        "delete",
-        "ds",
-        DS,
-        "--wait=true",
-        "--timeout=180s",
-    ])?;
-    c.kubectl(&[
-        "-n",
-        &ns,
-        "delete",
-        "configmap",
-        "macvtap-deviceplugin-config",
-    ])?;
-    run.wait_allocatable(0)?;
     Ok(())
 }
 
