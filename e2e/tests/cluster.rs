@@ -401,6 +401,29 @@ impl Run<'_> {
         self.wait_vm_serving(name)
     }
 
+    /// `kubectl delete -k` of the kustomization in `dir`, waiting for what
+    /// it deletes, then for our namespace to be gone.
+    fn delete_kustomization(&self, dir: &Path) -> Result<()> {
+        self.c.kubectl(&[
+            "delete",
+            "-k",
+            &dir.to_string_lossy(),
+            "--wait=true",
+            "--timeout=180s",
+        ])?;
+        self.wait_our_namespace_gone()
+    }
+
+    /// Waits until our namespace is gone.
+    fn wait_our_namespace_gone(&self) -> Result<()> {
+        self.c.wait(&format!("namespace {NS} gone"), WAIT, || {
+            let out = self
+                .c
+                .kubectl(&["get", "namespace", NS, "--ignore-not-found"])?;
+            Ok(out.trim().is_empty().then_some(()))
+        })
+    }
+
     /// Creates the VM pod of [`Self::start_vm_on`] without waiting for it.
     fn apply_vm_pod(
         &self,
@@ -626,6 +649,25 @@ fn on_the_real_node(scenario: impl FnOnce(&mut Run) -> Result<()>) -> Result<()>
     outcome.and(cleanup)
 }
 
+/// What a test of VM pods sets up first: the node's NIC and the peer host
+/// beyond it (its namespace named `peer`), our image as `tag` (of
+/// `IMAGE_REPO`) and the VM pod's image. Returns the peer and the NIC, in
+/// the order they are to be dropped in.
+fn vm_setup(run: &mut Run, peer: &str, tag: &str) -> Result<(TestNs, HostNic)> {
+    run.steps.step("the node's NIC and the peer host");
+    let peer = TestNs::new(peer)?;
+    let nic = HostNic::add(&peer)?;
+    run.steps
+        .step("our image (hack/cluster.sh image) and the VM pod's image");
+    run.c.import_our_image(&format!("{IMAGE_REPO}:{tag}"))?;
+    let guest = guest::build(&repo().join("target/e2e-guest"))?;
+    let rootfs = tempfile::tempdir()?;
+    vm_rootfs(&guest, rootfs.path())?;
+    run.c
+        .import_rootfs(VM_IMAGE, &["/vm/start"], "107:107", rootfs.path())?;
+    Ok((peer, nic))
+}
+
 #[test]
 fn the_daemonset_and_vm_pods_on_a_real_node() -> Result<()> {
     on_the_real_node(scenario)
@@ -636,18 +678,8 @@ fn the_daemonset_and_vm_pods_on_a_real_node() -> Result<()> {
 #[test]
 fn dra_mode_on_a_real_node() -> Result<()> {
     on_the_real_node(|run| {
-        run.steps.step("the node's NIC and the peer host");
-        let peer = TestNs::new("clpeerd")?;
-        let _nic = HostNic::add(&peer)?;
-        run.steps
-            .step("our image (hack/cluster.sh image) and the VM pod's image");
         let tag = "e2e-dra";
-        run.c.import_our_image(&format!("{IMAGE_REPO}:{tag}"))?;
-        let guest = guest::build(&repo().join("target/e2e-guest"))?;
-        let rootfs = tempfile::tempdir()?;
-        vm_rootfs(&guest, rootfs.path())?;
-        run.c
-            .import_rootfs(VM_IMAGE, &["/vm/start"], "107:107", rootfs.path())?;
+        let (peer, _nic) = vm_setup(run, "clpeerd", tag)?;
         dra::dra_mode(run, &peer, tag)
     })
 }
@@ -675,18 +707,8 @@ fn node_selected_resource_follows_the_node_label_on_a_real_node() -> Result<()> 
 #[test]
 fn migrations_from_the_go_daemonsets_on_a_real_node() -> Result<()> {
     on_the_real_node(|run| {
-        run.steps.step("the node's NIC and the peer host");
-        let peer = TestNs::new("clpeerm")?;
-        let _nic = HostNic::add(&peer)?;
-        run.steps
-            .step("our image (hack/cluster.sh image) and the VM pod's image");
         let tag = "e2e-migrations";
-        run.c.import_our_image(&format!("{IMAGE_REPO}:{tag}"))?;
-        let guest = guest::build(&repo().join("target/e2e-guest"))?;
-        let rootfs = tempfile::tempdir()?;
-        vm_rootfs(&guest, rootfs.path())?;
-        run.c
-            .import_rootfs(VM_IMAGE, &["/vm/start"], "107:107", rootfs.path())?;
+        let (peer, _nic) = vm_setup(run, "clpeerm", tag)?;
         migrations::go_daemonsets_to_ours(run, &peer, tag)
     })
 }
@@ -1680,10 +1702,7 @@ fn scenario(run: &mut Run) -> Result<()> {
         "--timeout",
         "180s",
     ])?;
-    c.wait("the chart's namespace gone", WAIT, || {
-        let out = c.kubectl(&["get", "namespace", NS, "--ignore-not-found"])?;
-        Ok(out.trim().is_empty().then_some(()))
-    })?;
+    run.wait_our_namespace_gone()?;
     run.wait_allocatable(0)?;
     let daemon_log = c.log_to_end(followed, WAIT)?;
     let line = |what: &str, with: &[&str]| -> Result<String> {

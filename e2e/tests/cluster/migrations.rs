@@ -290,17 +290,7 @@ fn migrate(run: &mut Run, peer: &TestNs, tag: &str, way: Way, vms: [Vm; 2]) -> R
     ));
 
     run.steps.step("ours uninstalled, README's manual step");
-    c.kubectl(&[
-        "delete",
-        "-k",
-        &kdir.path().to_string_lossy(),
-        "--wait=true",
-        "--timeout=180s",
-    ])?;
-    c.wait("our namespace gone", WAIT, || {
-        let out = c.kubectl(&["get", "namespace", NS, "--ignore-not-found"])?;
-        Ok(out.trim().is_empty().then_some(()))
-    })?;
+    run.delete_kustomization(kdir.path())?;
     run.wait_allocatable(0)?;
     let kept = manual_leftover_cleanup()?;
     assert_uninstalled(c)?;
