@@ -57,6 +57,8 @@ mod dra;
 mod dra_faults;
 #[path = "cluster/dra_switch.rs"]
 mod dra_switch;
+#[path = "cluster/helm_upgrades.rs"]
+mod helm_upgrades;
 #[path = "cluster/labels.rs"]
 mod labels;
 
@@ -639,13 +641,39 @@ fn dra_mode_on_a_real_node() -> Result<()> {
             .step("our image (hack/cluster.sh image) and the VM pod's image");
         let tag = "e2e-dra";
         run.c.import_our_image(&format!("{IMAGE_REPO}:{tag}"))?;
-        let guest = guest::build(&repo().join("target/e2e-guest"))?;
-        let rootfs = tempfile::tempdir()?;
-        vm_rootfs(&guest, rootfs.path())?;
-        run.c
-            .import_rootfs(VM_IMAGE, &["/vm/start"], "107:107", rootfs.path())?;
+        import_vm_image(run.c)?;
         dra::dra_mode(run, &peer, tag)
     })
+}
+
+/// Upgrades with the chart under a pinging VM on the real node
+/// (`cluster/helm_upgrades.rs`): another tag, `macvtapResources` changed
+/// and unset, a ConfigMap made by hand adopted, a namespace change
+/// refused, a rollback; not one ping lost. Same cluster and locks.
+#[test]
+fn helm_upgrades_keep_the_node_on_a_real_node() -> Result<()> {
+    on_the_real_node(|run| {
+        run.steps.step("the node's NIC and the peer host");
+        let peer = TestNs::new("clpeeru")?;
+        let _nic = HostNic::add(&peer)?;
+        run.steps
+            .step("our image (hack/cluster.sh image), two tags, and the VM pod's image");
+        let tags = ("e2e-up-a", "e2e-up-b");
+        for tag in [tags.0, tags.1] {
+            run.c.import_our_image(&format!("{IMAGE_REPO}:{tag}"))?;
+        }
+        import_vm_image(run.c)?;
+        helm_upgrades::upgrades_keep_the_node(run, &peer, tags)
+    })
+}
+
+/// Builds the test guest and imports the VM pod's image ([`VM_IMAGE`]):
+/// Debian's QEMU and the guest.
+fn import_vm_image(c: &Cluster) -> Result<()> {
+    let guest = guest::build(&repo().join("target/e2e-guest"))?;
+    let rootfs = tempfile::tempdir()?;
+    vm_rootfs(&guest, rootfs.path())?;
+    c.import_rootfs(VM_IMAGE, &["/vm/start"], "107:107", rootfs.path())
 }
 
 /// A resource with a node selector on the real node (`cluster/labels.rs`):
