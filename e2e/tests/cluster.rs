@@ -42,7 +42,9 @@
 //! macvtaps, RBAC, the namespace); the Go project's and the operator's
 //! DaemonSets with our image. A second test runs DRA mode on the same
 //! cluster (`cluster/dra.rs`), a third a resource served by a node
-//! selector as the Node is labelled and unlabelled (`cluster/labels.rs`).
+//! selector as the Node is labelled and unlabelled (`cluster/labels.rs`),
+//! a fourth the chart's upgrades under a pinging VM
+//! (`cluster/helm_upgrades.rs`).
 //!
 //! The cluster uses the node's fixed paths (`/var/lib/kubelet`,
 //! `/opt/cni/bin`, `/dev`), so this test holds the locks every test that
