@@ -44,7 +44,8 @@
 //! selector as the Node is labelled and unlabelled (`cluster/labels.rs`),
 //! a fourth the Go project's and cluster-network-addons-operator's
 //! DaemonSets with our image, each then replaced by ours with a VM pinging
-//! (`cluster/migrations.rs`).
+//! (`cluster/migrations.rs`), a fifth the chart's upgrades under a pinging
+//! VM (`cluster/helm_upgrades.rs`).
 //!
 //! The cluster uses the node's fixed paths (`/var/lib/kubelet`,
 //! `/opt/cni/bin`, `/dev`), so this test holds the locks every test that
@@ -59,6 +60,8 @@ mod dra;
 mod dra_faults;
 #[path = "cluster/dra_switch.rs"]
 mod dra_switch;
+#[path = "cluster/helm_upgrades.rs"]
+mod helm_upgrades;
 #[path = "cluster/labels.rs"]
 mod labels;
 #[path = "cluster/migrations.rs"]
@@ -660,11 +663,7 @@ fn vm_setup(run: &mut Run, peer: &str, tag: &str) -> Result<(TestNs, HostNic)> {
     run.steps
         .step("our image (hack/cluster.sh image) and the VM pod's image");
     run.c.import_our_image(&format!("{IMAGE_REPO}:{tag}"))?;
-    let guest = guest::build(&repo().join("target/e2e-guest"))?;
-    let rootfs = tempfile::tempdir()?;
-    vm_rootfs(&guest, rootfs.path())?;
-    run.c
-        .import_rootfs(VM_IMAGE, &["/vm/start"], "107:107", rootfs.path())?;
+    import_vm_image(run.c)?;
     Ok((peer, nic))
 }
 
@@ -682,6 +681,31 @@ fn dra_mode_on_a_real_node() -> Result<()> {
         let (peer, _nic) = vm_setup(run, "clpeerd", tag)?;
         dra::dra_mode(run, &peer, tag)
     })
+}
+
+/// Upgrades with the chart under a pinging VM on the real node
+/// (`cluster/helm_upgrades.rs`): another tag, `macvtapResources` changed
+/// and unset, a ConfigMap made by hand adopted, a namespace change
+/// refused, a rollback; not one ping lost. Same cluster and locks.
+#[test]
+fn helm_upgrades_keep_the_node_on_a_real_node() -> Result<()> {
+    on_the_real_node(|run| {
+        let tags = ("e2e-up-a", "e2e-up-b");
+        let (peer, _nic) = vm_setup(run, "clpeeru", tags.0)?;
+        run.steps.step("our image's second tag");
+        run.c
+            .import_our_image(&format!("{IMAGE_REPO}:{}", tags.1))?;
+        helm_upgrades::upgrades_keep_the_node(run, &peer, tags)
+    })
+}
+
+/// Builds the test guest and imports the VM pod's image ([`VM_IMAGE`]):
+/// Debian's QEMU and the guest.
+fn import_vm_image(c: &Cluster) -> Result<()> {
+    let guest = guest::build(&repo().join("target/e2e-guest"))?;
+    let rootfs = tempfile::tempdir()?;
+    vm_rootfs(&guest, rootfs.path())?;
+    c.import_rootfs(VM_IMAGE, &["/vm/start"], "107:107", rootfs.path())
 }
 
 /// A resource with a node selector on the real node (`cluster/labels.rs`):
