@@ -417,6 +417,21 @@ impl Run<'_> {
         self.wait_our_namespace_gone()
     }
 
+    /// `helm uninstall` of the test's release, waiting for what it deletes,
+    /// then for our namespace (the release's `namespace.create`) to be gone.
+    fn helm_uninstall(&self) -> Result<()> {
+        self.c.helm(&[
+            "uninstall",
+            HELM_RELEASE,
+            "--namespace",
+            "default",
+            "--wait",
+            "--timeout",
+            "180s",
+        ])?;
+        self.wait_our_namespace_gone()
+    }
+
     /// Waits until our namespace is gone.
     fn wait_our_namespace_gone(&self) -> Result<()> {
         self.c.wait(&format!("namespace {NS} gone"), WAIT, || {
@@ -1717,16 +1732,7 @@ fn scenario(run: &mut Run) -> Result<()> {
         .context("our daemon's pod has no name")?
         .to_string();
     let followed = run.follow_daemon_log(&daemon_name)?;
-    c.helm(&[
-        "uninstall",
-        HELM_RELEASE,
-        "--namespace",
-        "default",
-        "--wait",
-        "--timeout",
-        "180s",
-    ])?;
-    run.wait_our_namespace_gone()?;
+    run.helm_uninstall()?;
     run.wait_allocatable(0)?;
     let daemon_log = c.log_to_end(followed, WAIT)?;
     let line = |what: &str, with: &[&str]| -> Result<String> {

@@ -15,7 +15,7 @@
 //! (the first tag and capacity back); then `helm uninstall`.
 
 use super::{
-    DS, HELM_RELEASE, IMAGE_REPO, NIC, NS, PING_EVERY, RESOURCE, RESOURCE_PREFIX, Run, WAIT,
+    DS, HELM_RELEASE, IMAGE_REPO, NIC, NS, PING_EVERY, RESOURCE, RESOURCE_PREFIX, Run,
     lost_between, repo,
 };
 use anyhow::{Context, Result, ensure};
@@ -466,19 +466,7 @@ pub(super) fn upgrades_keep_the_node(
     run.steps
         .step("helm uninstall, then README's manual clean-up: nothing of ours left");
     run.delete_vm_pods(&[VM])?;
-    c.helm(&[
-        "uninstall",
-        HELM_RELEASE,
-        "--namespace",
-        "default",
-        "--wait",
-        "--timeout",
-        "180s",
-    ])?;
-    c.wait("the chart's namespace gone", WAIT, || {
-        let out = c.kubectl(&["get", "namespace", NS, "--ignore-not-found"])?;
-        Ok(out.trim().is_empty().then_some(()))
-    })?;
+    run.helm_uninstall()?;
     run.wait_allocatable(0)?;
     let deleted = super::manual_leftover_cleanup()?;
     super::assert_uninstalled(c)?;
