@@ -71,20 +71,58 @@ fn run_kustomize(mut cmd: Command, what: &str, dir: &Path) -> Result<Vec<Value>>
     parse_docs(&text).with_context(|| format!("parsing the rendering of {}", dir.display()))
 }
 
-/// The Go project's ConfigMap and DaemonSet as cluster-network-addons-operator
-/// deploys them (`e2e/fixtures/cnao-macvtap.yaml`), its template's
-/// variables filled in: namespace `namespace`, image `image`
-/// (`IfNotPresent`), the CNI dir `/opt/cni/bin`; the ConfigMap's
-/// `DP_MACVTAP_CONF` set to `conf`. Returns the ConfigMap and the DaemonSet.
-pub fn cnao_macvtap(namespace: &str, image: &str, conf: &str) -> Result<(Value, Value)> {
-    fixture(
+/// The ConfigMap name cluster-network-addons-operator gives
+/// `spec.macvtap.devicePluginConfig` when the admin names none
+/// (`pkg/network/macvtap.go` `fillMacvtapDefaults`), the name its own
+/// rendered ConfigMap always has.
+pub const CNAO_DEFAULT_CONFIG: &str = "macvtap-deviceplugin-config";
+
+/// Every object cluster-network-addons-operator renders for `spec.macvtap`
+/// (`e2e/fixtures/cnao-macvtap.yaml`: its ConfigMap of `[]`, the DaemonSet,
+/// the ServiceAccount), in its order, its template's variables filled in as
+/// its `renderMacvtapCni` fills them on Kubernetes: namespace `namespace`,
+/// image `image` (`IfNotPresent`), the CNI dir `/opt/cni/bin`, the
+/// DaemonSet reading the ConfigMap `device_plugin_config`, the default
+/// workload placement.
+pub fn cnao_rendering(
+    namespace: &str,
+    image: &str,
+    device_plugin_config: &str,
+) -> Result<Vec<Value>> {
+    let text = fill(
         "cnao-macvtap.yaml",
         &[
             ("{{ .Namespace }}", namespace),
             ("{{ .MacvtapImage }}", image),
             ("{{ .ImagePullPolicy }}", "IfNotPresent"),
             ("{{ .CniMountPath }}", "/opt/cni/bin"),
+            ("{{ .DevicePluginConfigName }}", device_plugin_config),
+            // toYaml of CNAO's default workload placement, nindent 8.
+            (
+                "{{ toYaml .Placement.Affinity | nindent 8 }}",
+                "\n        {}",
+            ),
+            (
+                "{{ toYaml .Placement.NodeSelector | nindent 8 }}",
+                "\n        kubernetes.io/os: linux",
+            ),
+            (
+                "{{ toYaml .Placement.Tolerations | nindent 8 }}",
+                "\n        - effect: NoSchedule\n          key: node.kubernetes.io/unschedulable\n          operator: Exists",
+            ),
         ],
+    )?;
+    parse_docs(&text).context("parsing the filled cnao-macvtap.yaml")
+}
+
+/// The Go project's ConfigMap and DaemonSet as cluster-network-addons-operator
+/// deploys them with no `devicePluginConfig` ([`cnao_rendering`] with
+/// [`CNAO_DEFAULT_CONFIG`]), the ConfigMap's `DP_MACVTAP_CONF` set to
+/// `conf`. Returns the ConfigMap and the DaemonSet.
+pub fn cnao_macvtap(namespace: &str, image: &str, conf: &str) -> Result<(Value, Value)> {
+    pick(
+        "cnao-macvtap.yaml",
+        &cnao_rendering(namespace, image, CNAO_DEFAULT_CONFIG)?,
         conf,
     )
 }
@@ -105,6 +143,14 @@ pub fn go_macvtap(image: &str, conf: &str) -> Result<(Value, Value)> {
 /// The ConfigMap and DaemonSet of the fixture `name` with its variables
 /// replaced by `vars` and the ConfigMap's `DP_MACVTAP_CONF` set to `conf`.
 fn fixture(name: &str, vars: &[(&str, &str)], conf: &str) -> Result<(Value, Value)> {
+    let text = fill(name, vars)?;
+    let docs = parse_docs(&text).with_context(|| format!("parsing the filled {name}"))?;
+    pick(name, &docs, conf)
+}
+
+/// The text of the fixture `name` with its variables replaced by `vars`;
+/// fails when a variable is left.
+fn fill(name: &str, vars: &[(&str, &str)]) -> Result<String> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("fixtures")
         .join(name);
@@ -115,7 +161,12 @@ fn fixture(name: &str, vars: &[(&str, &str)], conf: &str) -> Result<(Value, Valu
     if text.contains("{{") {
         bail!("{}: a template variable is left", path.display());
     }
-    let docs = parse_docs(&text).with_context(|| path.display().to_string())?;
+    Ok(text)
+}
+
+/// The ConfigMap (its `DP_MACVTAP_CONF` set to `conf`) and the DaemonSet
+/// among `docs`, the objects of the fixture `name`.
+fn pick(name: &str, docs: &[Value], conf: &str) -> Result<(Value, Value)> {
     let mut cm = docs
         .iter()
         .find(|d| d["kind"] == "ConfigMap")

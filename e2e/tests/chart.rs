@@ -677,6 +677,14 @@ fn the_other_values_reach_the_objects() {
     let cm = discover.iter().find(|d| d["kind"] == "ConfigMap").unwrap();
     assert_eq!(cm["data"]["DP_MACVTAP_CONF"], "[]");
     assert_eq!(cm["metadata"]["name"], "macvtap-deviceplugin-config");
+    // macvtapResources unset later (or helm uninstall, or a rollback to a
+    // revision without it): Helm keeps the ConfigMap, so the nodes keep
+    // serving what it says (README, "Changing it live"; the real-node
+    // cluster/helm_upgrades.rs unsets it under a pinging VM).
+    assert_eq!(
+        cm["metadata"]["annotations"]["helm.sh/resource-policy"],
+        "keep"
+    );
     assert!(matches!(
         as_the_daemon_reads(&discover),
         Resources::AutoDiscover(DiscoveryPolicy::Spare)

@@ -39,10 +39,13 @@
 //! leaked link of ours deleted, the CNI and its settings removed, the VM's
 //! link just handed out kept until README's manual step), leaving nothing
 //! of ours (the CNI, its settings, the record, device plugin sockets,
-//! macvtaps, RBAC, the namespace); the Go project's and the operator's
-//! DaemonSets with our image. A second test runs DRA mode on the same
+//! macvtaps, RBAC, the namespace). A second test runs DRA mode on the same
 //! cluster (`cluster/dra.rs`), a third a resource served by a node
-//! selector as the Node is labelled and unlabelled (`cluster/labels.rs`).
+//! selector as the Node is labelled and unlabelled (`cluster/labels.rs`),
+//! a fourth the Go project's and cluster-network-addons-operator's
+//! DaemonSets with our image, each then replaced by ours with a VM pinging
+//! (`cluster/migrations.rs`), a fifth the chart's upgrades under a pinging
+//! VM (`cluster/helm_upgrades.rs`).
 //!
 //! The cluster uses the node's fixed paths (`/var/lib/kubelet`,
 //! `/opt/cni/bin`, `/dev`), so this test holds the locks every test that
@@ -57,8 +60,12 @@ mod dra;
 mod dra_faults;
 #[path = "cluster/dra_switch.rs"]
 mod dra_switch;
+#[path = "cluster/helm_upgrades.rs"]
+mod helm_upgrades;
 #[path = "cluster/labels.rs"]
 mod labels;
+#[path = "cluster/migrations.rs"]
+mod migrations;
 
 use anyhow::{Context, Result, bail, ensure};
 use macvtap_e2e::cluster::realnode::{
@@ -323,6 +330,44 @@ impl Run<'_> {
         self.wait_vm_serving(name)
     }
 
+    /// `kubectl delete -k` of the kustomization in `dir`, waiting for what
+    /// it deletes, then for our namespace to be gone.
+    fn delete_kustomization(&self, dir: &Path) -> Result<()> {
+        self.c.kubectl(&[
+            "delete",
+            "-k",
+            &dir.to_string_lossy(),
+            "--wait=true",
+            "--timeout=180s",
+        ])?;
+        self.wait_our_namespace_gone()
+    }
+
+    /// `helm uninstall` of the test's release, waiting for what it deletes,
+    /// then for our namespace (the release's `namespace.create`) to be gone.
+    fn helm_uninstall(&self) -> Result<()> {
+        self.c.helm(&[
+            "uninstall",
+            HELM_RELEASE,
+            "--namespace",
+            "default",
+            "--wait",
+            "--timeout",
+            "180s",
+        ])?;
+        self.wait_our_namespace_gone()
+    }
+
+    /// Waits until our namespace is gone.
+    fn wait_our_namespace_gone(&self) -> Result<()> {
+        self.c.wait(&format!("namespace {NS} gone"), WAIT, || {
+            let out = self
+                .c
+                .kubectl(&["get", "namespace", NS, "--ignore-not-found"])?;
+            Ok(out.trim().is_empty().then_some(()))
+        })
+    }
+
     /// Creates the VM pod of [`Self::start_vm_on`] without waiting for it.
     fn apply_vm_pod(
         &self,
@@ -521,6 +566,21 @@ fn on_the_real_node(scenario: impl FnOnce(&mut Run) -> Result<()>) -> Result<()>
     outcome.and(cleanup)
 }
 
+/// What a test of VM pods sets up first: the node's NIC and the peer host
+/// beyond it (its namespace named `peer`), our image as `tag` (of
+/// `IMAGE_REPO`) and the VM pod's image. Returns the peer and the NIC, in
+/// the order they are to be dropped in.
+fn vm_setup(run: &mut Run, peer: &str, tag: &str) -> Result<(TestNs, HostNic)> {
+    run.steps.step("the node's NIC and the peer host");
+    let peer = TestNs::new(peer)?;
+    let nic = HostNic::add(&peer)?;
+    run.steps
+        .step("our image (hack/cluster.sh image) and the VM pod's image");
+    run.c.import_our_image(&format!("{IMAGE_REPO}:{tag}"))?;
+    import_vm_image(run.c)?;
+    Ok((peer, nic))
+}
+
 #[test]
 fn the_daemonset_and_vm_pods_on_a_real_node() -> Result<()> {
     on_the_real_node(scenario)
@@ -531,20 +591,35 @@ fn the_daemonset_and_vm_pods_on_a_real_node() -> Result<()> {
 #[test]
 fn dra_mode_on_a_real_node() -> Result<()> {
     on_the_real_node(|run| {
-        run.steps.step("the node's NIC and the peer host");
-        let peer = TestNs::new("clpeerd")?;
-        let _nic = HostNic::add(&peer)?;
-        run.steps
-            .step("our image (hack/cluster.sh image) and the VM pod's image");
         let tag = "e2e-dra";
-        run.c.import_our_image(&format!("{IMAGE_REPO}:{tag}"))?;
-        let guest = guest::build(&repo().join("target/e2e-guest"))?;
-        let rootfs = tempfile::tempdir()?;
-        vm_rootfs(&guest, rootfs.path())?;
-        run.c
-            .import_rootfs(VM_IMAGE, &["/vm/start"], "107:107", rootfs.path())?;
+        let (peer, _nic) = vm_setup(run, "clpeerd", tag)?;
         dra::dra_mode(run, &peer, tag)
     })
+}
+
+/// Upgrades with the chart under a pinging VM on the real node
+/// (`cluster/helm_upgrades.rs`): another tag, `macvtapResources` changed
+/// and unset, a ConfigMap made by hand adopted, a namespace change
+/// refused, a rollback; not one ping lost. Same cluster and locks.
+#[test]
+fn helm_upgrades_keep_the_node_on_a_real_node() -> Result<()> {
+    on_the_real_node(|run| {
+        let tags = ("e2e-up-a", "e2e-up-b");
+        let (peer, _nic) = vm_setup(run, "clpeeru", tags.0)?;
+        run.steps.step("our image's second tag");
+        run.c
+            .import_our_image(&format!("{IMAGE_REPO}:{}", tags.1))?;
+        helm_upgrades::upgrades_keep_the_node(run, &peer, tags)
+    })
+}
+
+/// Builds the test guest and imports the VM pod's image ([`VM_IMAGE`]):
+/// Debian's QEMU and the guest.
+fn import_vm_image(c: &Cluster) -> Result<()> {
+    let guest = guest::build(&repo().join("target/e2e-guest"))?;
+    let rootfs = tempfile::tempdir()?;
+    vm_rootfs(&guest, rootfs.path())?;
+    c.import_rootfs(VM_IMAGE, &["/vm/start"], "107:107", rootfs.path())
 }
 
 /// A resource with a node selector on the real node (`cluster/labels.rs`):
@@ -560,6 +635,19 @@ fn node_selected_resource_follows_the_node_label_on_a_real_node() -> Result<()> 
         let tag = "e2e-labels";
         run.c.import_our_image(&format!("{IMAGE_REPO}:{tag}"))?;
         labels::labelled_resource(run, tag)
+    })
+}
+
+/// The migrations from the Go project's DaemonSets (upstream's manifests,
+/// cluster-network-addons-operator's rendering) to ours on the real node
+/// (`cluster/migrations.rs`), on the cluster the tests above leave or bring
+/// up, holding the same locks.
+#[test]
+fn migrations_from_the_go_daemonsets_on_a_real_node() -> Result<()> {
+    on_the_real_node(|run| {
+        let tag = "e2e-migrations";
+        let (peer, _nic) = vm_setup(run, "clpeerm", tag)?;
+        migrations::go_daemonsets_to_ours(run, &peer, tag)
     })
 }
 
@@ -1543,19 +1631,7 @@ fn scenario(run: &mut Run) -> Result<()> {
         .context("our daemon's pod has no name")?
         .to_string();
     let followed = run.follow_daemon_log(&daemon_name)?;
-    c.helm(&[
-        "uninstall",
-        HELM_RELEASE,
-        "--namespace",
-        "default",
-        "--wait",
-        "--timeout",
-        "180s",
-    ])?;
-    c.wait("the chart's namespace gone", WAIT, || {
-        let out = c.kubectl(&["get", "namespace", NS, "--ignore-not-found"])?;
-        Ok(out.trim().is_empty().then_some(()))
-    })?;
+    run.helm_uninstall()?;
     run.wait_allocatable(0)?;
     let daemon_log = c.log_to_end(followed, WAIT)?;
     let line = |what: &str, with: &[&str]| -> Result<String> {
@@ -1594,43 +1670,6 @@ fn scenario(run: &mut Run) -> Result<()> {
         "helm uninstall: the leaked {leaked} deleted, the CNI binary and settings removed, vm5's {deleted:?} kept (handed out within the grace) until README's manual step; then nothing of ours on the node or in the cluster"
     ));
 
-    run.steps
-        .step("the image swap onto the Go project's DaemonSets");
-    let conf = format!(
-        r#"[{{"name":"dataplane","lowerDevice":"{NIC}","mode":"bridge","capacity":{CAPACITY}}}]"#
-    );
-    let (cm, ds) = macvtap_e2e::manifests::go_macvtap(&tag_a, &conf)?;
-    go_daemonset_runs_our_image(
-        run,
-        &peer,
-        "the Go project's manifests/macvtap.yaml (namespace default)",
-        (cm, ds),
-        (
-            "virt-launcher-vm3",
-            "02:00:c6:33:64:a4",
-            Ipv4Addr::new(198, 51, 100, 164),
-        ),
-    )?;
-    let (cm, ds) = macvtap_e2e::manifests::cnao_macvtap(CNAO_NS, &tag_a, &conf)?;
-    c.apply(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": CNAO_NS}}))?;
-    go_daemonset_runs_our_image(
-        run,
-        &peer,
-        "cluster-network-addons-operator's rendering (namespace cluster-network-addons)",
-        (cm, ds),
-        (
-            "virt-launcher-vm4",
-            "02:00:c6:33:64:a5",
-            Ipv4Addr::new(198, 51, 100, 165),
-        ),
-    )?;
-    c.kubectl(&[
-        "delete",
-        "namespace",
-        CNAO_NS,
-        "--wait=true",
-        "--timeout=180s",
-    ])?;
     Ok(())
 }
 
@@ -1669,119 +1708,6 @@ fn assert_uninstalled(c: &Cluster) -> Result<()> {
         let out = c.kubectl(&["get", kind, name, "--ignore-not-found"])?;
         ensure!(out.trim().is_empty(), "the uninstall left {kind} {name}");
     }
-    Ok(())
-}
-
-/// The image swap on the real node: the Go project's ConfigMap and
-/// DaemonSet `objects` (named `what`), unchanged but for our image, reach
-/// Ready (the init container's `cp`, the `sh -c ls` probes where they have
-/// them); the node advertises the resource; a VM pod `vm` (name, MAC, IP)
-/// gets its device, its guest answers the peer's pings, and its deletion's
-/// DEL gives the link back. Then the DaemonSet and ConfigMap are deleted.
-fn go_daemonset_runs_our_image(
-    run: &mut Run,
-    peer: &TestNs,
-    what: &str,
-    objects: (Value, Value),
-    vm: (&str, &str, Ipv4Addr),
-) -> Result<()> {
-    let c = run.c;
-    let (cm, ds) = objects;
-    let ns = ds["metadata"]["namespace"]
-        .as_str()
-        .unwrap_or("default")
-        .to_string();
-    run.steps.step(&format!("{what} with our image"));
-    c.apply(&cm)?;
-    c.apply(&ds)?;
-    c.wait(&format!("{what}: the DaemonSet Ready"), WAIT, || {
-        run.ds_ready_in(&ns)
-    })?;
-    run.wait_allocatable(CAPACITY)?;
-    let pods = c.get_json(&["-n", &ns, "pods", "-l", "name=macvtap-cni"])?;
-    let pod = &pods["items"][0];
-    let status = &pod["status"]["containerStatuses"][0];
-    run.steps.say(format!(
-        "{}: ready {}, restarts {}, image {}; allocatable {RESOURCE}: {CAPACITY}",
-        pod["metadata"]["name"].as_str().unwrap_or("?"),
-        status["ready"],
-        status["restartCount"],
-        status["image"].as_str().unwrap_or("?"),
-    ));
-    let (name, mac, ip) = vm;
-    run.start_vm(name, mac, ip)?;
-    // The pod's link is in the pod: the host's list lacks it until DEL.
-    let during = macvtaps_on_nic()?;
-    let t0 = Instant::now();
-    let pinger = Pinger::start(peer, ip, PING_EVERY)?;
-    ensure!(
-        pinger.wait_for(Duration::from_secs(60), |l| l.replies_after(t0) >= 5),
-        "{what}: the guest of {name} did not answer 5 pings from the peer"
-    );
-    let log = pinger.stop(Duration::from_secs(2))?;
-    run.steps.say(format!(
-        "the guest of {name} answered {} pings through our macvtap",
-        log.replies_after(t0)
-    ));
-    let logs = c.kubectl(&[
-        "-n",
-        &ns,
-        "logs",
-        &format!("ds/{DS}"),
-        "-c",
-        "macvtap-cni",
-        "--tail=-1",
-    ])?;
-    ensure!(
-        logs.contains("pod-resources"),
-        "{what}: our daemon did not say what it cannot do without pod-resources:\n{logs}"
-    );
-    // The CNI bin dir is mounted in the init container only: doctor says
-    // it cannot check the CNI instead of calling it missing.
-    let out = c.kubectl_output(
-        &[
-            "-n",
-            &ns,
-            "exec",
-            &format!("ds/{DS}"),
-            "-c",
-            "macvtap-cni",
-            "--",
-            "/macvtap-deviceplugin",
-            "doctor",
-        ],
-        None,
-    )?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    ensure!(
-        text.contains("the installed CNI is not checked") && !text.contains("no CNI binary at"),
-        "{what}: doctor in the Go DaemonSet's container:\n{text}"
-    );
-    run.delete_vm_pods(&[name])?;
-    // Without pod-resources nothing reclaims it: the link stays in the
-    // host's namespace, where the next Allocate of the device reuses it.
-    c.wait(&format!("{what}: DEL giving the link back"), WAIT, || {
-        Ok((macvtaps_on_nic()?.len() == during.len() + 1).then_some(()))
-    })?;
-    run.steps
-        .say("DEL gave the link back to the host's namespace");
-    c.kubectl(&[
-        "-n",
-        &ns,
-        "delete",
-        "ds",
-        DS,
-        "--wait=true",
-        "--timeout=180s",
-    ])?;
-    c.kubectl(&[
-        "-n",
-        &ns,
-        "delete",
-        "configmap",
-        "macvtap-deviceplugin-config",
-    ])?;
-    run.wait_allocatable(0)?;
     Ok(())
 }
 

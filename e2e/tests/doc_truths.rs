@@ -451,10 +451,11 @@ fn security_md_says_how_to_report_a_vulnerability() {
     );
 }
 
-/// README's migration copies the Go project's ConfigMap (by the name and
-/// key of `e2e/fixtures/`, as upstream and cluster-network-addons-operator
-/// make it) into the one our DaemonSet mounts, in our namespace, which it
-/// applies from our own Namespace file.
+/// README's migration copies the Go project's ConfigMap (the one the Go
+/// DaemonSet's `envFrom` names, with the key of `e2e/fixtures/`, as
+/// upstream and cluster-network-addons-operator make it) into the one our
+/// DaemonSet mounts, in our namespace, which it applies from our own
+/// Namespace file. `cluster/migrations.rs` runs the block on the real node.
 #[test]
 fn readme_migration_copies_the_go_configmap_into_ours() {
     let readme = read("README.md");
@@ -522,34 +523,35 @@ fn readme_migration_copies_the_go_configmap_into_ours() {
     );
 
     let inner = shell_words(value.trim_start_matches("$(").trim_end_matches(')'));
+    // The ConfigMap read is the one the Go DaemonSet's envFrom names (CNAO's
+    // devicePluginConfig may name another than its own), with our key.
+    let go_cm = block
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("GO_CM="))
+        .expect("GO_CM= read from the Go DaemonSet");
+    assert!(
+        go_cm.contains("get ds macvtap-cni")
+            && go_cm.contains("{.spec.template.spec.containers[0].envFrom[0].configMapRef.name}"),
+        "{go_cm}"
+    );
+    let at = inner
+        .iter()
+        .position(|w| w == "configmap")
+        .expect("get configmap");
+    assert_eq!(inner[at + 1], "$GO_CM");
+    assert_eq!(
+        flag(&inner, "-o"),
+        Some(format!("jsonpath={{.data.{key}}}").as_str()),
+    );
     let go = [
-        (
-            "go-macvtap.yaml",
-            macvtap_e2e::manifests::go_macvtap("x", "[]").unwrap().0,
-        ),
-        (
-            "cnao-macvtap.yaml",
-            macvtap_e2e::manifests::cnao_macvtap("x", "x", "[]")
-                .unwrap()
-                .0,
-        ),
+        macvtap_e2e::manifests::go_macvtap("x", "[]").unwrap(),
+        macvtap_e2e::manifests::cnao_macvtap("x", "x", "[]").unwrap(),
     ];
-    for (fixture, cm) in go {
-        let at = inner
-            .iter()
-            .position(|w| w == "configmap")
-            .expect("get configmap");
-        assert_eq!(
-            inner[at + 1],
-            cm["metadata"]["name"],
-            "{fixture}'s ConfigMap"
-        );
-        assert_eq!(
-            flag(&inner, "-o"),
-            Some(format!("jsonpath={{.data.{key}}}").as_str()),
-            "{fixture}'s key"
-        );
-        assert!(cm["data"].get(key).is_some(), "{fixture} has {key}");
+    for (cm, ds) in go {
+        let reads =
+            &ds["spec"]["template"]["spec"]["containers"][0]["envFrom"][0]["configMapRef"]["name"];
+        assert_eq!(reads, &cm["metadata"]["name"]);
+        assert!(cm["data"].get(key).is_some(), "{cm} has {key}");
     }
     assert_eq!(
         flag(&inner, "-n"),

@@ -175,8 +175,8 @@ fn readme_namespace_edits(readme: &str) -> Vec<String> {
 
 /// The namespace and `--set` values of every chart command README gives,
 /// one per command (Helm's `default` when a command names none; a
-/// fragment's is that of README's first `helm install`); values with a
-/// placeholder (`<key>`, `*`) are left out.
+/// fragment's, and a shell variable's, is that of README's first `helm
+/// install`); values with a placeholder (`<key>`, `*`) are left out.
 fn readme_helm_sets(readme: &str) -> Vec<(String, Vec<String>)> {
     let (_, blocks) = split_fences(readme);
     let mut commands: Vec<String> = inline_code(readme)
@@ -215,6 +215,9 @@ fn readme_helm_sets(readme: &str) -> Vec<(String, Vec<String>)> {
                 .find(|w| w[0] == "--namespace" || w[0] == "-n")
                 .map(|w| w[1]);
             let namespace = match (own, words.first()) {
+                // A recipe's shell variable (`"$RELEASE_NAMESPACE"`) is
+                // set to README's own namespace.
+                (Some(ns), _) if ns.trim_matches('"').starts_with('$') => first_install_namespace,
                 (Some(ns), _) => ns,
                 (None, Some(&"helm")) => "default",
                 (None, _) => first_install_namespace,

@@ -85,6 +85,27 @@ runs it. */}}
 {{- end }}
 {{- end }}
 {{- end }}
+{{- /* A namespace change on upgrade: Helm cannot move a release's
+objects; it would make them anew in the new namespace and delete the old
+ones: the DaemonSet, which its daemons take for an uninstall (they clean
+their nodes as they exit, under the running VMs), or the Namespace the
+release made, with all it holds. So this release's DaemonSet found in
+another namespace, or its Namespace no longer asked for, is refused. The
+lookups find nothing without a cluster (helm template, lint). */}}
+{{- range (lookup "apps/v1" "DaemonSet" "" "").items }}
+{{- $a := .metadata.annotations | default dict }}
+{{- if and (eq .metadata.name "macvtap-cni") (ne .metadata.namespace $ns) (eq (index $a "meta.helm.sh/release-name" | default "") $.Release.Name) (eq (index $a "meta.helm.sh/release-namespace" | default "") $.Release.Namespace) }}
+{{- fail (printf "namespace.name: this release's DaemonSet macvtap-cni runs in namespace %s, and these values move it to %s: Helm cannot move a release's objects, it would delete the old DaemonSet, which the daemons take for an uninstall (they clean their nodes under the running VMs); set namespace.name=%s (and namespace.create as before), or, to move it, helm uninstall and install again (README.md, \"Between our versions\")" .metadata.namespace $ns .metadata.namespace) }}
+{{- end }}
+{{- end }}
+{{- if not .Values.namespace.create }}
+{{- with lookup "v1" "Namespace" "" $ns }}
+{{- $a := .metadata.annotations | default dict }}
+{{- if and (eq (index $a "meta.helm.sh/release-name" | default "") $.Release.Name) (eq (index $a "meta.helm.sh/release-namespace" | default "") $.Release.Namespace) }}
+{{- fail (printf "namespace.create: this release made the Namespace %s (namespace.create=true), and these values drop it: the upgrade would delete it with the DaemonSet and all it holds; set namespace.create=true (README.md, \"Between our versions\")" $ns) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- range .Values.extraArgs }}
 {{- $arg := . }}
 {{- range $flag, $value := dict "--kubelet-dir" "kubeletDir" "--metrics-addr" "metrics.enabled, metrics.bindAddress and metrics.port" "--log-format" "none: the chart logs JSON" "--config" "macvtapResources, or your own ConfigMap macvtap-deviceplugin-config" "--owner-daemonset" "none: the DaemonSet's own name" "--uninstall-cni-dir" "cniBinDir" "--front" "front, which also mounts and grants what the front needs" "--cdi-dir" "none: the chart mounts the runtime's /var/run/cdi" "--discovery" "discovery.policy" "--discover-include" "discovery.include" }}

@@ -154,13 +154,7 @@ pub(super) fn dra_mode(run: &mut Run, peer: &TestNs, tag: &str) -> Result<()> {
     })?;
     c.kubectl_stdin(&["delete", "-f", "-", "--ignore-not-found"], Some(&class))?;
     c.kubectl_stdin(&["delete", "-f", "-", "--ignore-not-found"], Some(&nad))?;
-    c.kubectl(&[
-        "delete",
-        "-k",
-        &kdir.path().to_string_lossy(),
-        "--wait=true",
-        "--timeout=180s",
-    ])?;
+    run.delete_kustomization(kdir.path())?;
     c.wait("our ResourceSlices gone", WAIT, || {
         Ok(slices(run.c)?.is_empty().then_some(()))
     })?;

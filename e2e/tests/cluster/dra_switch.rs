@@ -170,13 +170,7 @@ pub(super) fn from_the_device_plugin(run: &mut Run, peer: &TestNs, tag: &str) ->
     })?;
     c.kubectl_stdin(&["delete", "-f", "-", "--ignore-not-found"], Some(&class))?;
     c.kubectl_stdin(&["delete", "-f", "-", "--ignore-not-found"], Some(&nad))?;
-    c.kubectl(&[
-        "delete",
-        "-k",
-        &kdir.path().to_string_lossy(),
-        "--wait=true",
-        "--timeout=180s",
-    ])?;
+    run.delete_kustomization(kdir.path())?;
     run.steps.say("uninstalled: nothing left");
     Ok(())
 }

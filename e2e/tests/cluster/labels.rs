@@ -161,12 +161,6 @@ pub(super) fn labelled_resource(run: &mut Run, tag: &str) -> Result<()> {
     ));
 
     run.steps.step("uninstall");
-    c.kubectl(&[
-        "delete",
-        "-k",
-        &kdir.path().to_string_lossy(),
-        "--wait=true",
-        "--timeout=180s",
-    ])?;
+    run.delete_kustomization(kdir.path())?;
     Ok(())
 }
