@@ -577,7 +577,7 @@ fn vm_setup(run: &mut Run, peer: &str, tag: &str) -> Result<(TestNs, HostNic)> {
     run.steps
         .step("our image (hack/cluster.sh image) and the VM pod's image");
     run.c.import_our_image(&format!("{IMAGE_REPO}:{tag}"))?;
-    import_vm_image(run.c)?;
+    realnode::import_vm_image(run.c)?;
     Ok((peer, nic))
 }
 
@@ -611,15 +611,6 @@ fn helm_upgrades_keep_the_node_on_a_real_node() -> Result<()> {
             .import_our_image(&format!("{IMAGE_REPO}:{}", tags.1))?;
         helm_upgrades::upgrades_keep_the_node(run, &peer, tags)
     })
-}
-
-/// Builds the test guest and imports the VM pod's image ([`VM_IMAGE`]):
-/// Debian's QEMU and the guest.
-fn import_vm_image(c: &Cluster) -> Result<()> {
-    let guest = guest::build(&repo().join("target/e2e-guest"))?;
-    let rootfs = tempfile::tempdir()?;
-    vm_rootfs(&guest, rootfs.path())?;
-    c.import_rootfs(VM_IMAGE, &["/vm/start"], "107:107", rootfs.path())
 }
 
 /// A resource with a node selector on the real node (`cluster/labels.rs`):

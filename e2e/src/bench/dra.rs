@@ -10,14 +10,14 @@
 use super::report::{Report, Row};
 use super::stats::Samples;
 use crate::cluster::realnode::{
-    HostNic, IMAGE_REPO, NAME, RESOURCE_PREFIX, VM_IMAGE, WAIT, apply_vm_pod, cdi_specs,
-    delete_vm_pods, examples, install_with, macvtaps_on_nic, slices,
+    HostNic, IMAGE_REPO, NAME, RESOURCE_PREFIX, WAIT, apply_vm_pod, cdi_specs, delete_vm_pods,
+    examples, import_vm_image, install_with, macvtaps_on_nic, slices,
 };
-use crate::cluster::{Cluster, NODE, last_lines, vm_rootfs};
+use crate::cluster::{Cluster, NODE, last_lines};
 use crate::icmp::Pinger;
+use crate::node_locks;
 use crate::runtime::repo_root;
 use crate::sandbox::TestNs;
-use crate::{guest, node_locks};
 use anyhow::{Context, Result, anyhow, bail};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
@@ -404,10 +404,7 @@ fn measure(c: &Cluster, per_block: usize, blocks: usize) -> Result<(Series, Seri
     let _nic = HostNic::add(&peer)?;
     println!("our image (hack/cluster.sh image) and the VM pod's image");
     c.import_our_image(&format!("{IMAGE_REPO}:{TAG}"))?;
-    let guest = guest::build(&repo_root().join("target/e2e-guest"))?;
-    let rootfs = tempfile::tempdir()?;
-    vm_rootfs(&guest, rootfs.path())?;
-    c.import_rootfs(VM_IMAGE, &["/vm/start"], "107:107", rootfs.path())?;
+    import_vm_image(c)?;
     let (class, nad) = examples()?;
     c.kubectl_stdin(&["apply", "-f", "-"], Some(&class))?;
     c.kubectl_stdin(&["apply", "-f", "-"], Some(&nad))?;

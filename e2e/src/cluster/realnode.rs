@@ -4,7 +4,7 @@
 //! kustomize on the device plugin front or the DRA front, the example
 //! DeviceClass and NAD, and VM pods in KubeVirt's shape.
 
-use super::{Cluster, last_lines};
+use super::{Cluster, last_lines, vm_rootfs};
 use crate::multus::kubevirt_pod_ifname;
 use crate::runtime::repo_root;
 use crate::sandbox::{TestNs, ip};
@@ -73,6 +73,15 @@ impl Drop for HostNic {
     fn drop(&mut self) {
         let _ = ip(&["link", "del", NIC]);
     }
+}
+
+/// Builds the test guest and imports the VM pod's image ([`VM_IMAGE`]):
+/// Debian's QEMU and the guest.
+pub fn import_vm_image(c: &Cluster) -> Result<()> {
+    let guest = crate::guest::build(&repo_root().join("target/e2e-guest"))?;
+    let rootfs = tempfile::tempdir()?;
+    vm_rootfs(&guest, rootfs.path())?;
+    c.import_rootfs(VM_IMAGE, &["/vm/start"], "107:107", rootfs.path())
 }
 
 /// The macvtaps on [`NIC`] in the host's namespace.
