@@ -5,6 +5,8 @@
 //! image (Debian's QEMU, its libraries and firmware, the test guest and a
 //! busybox `sh` that starts QEMU on the pod's `/dev/tapN`).
 
+pub mod realnode;
+
 use crate::guest::Guest;
 use crate::runtime::repo_root;
 use anyhow::{Context, Result, bail};

@@ -68,9 +68,12 @@ mod labels;
 mod migrations;
 
 use anyhow::{Context, Result, bail, ensure};
-use macvtap_e2e::cluster::{Cluster, NODE, last_lines, vm_rootfs};
+use macvtap_e2e::cluster::realnode::{
+    DAEMON, DS, HostNic, IMAGE_REPO, NIC, NS, RESOURCE_PREFIX, VM_IMAGE, WAIT, macvtaps_on_nic,
+    pathdiff,
+};
+use macvtap_e2e::cluster::{Cluster, NODE, last_lines, realnode, vm_rootfs};
 use macvtap_e2e::icmp::Pinger;
-use macvtap_e2e::multus::kubevirt_pod_ifname;
 use macvtap_e2e::sandbox::{TestNs, ip, require_root};
 use macvtap_e2e::steps::Steps;
 use macvtap_e2e::{guest, node_locks};
@@ -80,74 +83,20 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-const NS: &str = "macvtap-system";
 /// The Helm release the chart step installs.
 const HELM_RELEASE: &str = "macvtap-e2e";
 /// cluster-network-addons-operator's namespace.
 const CNAO_NS: &str = "cluster-network-addons";
-const DS: &str = "macvtap-cni";
-const DAEMON: &str = "macvtap-deviceplugin";
 const RESOURCE: &str = "macvtap.network.kubevirt.io/dataplane";
-const RESOURCE_PREFIX: &str = "macvtap.network.kubevirt.io/";
 /// The devices auto-discovery gives each NIC (README, "A first VM").
 const DISCOVERED_CAPACITY: i64 = 100;
 const CAPACITY: i64 = 2;
-/// The node's NIC (a veth in the host's namespace) and its peer's name.
-const NIC: &str = "mvtclnic0";
-const PEER_IF: &str = "peer0";
-/// TEST-NET-2, outside the cluster's ranges (pods .0/25, node .129,
-/// services .224/27).
-const PEER_IP: &str = "198.51.100.161";
-const PREFIX: u8 = 28;
-const IMAGE_REPO: &str = "localhost/macvtap-rs";
-const VM_IMAGE: &str = "localhost/macvtap-rs/vm-e2e:1";
 /// Our daemon's record on the node.
 const RECORD_DIR: &str = "/var/lib/kubelet/device-plugins/macvtap-deviceplugin";
 const PING_EVERY: Duration = Duration::from_millis(200);
-const WAIT: Duration = Duration::from_secs(180);
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// The host NIC of the node: deleted (with its peer) on drop.
-struct HostNic;
-
-impl HostNic {
-    fn add(peer: &TestNs) -> Result<Self> {
-        let _ = ip(&["link", "del", NIC]);
-        ip(&[
-            "link", "add", NIC, "type", "veth", "peer", "name", PEER_IF, "netns", &peer.name,
-        ])?;
-        let nic = HostNic;
-        ip(&["link", "set", NIC, "up"])?;
-        peer.ip(&["link", "set", PEER_IF, "up"])?;
-        peer.ip(&[
-            "addr",
-            "add",
-            &format!("{PEER_IP}/{PREFIX}"),
-            "dev",
-            PEER_IF,
-        ])?;
-        Ok(nic)
-    }
-}
-
-impl Drop for HostNic {
-    fn drop(&mut self) {
-        let _ = ip(&["link", "del", NIC]);
-    }
-}
-
-/// The macvtaps on [`NIC`] in the host's namespace.
-fn macvtaps_on_nic() -> Result<Vec<String>> {
-    let out = ip(&["-j", "-d", "link", "show", "type", "macvtap"])?;
-    let links: Vec<Value> = serde_json::from_str(if out.trim().is_empty() { "[]" } else { &out })?;
-    Ok(links
-        .iter()
-        .filter(|l| l["link"] == NIC)
-        .filter_map(|l| l["ifname"].as_str().map(str::to_string))
-        .collect())
 }
 
 /// This machine's physical NICs that auto-discovery looks at as shipped:
@@ -259,22 +208,11 @@ impl Run<'_> {
     /// Whether the DaemonSet `macvtap-cni` of namespace `ns` has its one pod
     /// Ready and up to date.
     fn ds_ready_in(&self, ns: &str) -> Result<Option<()>> {
-        let ds = self.c.get_json(&["-n", ns, "ds", DS])?;
-        let st = &ds["status"];
-        let gen_ok = st["observedGeneration"] == ds["metadata"]["generation"];
-        let want = st["desiredNumberScheduled"].as_i64().unwrap_or(0);
-        Ok((gen_ok
-            && want == 1
-            && st["numberReady"].as_i64() == Some(want)
-            && st["updatedNumberScheduled"].as_i64() == Some(want)
-            && st["numberUnavailable"].as_i64().unwrap_or(0) == 0)
-            .then_some(()))
+        realnode::ds_ready_in(self.c, ns)
     }
 
     fn wait_ds_ready(&self) -> Result<()> {
-        self.c.wait("the DaemonSet Ready and up to date", WAIT, || {
-            self.ds_ready()
-        })
+        realnode::wait_ds_ready(self.c)
     }
 
     /// Waits for the DaemonSet's rollout (`kubectl rollout status`), then
@@ -301,15 +239,7 @@ impl Run<'_> {
     }
 
     fn daemon_logs(&self) -> Result<String> {
-        self.c.kubectl(&[
-            "-n",
-            NS,
-            "logs",
-            &format!("ds/{DS}"),
-            "-c",
-            DAEMON,
-            "--tail=-1",
-        ])
+        realnode::daemon_logs(self.c)
     }
 
     fn pod_phase(&self, name: &str) -> Result<String> {
@@ -362,11 +292,7 @@ impl Run<'_> {
     /// Deletes the VM pods `names` of namespace `default` and waits until
     /// they are gone (their DEL has run).
     fn delete_vm_pods(&self, names: &[&str]) -> Result<()> {
-        let mut args = vec!["-n", "default", "delete", "pod"];
-        args.extend_from_slice(names);
-        args.extend_from_slice(&["--wait=true", "--timeout=120s"]);
-        self.c.kubectl(&args)?;
-        Ok(())
+        realnode::delete_vm_pods(self.c, names)
     }
 
     /// Waits (up to the reclaim's grace and interval) until no macvtap is
@@ -450,34 +376,7 @@ impl Run<'_> {
         mac: &str,
         guest_ip: Ipv4Addr,
     ) -> Result<()> {
-        let ifname = kubevirt_pod_ifname("dataplane");
-        let networks = json!([{"name": "dataplane", "namespace": "default",
-                               "mac": mac, "interface": ifname}]);
-        let pod = json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "default",
-                         "labels": {"kubevirt.io": "virt-launcher", "e2e": "cluster"},
-                         "annotations": {"k8s.v1.cni.cncf.io/networks": networks.to_string()}},
-            "spec": {
-                "terminationGracePeriodSeconds": 5,
-                "securityContext": {"runAsUser": 107, "runAsGroup": 107, "fsGroup": 107,
-                                    "runAsNonRoot": true},
-                "containers": [{
-                    "name": "compute", "image": VM_IMAGE, "imagePullPolicy": "Never",
-                    "command": ["/vm/start"],
-                    "env": [{"name": "VM_MAC", "value": mac},
-                            {"name": "VM_IP", "value": format!("{guest_ip}/{PREFIX}")},
-                            {"name": "VM_PEER", "value": PEER_IP}],
-                    // KubeVirt counts the network's resource in both (its
-                    // renderresources.go requestResource).
-                    "resources": {"requests": {resource: "1", "memory": "300Mi"},
-                                  "limits": {resource: "1"}},
-                    "securityContext": {"allowPrivilegeEscalation": false,
-                                        "capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}}
-                }]
-            }
-        });
-        self.c.apply(&pod)
+        realnode::apply_vm_pod(self.c, resource, name, mac, guest_ip)
     }
 
     /// Waits until the VM pod `name` is Running and its guest serves.
@@ -678,7 +577,7 @@ fn vm_setup(run: &mut Run, peer: &str, tag: &str) -> Result<(TestNs, HostNic)> {
     run.steps
         .step("our image (hack/cluster.sh image) and the VM pod's image");
     run.c.import_our_image(&format!("{IMAGE_REPO}:{tag}"))?;
-    import_vm_image(run.c)?;
+    realnode::import_vm_image(run.c)?;
     Ok((peer, nic))
 }
 
@@ -712,15 +611,6 @@ fn helm_upgrades_keep_the_node_on_a_real_node() -> Result<()> {
             .import_our_image(&format!("{IMAGE_REPO}:{}", tags.1))?;
         helm_upgrades::upgrades_keep_the_node(run, &peer, tags)
     })
-}
-
-/// Builds the test guest and imports the VM pod's image ([`VM_IMAGE`]):
-/// Debian's QEMU and the guest.
-fn import_vm_image(c: &Cluster) -> Result<()> {
-    let guest = guest::build(&repo().join("target/e2e-guest"))?;
-    let rootfs = tempfile::tempdir()?;
-    vm_rootfs(&guest, rootfs.path())?;
-    c.import_rootfs(VM_IMAGE, &["/vm/start"], "107:107", rootfs.path())
 }
 
 /// A resource with a node selector on the real node (`cluster/labels.rs`):
@@ -1925,20 +1815,4 @@ fn daemon_pid() -> Result<u32> {
             other.len()
         ),
     }
-}
-
-/// `to` relative to `from` (both absolute).
-fn pathdiff(to: &Path, from: &Path) -> String {
-    let from = from.canonicalize().unwrap_or_else(|_| from.to_path_buf());
-    let a: Vec<_> = to.components().collect();
-    let b: Vec<_> = from.components().collect();
-    let common = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
-    let mut out = PathBuf::new();
-    for _ in common..b.len() {
-        out.push("..");
-    }
-    for c in &a[common..] {
-        out.push(c);
-    }
-    out.to_string_lossy().into_owned()
 }

@@ -6,6 +6,7 @@ pub mod churn;
 pub mod cni;
 pub mod datapath;
 pub mod dp;
+pub mod dra;
 pub mod exec;
 pub mod gobench;
 pub mod migration;

@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 use macvtap_e2e::bench::{
-    burst, churn, cni, datapath, dp, gobench, migration, plot, report::Report, sizes, soak,
+    burst, churn, cni, datapath, dp, dra, gobench, migration, plot, report::Report, sizes, soak,
 };
 use std::path::PathBuf;
 use test_kubelet::TestPodResources;
@@ -160,6 +160,18 @@ async fn run() -> Result<()> {
             .and_then(|v| v.parse().ok())
             .unwrap_or(6);
         migration::compare(&root.join("target/static"), per_variant.max(5), &mut report).await?;
+    }
+    if want("dra") {
+        // BENCH_DRA_ROUNDS VM pods per block, BENCH_DRA_BLOCKS blocks, the
+        // fronts alternating (device plugin first); on the real node.
+        let env = |name: &str, default: usize| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(default)
+        };
+        let (per_block, blocks) = (env("BENCH_DRA_ROUNDS", 5), env("BENCH_DRA_BLOCKS", 8));
+        tokio::task::block_in_place(|| dra::compare(per_block.max(1), blocks.max(2), &mut report))?;
     }
     if want("soak") {
         let lifecycles: usize = std::env::var("BENCH_SOAK_LIFECYCLES")

@@ -15,96 +15,15 @@
 //! no slice, spec or link. Then `dra_switch.rs` switches a node with a VM
 //! pod running from the device plugin front to DRA.
 
-use super::{
-    DAEMON, IMAGE_REPO, NIC, NS, RESOURCE_PREFIX, Run, WAIT, guest_answers, macvtaps_on_nic, repo,
-};
+use super::{RESOURCE_PREFIX, Run, WAIT, guest_answers, macvtaps_on_nic};
 use anyhow::{Context, Result, ensure};
+use macvtap_e2e::cluster::realnode::DRIVER;
+pub(super) use macvtap_e2e::cluster::realnode::{
+    CDI_DIR, NAME, cdi_specs, examples, install, slices,
+};
 use macvtap_e2e::sandbox::TestNs;
-use serde_json::{Value, json};
 use std::net::Ipv4Addr;
 use std::path::Path;
-
-/// The resource DRA serves here: one device on the NIC.
-pub(super) const NAME: &str = "dradata";
-/// The runtime's CDI directory.
-pub(super) const CDI_DIR: &str = "/var/run/cdi";
-/// Our driver.
-const DRIVER: &str = "macvtap.network.kubevirt.io";
-
-/// Our CDI spec files on the node.
-pub(super) fn cdi_specs() -> Result<Vec<String>> {
-    let mut out: Vec<String> = match std::fs::read_dir(CDI_DIR) {
-        Ok(rd) => rd
-            .flatten()
-            .filter_map(|e| e.file_name().into_string().ok())
-            .filter(|n| n.starts_with("macvtap.network.kubevirt.io-tap_"))
-            .collect(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(e.into()),
-    };
-    out.sort();
-    Ok(out)
-}
-
-/// The node's ResourceSlices of our driver.
-pub(super) fn slices(run: &Run) -> Result<Vec<Value>> {
-    let list = run.c.get_json(&[
-        "resourceslices",
-        "--field-selector",
-        &format!("spec.driver={DRIVER}"),
-    ])?;
-    Ok(list["items"].as_array().cloned().unwrap_or_default())
-}
-
-/// The install: the base with the DRA component (without it when `dra`
-/// is false: the device plugin front), our image, the test's daemon
-/// flags (as the main scenario's), and the ConfigMap of one resource of
-/// `capacity` on the NIC; the DaemonSet's pod's state and log are said
-/// when it does not get Ready.
-pub(super) fn install(run: &Run, tag: &str, kdir: &Path, dra: bool, capacity: u32) -> Result<()> {
-    let manifests = repo().join("manifests").canonicalize()?;
-    let rel = |p: &str| super::pathdiff(&manifests.join(p), kdir);
-    let args = json!({
-        "apiVersion": "apps/v1", "kind": "DaemonSet",
-        "metadata": {"name": super::DS, "namespace": NS},
-        "spec": {"template": {"spec": {"containers": [{"name": DAEMON, "args": [
-            "--kubelet-dir=/var/lib/kubelet", "--metrics-addr=0.0.0.0:9402",
-            "--log-format=json", "--owner-daemonset=macvtap-cni",
-            "--uninstall-cni-dir=/host/cni-bin", "--discover-kinds=veth",
-            "--reclaim-grace=30s", "--reclaim-interval=2s"]}]}}}
-    });
-    std::fs::write(kdir.join("args.yaml"), args.to_string())?;
-    let components = if dra {
-        format!("components:\n  - {}\n", rel("components/dra"))
-    } else {
-        String::new()
-    };
-    std::fs::write(
-        kdir.join("kustomization.yaml"),
-        format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\n{components}images:\n  - name: ghcr.io/kubevirt/macvtap-rs\n    newName: {IMAGE_REPO}\n    newTag: {tag}\npatches:\n  - path: args.yaml\n",
-            rel("base"),
-        ),
-    )?;
-    let conf = format!(r#"[{{"name":"{NAME}","lowerDevice":"{NIC}","capacity":{capacity}}}]"#);
-    run.c.kubectl(&["apply", "-k", &kdir.to_string_lossy()])?;
-    run.c.apply(&json!({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": "macvtap-deviceplugin-config", "namespace": NS},
-        "data": {"DP_MACVTAP_CONF": conf}
-    }))?;
-    run.wait_ds_ready().map_err(|e| {
-        let pods = run
-            .c
-            .kubectl(&["-n", NS, "get", "pods", "-o", "wide"])
-            .unwrap_or_default();
-        let log = run.daemon_logs().unwrap_or_default();
-        e.context(format!(
-            "our pods:\n{pods}\nthe daemon's log:\n{}",
-            super::last_lines(&log, 30)
-        ))
-    })
-}
 
 /// Waits until the scheduler found pod `name` of namespace `default`
 /// unschedulable, and returns its message.
@@ -121,17 +40,6 @@ pub(super) fn wait_unschedulable(run: &Run, name: &str) -> Result<String> {
     })
 }
 
-/// The example DeviceClass and NAD, for [`NAME`] instead of `eth1`.
-pub(super) fn examples() -> Result<(String, String)> {
-    let class = std::fs::read_to_string(repo().join("manifests/examples/deviceclass.yaml"))?
-        .replace("eth1", NAME);
-    let nad = std::fs::read_to_string(repo().join("manifests/examples/nad.yaml"))?.replace(
-        &format!("{RESOURCE_PREFIX}eth1\n"),
-        &format!("{RESOURCE_PREFIX}{NAME}\n"),
-    );
-    Ok((class, nad))
-}
-
 /// The scenario; `peer` is the namespace beyond the NIC, `tag` our
 /// image's tag (of `IMAGE_REPO`).
 pub(super) fn dra_mode(run: &mut Run, peer: &TestNs, tag: &str) -> Result<()> {
@@ -141,14 +49,14 @@ pub(super) fn dra_mode(run: &mut Run, peer: &TestNs, tag: &str) -> Result<()> {
     run.steps
         .step("DRA mode: the base with components/dra, a ConfigMap of one device");
     let kdir = tempfile::tempdir()?;
-    install(run, tag, kdir.path(), true, 1)?;
+    install(run.c, tag, kdir.path(), true, 1)?;
     let registry =
         Path::new("/var/lib/kubelet/plugins_registry").join(format!("{DRIVER}-reg.sock"));
     c.wait("our registration socket", WAIT, || {
         Ok(registry.exists().then_some(()))
     })?;
     let published = c.wait("our ResourceSlice with the resource's device", WAIT, || {
-        let s = slices(run)?;
+        let s = slices(run.c)?;
         let names: Vec<String> = s
             .iter()
             .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
@@ -248,7 +156,7 @@ pub(super) fn dra_mode(run: &mut Run, peer: &TestNs, tag: &str) -> Result<()> {
     c.kubectl_stdin(&["delete", "-f", "-", "--ignore-not-found"], Some(&nad))?;
     run.delete_kustomization(kdir.path())?;
     c.wait("our ResourceSlices gone", WAIT, || {
-        Ok(slices(run)?.is_empty().then_some(()))
+        Ok(slices(run.c)?.is_empty().then_some(()))
     })?;
     c.wait("no macvtap of ours on the NIC", WAIT, || {
         Ok(macvtaps_on_nic()?.is_empty().then_some(()))

@@ -58,7 +58,7 @@ pub(super) fn set_capacity(run: &Run, capacity: u32) -> Result<()> {
 
 /// The devices our slices publish.
 fn devices(run: &Run) -> Result<Vec<Value>> {
-    Ok(slices(run)?
+    Ok(slices(run.c)?
         .iter()
         .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
         .collect())

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 /// The device IDs our slice offers.
 fn offered_ids(run: &Run) -> Result<Vec<String>> {
-    let mut ids: Vec<String> = slices(run)?
+    let mut ids: Vec<String> = slices(run.c)?
         .iter()
         .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
         .filter_map(|d: Value| {
@@ -56,7 +56,7 @@ pub(super) fn from_the_device_plugin(run: &mut Run, peer: &TestNs, tag: &str) ->
     let (class, nad) = examples()?;
     c.kubectl_stdin(&["apply", "-f", "-"], Some(&class))?;
     c.kubectl_stdin(&["apply", "-f", "-"], Some(&nad))?;
-    install(run, tag, kdir.path(), false, 2)?;
+    install(run.c, tag, kdir.path(), false, 2)?;
     run.wait_allocatable_of(&resource, 2)?;
     let vm11 = (
         "virt-launcher-vm11",
@@ -80,7 +80,7 @@ pub(super) fn from_the_device_plugin(run: &mut Run, peer: &TestNs, tag: &str) ->
 
     run.steps
         .step("components/dra applied over it: the held device left out of the slice");
-    install(run, tag, kdir.path(), true, 2)?;
+    install(run.c, tag, kdir.path(), true, 2)?;
     let offered = c.wait("our slice offering one device", WAIT, || {
         let ids = offered_ids(run)?;
         Ok((ids.len() == 1).then_some(ids))
@@ -133,12 +133,12 @@ pub(super) fn from_the_device_plugin(run: &mut Run, peer: &TestNs, tag: &str) ->
     c.wait(&format!("{}'s claim unprepared", vm12.0), WAIT, || {
         Ok(cdi_specs()?.is_empty().then_some(()))
     })?;
-    install(run, tag, kdir.path(), false, 2)?;
+    install(run.c, tag, kdir.path(), false, 2)?;
     run.wait_allocatable_of(&resource, 2)?;
     c.wait(
         "our ResourceSlices gone (the kubelet's, once the driver left)",
         WAIT,
-        || Ok(slices(run)?.is_empty().then_some(())),
+        || Ok(slices(run.c)?.is_empty().then_some(())),
     )?;
     let vm13 = (
         "virt-launcher-vm13",
