@@ -484,31 +484,60 @@ fn pause_pid_of(uid: &str) -> Result<u32> {
 /// macvtap named `mvt` and 12 lower-case hex digits). Returns the
 /// macvtaps that were on the NIC before it ran.
 fn manual_leftover_cleanup() -> Result<Vec<String>> {
-    let readme = std::fs::read_to_string(repo().join("README.md"))?;
-    let after = readme
-        .split_once("Once the pods that held devices are gone")
-        .context("README's Uninstall has no manual step after an uninstall that kept things")?
-        .1;
-    let script = after
-        .split_once("```sh\n")
-        .and_then(|(_, rest)| rest.split_once("```"))
-        .context("README's manual step has no sh block")?
-        .0;
+    let script = readme_sh_block("Once the pods that held devices are gone")?;
     ensure!(
         script.contains("/opt/cni/bin/macvtap"),
         "README's manual step changed shape:\n{script}"
     );
     let before = macvtaps_on_nic()?;
-    let out = std::process::Command::new("bash")
-        .args(["-euo", "pipefail", "-c", script])
-        .output()?;
+    run_readme_sh(None, &script, "README's manual step")?;
+    Ok(before)
+}
+
+/// The first `sh` block of README after the text `after`.
+fn readme_sh_block(after: &str) -> Result<String> {
+    let readme = std::fs::read_to_string(repo().join("README.md"))?;
+    let script = readme
+        .split_once(after)
+        .and_then(|(_, rest)| rest.split_once("```sh\n"))
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .with_context(|| format!("README has no sh block after {after:?}"))?
+        .0;
+    Ok(script.to_string())
+}
+
+/// Runs `script` (`what`, a block of README) with bash as a user would:
+/// `-euo pipefail`, from the repository. Given the cluster `c`, with the
+/// test's kubectl and helm first on the `PATH` and the cluster's admin
+/// kubeconfig as `KUBECONFIG`.
+fn run_readme_sh(c: Option<&Cluster>, script: &str, what: &str) -> Result<()> {
+    let mut cmd = std::process::Command::new("bash");
+    cmd.args(["-euo", "pipefail", "-c", script])
+        .current_dir(repo());
+    if let Some(c) = c {
+        let mut path = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+            .collect::<Vec<_>>();
+        for tool in [
+            macvtap_e2e::manifests::helm()?,
+            test_kubelet::tools::venv_tool("kubectl"),
+        ] {
+            path.insert(
+                0,
+                tool.parent().context("a tool without a dir")?.to_path_buf(),
+            );
+        }
+        cmd.env("PATH", std::env::join_paths(path)?)
+            .env("KUBECONFIG", &c.env().kubeconfig);
+    }
+    let out = cmd.output()?;
     ensure!(
         out.status.success(),
-        "README's manual step failed ({}):\n{script}\n{}",
+        "{what} failed ({}):\n{script}\n{}{}",
         out.status,
+        String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    Ok(before)
+    Ok(())
 }
 
 /// Requests sent from `from` to `to` and how many of them got no reply,

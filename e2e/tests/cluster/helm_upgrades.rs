@@ -102,16 +102,7 @@ fn none_lost(pinger: &Pinger, from: Instant, what: &str) -> Result<usize> {
 /// and helm from the test's tools, the admin kubeconfig, the repository
 /// as the working directory.
 fn readme_adoption(run: &Run) -> Result<()> {
-    let readme = std::fs::read_to_string(repo().join("README.md"))?;
-    let after = readme
-        .split_once("To hand a ConfigMap you made")
-        .context("README's Changing it live has no adoption recipe")?
-        .1;
-    let script = after
-        .split_once("```sh\n")
-        .and_then(|(_, rest)| rest.split_once("```"))
-        .context("README's adoption recipe has no sh block")?
-        .0;
+    let script = super::readme_sh_block("To hand a ConfigMap you made")?;
     let first = "RELEASE=macvtap-rs RELEASE_NAMESPACE=macvtap-system NAMESPACE=macvtap-system";
     ensure!(
         script.starts_with(first),
@@ -122,29 +113,7 @@ fn readme_adoption(run: &Run) -> Result<()> {
         &format!("RELEASE={HELM_RELEASE} RELEASE_NAMESPACE=default NAMESPACE={NS}"),
         1,
     );
-    let helm = macvtap_e2e::manifests::helm()?;
-    let kubectl = test_kubelet::tools::venv_tool("kubectl");
-    let mut path =
-        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()).collect::<Vec<_>>();
-    for tool in [&helm, &kubectl] {
-        path.insert(
-            0,
-            tool.parent().context("a tool without a dir")?.to_path_buf(),
-        );
-    }
-    let out = std::process::Command::new("bash")
-        .args(["-euo", "pipefail", "-c", &script])
-        .current_dir(repo())
-        .env("PATH", std::env::join_paths(path)?)
-        .env("KUBECONFIG", &run.c.env().kubeconfig)
-        .output()?;
-    ensure!(
-        out.status.success(),
-        "README's adoption recipe failed ({}):\n{script}\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    super::run_readme_sh(Some(run.c), &script, "README's adoption recipe")?;
     Ok(())
 }
 

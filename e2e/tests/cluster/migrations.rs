@@ -347,39 +347,12 @@ fn degraded_mode_said(run: &Run, what: &str, ns: &str) -> Result<()> {
 /// itself and run with bash from the repository, `kubectl` on the `PATH`
 /// with the cluster's kubeconfig.
 fn readme_copies_the_config(run: &Run) -> Result<()> {
-    let readme = std::fs::read_to_string(repo().join("README.md"))?;
-    let script = readme
-        .split_once("### From kubevirt/macvtap-cni")
-        .and_then(|(_, s)| s.split_once("```sh\n"))
-        .and_then(|(_, s)| s.split_once("```"))
-        .context("README's migration has no sh block")?
-        .0;
+    let script = super::readme_sh_block("### From kubevirt/macvtap-cni")?;
     ensure!(
         script.contains("create configmap") && script.contains("GO_CM="),
         "README's migration block changed shape:\n{script}"
     );
-    let kubectl = test_kubelet::tools::venv_tool("kubectl");
-    let bin = kubectl
-        .parent()
-        .context("kubectl's path has no directory")?;
-    let path = format!(
-        "{}:{}",
-        bin.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let out = std::process::Command::new("bash")
-        .args(["-euo", "pipefail", "-c", script])
-        .current_dir(repo())
-        .env("PATH", path)
-        .env("KUBECONFIG", &run.c.env().kubeconfig)
-        .output()?;
-    ensure!(
-        out.status.success(),
-        "README's migration block failed ({}):\n{script}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
+    super::run_readme_sh(Some(run.c), &script, "README's migration block")
 }
 
 /// Our install as README's step 2 gives it: `kubectl apply -k` of the base,
