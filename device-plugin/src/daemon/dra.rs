@@ -251,9 +251,6 @@ async fn follow(
 mod tests {
     use super::*;
     use crate::core::reclaim::Held;
-    use kubelet_proto::podresources::v1::{
-        ContainerDevices, ContainerResources, ListPodResourcesResponse, PodResources,
-    };
     use kubelet_proto::v1beta1::{Device, HEALTHY};
 
     fn state(name: &str, health: &str) -> ResourceState {
@@ -309,21 +306,8 @@ mod tests {
             .clone();
         assert_eq!(down[0].unhealthy, Some(UNHEALTHY_REASON));
         // A device a pod holds through the device plugin front is withheld.
-        let resp = ListPodResourcesResponse {
-            pod_resources: vec![PodResources {
-                name: "vm".into(),
-                namespace: "default".into(),
-                containers: vec![ContainerResources {
-                    name: "compute".into(),
-                    devices: vec![ContainerDevices {
-                        resource_name: "macvtap.network.kubevirt.io/eth1".into(),
-                        device_ids: vec!["eth1Mvp0".into()],
-                        topology: None,
-                    }],
-                    ..Default::default()
-                }],
-            }],
-        };
+        let resp =
+            crate::testdata::pod_with_devices(&[("macvtap.network.kubevirt.io/eth1", "eth1Mvp0")]);
         holding_tx
             .send(Holding::Known(Held::from_response(&resp)))
             .unwrap();

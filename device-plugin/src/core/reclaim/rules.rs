@@ -150,7 +150,7 @@ pub(crate) fn identity(l: &Link) -> LinkIdentity {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kubelet_proto::podresources::v1::{ContainerDevices, ContainerResources, PodResources};
+    use kubelet_proto::podresources::v1::{ContainerResources, PodResources};
     use test_support::fake::link;
 
     #[test]
@@ -195,28 +195,10 @@ mod tests {
 
     #[test]
     fn allocated_ids_are_ours_only() {
-        let resp = ListPodResourcesResponse {
-            pod_resources: vec![PodResources {
-                name: "vm".into(),
-                namespace: "default".into(),
-                containers: vec![ContainerResources {
-                    name: "compute".into(),
-                    devices: vec![
-                        ContainerDevices {
-                            resource_name: "macvtap.network.kubevirt.io/eth0".into(),
-                            device_ids: vec!["eth0Mvp1".into()],
-                            topology: None,
-                        },
-                        ContainerDevices {
-                            resource_name: "nvidia.com/gpu".into(),
-                            device_ids: vec!["GPU-1".into()],
-                            topology: None,
-                        },
-                    ],
-                    ..Default::default()
-                }],
-            }],
-        };
+        let resp = crate::testdata::pod_with_devices(&[
+            ("macvtap.network.kubevirt.io/eth0", "eth0Mvp1"),
+            ("nvidia.com/gpu", "GPU-1"),
+        ]);
         assert_eq!(
             Held::from_response(&resp).ids(&[]),
             HashSet::from(["eth0Mvp1".to_string()])
