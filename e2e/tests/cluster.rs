@@ -70,7 +70,6 @@ mod migrations;
 use anyhow::{Context, Result, bail, ensure};
 use macvtap_e2e::cluster::realnode::{
     DAEMON, DS, HostNic, IMAGE_REPO, NIC, NS, RESOURCE_PREFIX, VM_IMAGE, WAIT, macvtaps_on_nic,
-    pathdiff,
 };
 use macvtap_e2e::cluster::{Cluster, NODE, last_lines, realnode, vm_rootfs};
 use macvtap_e2e::icmp::Pinger;
@@ -343,6 +342,32 @@ impl Run<'_> {
         self.wait_our_namespace_gone()
     }
 
+    /// `helm install` of the test's release (namespace `default`) from the
+    /// repository's chart, laid out as the kustomize base (our objects in
+    /// macvtap-system, which the chart makes and `helm uninstall` deletes),
+    /// with our image `tag` and the [`resource_list`] of `capacity`.
+    fn helm_install_as_base(&self, tag: &str, capacity: i64) -> Result<()> {
+        let chart = repo().join("charts/macvtap-rs");
+        self.c.helm(&[
+            "install",
+            HELM_RELEASE,
+            &chart.to_string_lossy(),
+            "--namespace",
+            "default",
+            "--set",
+            &format!("namespace.name={NS}"),
+            "--set",
+            "namespace.create=true",
+            "--set",
+            &format!("image.repository={IMAGE_REPO}"),
+            "--set",
+            &format!("image.tag={tag}"),
+            "--set-json",
+            &format!("macvtapResources={}", resource_list(capacity)),
+        ])?;
+        Ok(())
+    }
+
     /// `helm uninstall` of the test's release, waiting for what it deletes,
     /// then for our namespace (the release's `namespace.create`) to be gone.
     fn helm_uninstall(&self) -> Result<()> {
@@ -595,6 +620,12 @@ fn on_the_real_node(scenario: impl FnOnce(&mut Run) -> Result<()>) -> Result<()>
     outcome.and(cleanup)
 }
 
+/// The resource list of the tests' ConfigMaps and chart values:
+/// `dataplane` on the test's NIC, bridge mode, with `capacity` devices.
+fn resource_list(capacity: i64) -> Value {
+    json!([{"name": "dataplane", "lowerDevice": NIC, "mode": "bridge", "capacity": capacity}])
+}
+
 /// What a test of VM pods sets up first: the node's NIC and the peer host
 /// beyond it (its namespace named `peer`), our image as `tag` (of
 /// `IMAGE_REPO`) and the VM pod's image. Returns the peer and the NIC, in
@@ -682,16 +713,7 @@ fn clean_up(run: &Run) -> Result<()> {
         "default",
         "--ignore-not-found",
     ]);
-    let _ = c.kubectl(&[
-        "delete",
-        "pods",
-        "-n",
-        "default",
-        "-l",
-        "e2e=cluster",
-        "--wait=true",
-        "--timeout=120s",
-    ]);
+    let _ = realnode::delete_e2e_pods(c);
     let _ = c.kubectl(&[
         "delete",
         "-f",
@@ -776,25 +798,9 @@ fn scenario(run: &mut Run) -> Result<()> {
         .step("install: kubectl apply -k with the image overridden; no ConfigMap yet");
     let kdir = tempfile::tempdir()?;
     // A kustomization of the base that overrides the image and, given
-    // `args`, the daemon container's args (a strategic merge patch keyed by
-    // the container's name).
-    let kustomization = |tag: &str, args: Option<&[String]>| -> Result<()> {
-        let base = repo().join("manifests/base").canonicalize()?;
-        let rel = pathdiff(&base, kdir.path());
-        let mut text = format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {rel}\nimages:\n  - name: ghcr.io/kubevirt/macvtap-rs\n    newName: {IMAGE_REPO}\n    newTag: {tag}\n"
-        );
-        if let Some(args) = args {
-            let patch = json!({
-                "apiVersion": "apps/v1", "kind": "DaemonSet",
-                "metadata": {"name": DS, "namespace": NS},
-                "spec": {"template": {"spec": {"containers": [{"name": DAEMON, "args": args}]}}}
-            });
-            std::fs::write(kdir.path().join("args.yaml"), patch.to_string())?;
-            text.push_str("patches:\n  - path: args.yaml\n");
-        }
-        std::fs::write(kdir.path().join("kustomization.yaml"), text)?;
-        Ok(())
+    // `args`, the daemon container's args.
+    let kustomization = |tag: &str, args: Option<&[String]>| {
+        realnode::write_kustomization(kdir.path(), tag, &[], args)
     };
     kustomization("e2e-a", None)?;
     c.kubectl(&["apply", "-k", &kdir.path().to_string_lossy()])?;
@@ -1572,29 +1578,7 @@ fn scenario(run: &mut Run) -> Result<()> {
 
     run.steps
         .step("install with the chart (helm install, helm test), then helm uninstall: the leaked link deleted, the just-handed-out one kept, then nothing of ours left");
-    let chart = repo().join("charts/macvtap-rs");
-    let resources = format!(
-        r#"macvtapResources=[{{"name":"dataplane","lowerDevice":"{NIC}","mode":"bridge","capacity":{CAPACITY}}}]"#
-    );
-    c.helm(&[
-        "install",
-        HELM_RELEASE,
-        &chart.to_string_lossy(),
-        "--namespace",
-        "default",
-        // Laid out as the kustomize base: our objects in macvtap-system,
-        // which the chart makes and helm uninstall deletes.
-        "--set",
-        &format!("namespace.name={NS}"),
-        "--set",
-        "namespace.create=true",
-        "--set",
-        &format!("image.repository={IMAGE_REPO}"),
-        "--set",
-        "image.tag=e2e-a",
-        "--set-json",
-        &resources,
-    ])?;
+    run.helm_install_as_base("e2e-a", CAPACITY)?;
     run.wait_ds_ready()?;
     run.wait_allocatable(CAPACITY)?;
     run.steps.say(format!(

@@ -10,8 +10,8 @@
 use super::report::{Report, Row};
 use super::stats::Samples;
 use crate::cluster::realnode::{
-    HostNic, IMAGE_REPO, NAME, RESOURCE_PREFIX, WAIT, apply_vm_pod, cdi_specs, delete_vm_pods,
-    examples, import_vm_image, install_with, macvtaps_on_nic, slices,
+    HostNic, IMAGE_REPO, NAME, RESOURCE_PREFIX, WAIT, apply_vm_pod, cdi_specs, delete_e2e_pods,
+    delete_vm_pods, examples, import_vm_image, install_with, macvtaps_on_nic, slices,
 };
 use crate::cluster::{Cluster, NODE, last_lines};
 use crate::icmp::Pinger;
@@ -322,16 +322,7 @@ fn round(c: &Cluster, peer: &TestNs, front: Front, name: &str, s: &mut Series) -
 /// everything of the base and `components/dra`, the DeviceClass and the
 /// NAD; then waits until no slice, CDI spec or macvtap of ours is left.
 fn clean_up(c: &Cluster) -> Result<()> {
-    let _ = c.kubectl(&[
-        "delete",
-        "pods",
-        "-n",
-        "default",
-        "-l",
-        "e2e=cluster",
-        "--wait=true",
-        "--timeout=120s",
-    ]);
+    let _ = delete_e2e_pods(c);
     let (class, nad) = examples()?;
     let _ = c.kubectl_stdin(&["delete", "-f", "-", "--ignore-not-found"], Some(&class));
     let _ = c.kubectl_stdin(&["delete", "-f", "-", "--ignore-not-found"], Some(&nad));

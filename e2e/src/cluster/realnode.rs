@@ -222,6 +222,23 @@ pub fn delete_vm_pods(c: &Cluster, names: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// Deletes every pod the real-node tests and bench make (label `e2e=cluster`,
+/// namespace `default`, as [`apply_vm_pod`] labels them) and waits until they
+/// are gone.
+pub fn delete_e2e_pods(c: &Cluster) -> Result<()> {
+    c.kubectl(&[
+        "delete",
+        "pods",
+        "-n",
+        "default",
+        "-l",
+        "e2e=cluster",
+        "--wait=true",
+        "--timeout=120s",
+    ])?;
+    Ok(())
+}
+
 /// [`install_with`] with the reclaimer's grace the real-node tests use
 /// (30 s).
 pub fn install(c: &Cluster, tag: &str, kdir: &Path, dra: bool, capacity: u32) -> Result<()> {
@@ -242,31 +259,10 @@ pub fn install_with(
     capacity: u32,
     reclaim_grace: Duration,
 ) -> Result<()> {
-    let manifests = repo_root().join("manifests").canonicalize()?;
-    let rel = |p: &str| pathdiff(&manifests.join(p), kdir);
-    let args = json!({
-        "apiVersion": "apps/v1", "kind": "DaemonSet",
-        "metadata": {"name": DS, "namespace": NS},
-        "spec": {"template": {"spec": {"containers": [{"name": DAEMON, "args": [
-            "--kubelet-dir=/var/lib/kubelet", "--metrics-addr=0.0.0.0:9402",
-            "--log-format=json", "--owner-daemonset=macvtap-cni",
-            "--uninstall-cni-dir=/host/cni-bin", "--discover-kinds=veth",
-            format!("--reclaim-grace={}s", reclaim_grace.as_secs()),
-            "--reclaim-interval=2s"]}]}}}
-    });
-    std::fs::write(kdir.join("args.yaml"), args.to_string())?;
-    let components = if dra {
-        format!("components:\n  - {}\n", rel("components/dra"))
-    } else {
-        String::new()
-    };
-    std::fs::write(
-        kdir.join("kustomization.yaml"),
-        format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\n{components}images:\n  - name: ghcr.io/kubevirt/macvtap-rs\n    newName: {IMAGE_REPO}\n    newTag: {tag}\npatches:\n  - path: args.yaml\n",
-            rel("base"),
-        ),
-    )?;
+    let mut args = test_daemon_args(reclaim_grace);
+    args.push("--discover-kinds=veth".into());
+    let components: &[&str] = if dra { &["components/dra"] } else { &[] };
+    write_kustomization(kdir, tag, components, Some(&args))?;
     let conf = format!(r#"[{{"name":"{NAME}","lowerDevice":"{NIC}","capacity":{capacity}}}]"#);
     c.kubectl(&["apply", "-k", &kdir.to_string_lossy()])?;
     c.apply(&json!({
@@ -284,6 +280,64 @@ pub fn install_with(
             last_lines(&log, 30)
         ))
     })
+}
+
+/// The daemon's flags in the real-node tests: the base's (kubelet dir,
+/// metrics, JSON logs, its owner DaemonSet, the CNI dir to clean at an
+/// uninstall) and the reclaimer every 2 s with `reclaim_grace`.
+pub fn test_daemon_args(reclaim_grace: Duration) -> Vec<String> {
+    [
+        "--kubelet-dir=/var/lib/kubelet",
+        "--metrics-addr=0.0.0.0:9402",
+        "--log-format=json",
+        "--owner-daemonset=macvtap-cni",
+        "--uninstall-cni-dir=/host/cni-bin",
+    ]
+    .into_iter()
+    .map(str::to_string)
+    .chain([
+        format!("--reclaim-grace={}s", reclaim_grace.as_secs()),
+        "--reclaim-interval=2s".to_string(),
+    ])
+    .collect()
+}
+
+/// Writes to `kdir` a kustomization of `manifests/base` with `components`
+/// (paths under `manifests/`), our image's `tag` and, given `args`, the
+/// daemon container's args (a strategic merge patch keyed by the
+/// container's name, in `args.yaml`).
+pub fn write_kustomization(
+    kdir: &Path,
+    tag: &str,
+    components: &[&str],
+    args: Option<&[String]>,
+) -> Result<()> {
+    let manifests = repo_root().join("manifests").canonicalize()?;
+    let rel = |p: &str| pathdiff(&manifests.join(p), kdir);
+    let mut text = format!(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\n",
+        rel("base")
+    );
+    if !components.is_empty() {
+        text.push_str("components:\n");
+        for c in components {
+            text.push_str(&format!("  - {}\n", rel(c)));
+        }
+    }
+    text.push_str(&format!(
+        "images:\n  - name: ghcr.io/kubevirt/macvtap-rs\n    newName: {IMAGE_REPO}\n    newTag: {tag}\n"
+    ));
+    if let Some(args) = args {
+        let patch = json!({
+            "apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": DS, "namespace": NS},
+            "spec": {"template": {"spec": {"containers": [{"name": DAEMON, "args": args}]}}}
+        });
+        std::fs::write(kdir.join("args.yaml"), patch.to_string())?;
+        text.push_str("patches:\n  - path: args.yaml\n");
+    }
+    std::fs::write(kdir.join("kustomization.yaml"), text)?;
+    Ok(())
 }
 
 /// The example DeviceClass and NAD, for [`NAME`] instead of `eth1`.

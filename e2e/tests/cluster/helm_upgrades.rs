@@ -16,12 +16,12 @@
 
 use super::{
     DS, HELM_RELEASE, IMAGE_REPO, NIC, NS, PING_EVERY, RESOURCE, RESOURCE_PREFIX, Run,
-    lost_between, repo,
+    lost_between, repo, resource_list,
 };
 use anyhow::{Context, Result, ensure};
 use macvtap_e2e::icmp::Pinger;
 use macvtap_e2e::sandbox::TestNs;
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
@@ -29,12 +29,6 @@ const CM: &str = "macvtap-deviceplugin-config";
 const VM: &str = "virt-launcher-vmup";
 const VM_MAC: &str = "02:00:c6:33:64:aa";
 const VM_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 170);
-
-/// The resource list: `dataplane` on the test's NIC with `capacity`
-/// devices.
-fn resource_list(capacity: i64) -> Value {
-    json!([{"name": "dataplane", "lowerDevice": NIC, "mode": "bridge", "capacity": capacity}])
-}
 
 /// [`resource_list`] as `--set-json` takes it.
 fn resources(capacity: i64) -> String {
@@ -128,22 +122,7 @@ pub(super) fn upgrades_keep_the_node(
 
     run.steps
         .step("helm install (macvtapResources: dataplane, capacity 2), a VM pod pinging");
-    helm_release(
-        run,
-        "install",
-        &[
-            "--set",
-            &format!("namespace.name={NS}"),
-            "--set",
-            "namespace.create=true",
-            "--set",
-            &format!("image.repository={IMAGE_REPO}"),
-            "--set",
-            &format!("image.tag={tag_a}"),
-            "--set-json",
-            &resources(2),
-        ],
-    )?;
+    run.helm_install_as_base(tag_a, 2)?;
     run.wait_ds_ready()?;
     run.wait_allocatable(2)?;
     // README, "A first VM": the example NAD, naming the chart's resource.

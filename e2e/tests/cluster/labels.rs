@@ -9,11 +9,12 @@
 //! log and `doctor` say which NIC it took and what it passed over; the
 //! plain entry is served throughout.
 
-use super::{DAEMON, DS, IMAGE_REPO, NIC, NODE, NS, RESOURCE_PREFIX, Run, WAIT, repo};
+use super::{DAEMON, DS, NIC, NODE, NS, RESOURCE_PREFIX, Run, WAIT, repo};
 use anyhow::{Result, ensure};
+use macvtap_e2e::cluster::realnode;
 use serde_json::json;
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The label the `labelled` entry's node selector asks for, `=yes`.
 pub(super) const LABEL: &str = "macvtap-e2e.example.com/labelled";
@@ -23,24 +24,8 @@ const ABSENT: &str = "mvtclnic9";
 /// The install: the base, our image `tag`, the test's daemon flags, and
 /// the ConfigMap, applied first so the daemon reads it at its start.
 fn install(run: &Run, tag: &str, kdir: &Path) -> Result<()> {
-    let manifests = repo().join("manifests").canonicalize()?;
-    let args = json!({
-        "apiVersion": "apps/v1", "kind": "DaemonSet",
-        "metadata": {"name": DS, "namespace": NS},
-        "spec": {"template": {"spec": {"containers": [{"name": DAEMON, "args": [
-            "--kubelet-dir=/var/lib/kubelet", "--metrics-addr=0.0.0.0:9402",
-            "--log-format=json", "--owner-daemonset=macvtap-cni",
-            "--uninstall-cni-dir=/host/cni-bin",
-            "--reclaim-grace=30s", "--reclaim-interval=2s"]}]}}}
-    });
-    std::fs::write(kdir.join("args.yaml"), args.to_string())?;
-    std::fs::write(
-        kdir.join("kustomization.yaml"),
-        format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\nimages:\n  - name: ghcr.io/kubevirt/macvtap-rs\n    newName: {IMAGE_REPO}\n    newTag: {tag}\npatches:\n  - path: args.yaml\n",
-            super::pathdiff(&manifests.join("base"), kdir),
-        ),
-    )?;
+    let args = realnode::test_daemon_args(Duration::from_secs(30));
+    realnode::write_kustomization(kdir, tag, &[], Some(&args))?;
     let conf = json!([
         {"name": "dataplane", "lowerDevice": NIC, "capacity": 2},
         {"name": "labelled", "capacity": 3,

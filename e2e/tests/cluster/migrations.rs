@@ -26,8 +26,8 @@
 //! removes the links kept, and nothing of ours is left.
 
 use super::{
-    CAPACITY, CNAO_NS, DS, IMAGE_REPO, NIC, NS, PING_EVERY, RESOURCE, Run, WAIT,
-    assert_uninstalled, lost_between, macvtaps_on_nic, manual_leftover_cleanup, repo,
+    CAPACITY, CNAO_NS, DS, IMAGE_REPO, NS, PING_EVERY, RESOURCE, Run, WAIT, assert_uninstalled,
+    lost_between, macvtaps_on_nic, manual_leftover_cleanup, repo,
 };
 use anyhow::{Context, Result, ensure};
 use macvtap_e2e::cluster::last_lines;
@@ -70,9 +70,7 @@ enum Removal {
 /// image's tag (of `IMAGE_REPO`).
 pub(super) fn go_daemonsets_to_ours(run: &mut Run, peer: &TestNs, tag: &str) -> Result<()> {
     let image = format!("{IMAGE_REPO}:{tag}");
-    let conf = format!(
-        r#"[{{"name":"dataplane","lowerDevice":"{NIC}","mode":"bridge","capacity":{CAPACITY}}}]"#
-    );
+    let conf = super::resource_list(CAPACITY).to_string();
     // README, "A first VM": the example NAD, on the ConfigMap's resource.
     let example_nad = std::fs::read_to_string(repo().join("manifests/examples/nad.yaml"))?;
     let nad = example_nad.replace(
@@ -358,13 +356,5 @@ fn readme_copies_the_config(run: &Run) -> Result<()> {
 /// Our install as README's step 2 gives it: `kubectl apply -k` of the base,
 /// here through a kustomization in `dir` that only sets our image `tag`.
 fn our_kustomization(dir: &Path, tag: &str) -> Result<()> {
-    let base = repo().join("manifests/base").canonicalize()?;
-    std::fs::write(
-        dir.join("kustomization.yaml"),
-        format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\nimages:\n  - name: ghcr.io/kubevirt/macvtap-rs\n    newName: {IMAGE_REPO}\n    newTag: {tag}\n",
-            super::pathdiff(&base, dir)
-        ),
-    )?;
-    Ok(())
+    macvtap_e2e::cluster::realnode::write_kustomization(dir, tag, &[], None)
 }
