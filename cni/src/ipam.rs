@@ -62,14 +62,29 @@ pub(crate) fn exec(
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| io_err("starting", e))?;
-    if let Some(mut input) = child.stdin.take() {
-        input
-            .write_all(stdin)
-            .map_err(|e| io_err("writing to", e))?;
-    }
-    let out = child
-        .wait_with_output()
-        .map_err(|e| io_err("waiting for", e))?;
+    // Stdin is written beside the reading of stdout and stderr, so a plugin
+    // that prints before it has read everything cannot block us. A plugin
+    // that exits without reading it all (say, on a bad environment) closes
+    // the pipe: like Go's os/exec (`skipStdinCopyError`, exec_unix.go), which
+    // libcni's invoke uses, EPIPE is not an error and its exit status and
+    // output speak for it.
+    let input = child.stdin.take();
+    let (written, out) = std::thread::scope(|s| {
+        let writer = s.spawn(move || match input {
+            Some(mut pipe) => match pipe.write_all(stdin) {
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+                other => other,
+            },
+            None => Ok(()),
+        });
+        let out = child.wait_with_output();
+        let written = writer
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the stdin writer panicked")));
+        (written, out)
+    });
+    let out = out.map_err(|e| io_err("waiting for", e))?;
+    written.map_err(|e| io_err("writing to", e))?;
     for line in String::from_utf8_lossy(&out.stderr).lines() {
         tracing::warn!(
             plugin,
@@ -159,5 +174,62 @@ mod tests {
             None
         );
         assert_eq!(hint(std::path::Path::new("/x/static"), "static", msg), None);
+    }
+
+    /// An environment whose `CNI_PATH` is `dir`, with `plugin` there as
+    /// a shell script of `body`.
+    fn env_with(dir: &std::path::Path, plugin: &str, body: &str) -> CniEnv {
+        let path = dir.join(plugin);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        CniEnv {
+            command: Command::Add,
+            container_id: "c1".into(),
+            netns: "/var/run/netns/x".into(),
+            ifname: "net1".into(),
+            args: Default::default(),
+            path: vec![dir.to_path_buf()],
+        }
+    }
+
+    /// A NetConf far bigger than a pipe's buffer, so a writer that is not
+    /// read from meets the closed pipe or waits, rather than winning a race.
+    fn big_stdin() -> Vec<u8> {
+        format!("{{\"pad\":\"{}\"}}", "x".repeat(1 << 20)).into_bytes()
+    }
+
+    #[test]
+    fn a_plugin_that_fails_before_reading_stdin_is_heard() {
+        let dir = tempfile::tempdir().unwrap();
+        let env = env_with(
+            dir.path(),
+            "early",
+            r#"exec 0<&-
+echo '{"cniVersion":"1.0.0","code":11,"msg":"busy","details":"try later"}'
+exit 1"#,
+        );
+        match exec(&env, "early", Command::Add, &big_stdin()) {
+            Err(Error::Ipam { code, msg, .. }) => {
+                assert_eq!(code, 11, "{msg}");
+                assert_eq!(msg, "ADD failed: busy: try later");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_plugin_that_prints_before_reading_stdin_does_not_hang() {
+        let dir = tempfile::tempdir().unwrap();
+        // Prints more than a pipe holds, then reads all its input.
+        let env = env_with(
+            dir.path(),
+            "chatty",
+            r#"head -c 200000 /dev/zero | tr '\0' 'y' >&2
+n=$(wc -c)
+echo "{\"cniVersion\":\"1.0.0\",\"read\":$n}""#,
+        );
+        let stdin = big_stdin();
+        let out = exec(&env, "chatty", Command::Add, &stdin).unwrap().unwrap();
+        assert_eq!(out["read"], stdin.len());
     }
 }
