@@ -137,7 +137,8 @@ pub struct Args {
 
     /// The host's CNI bin dir as mounted (read-write), whose `macvtap` and
     /// `macvtap.settings.json` an uninstall removes once no pod holds our
-    /// devices. Unset: they are left.
+    /// devices, unless an install-cni ran since the daemon started (another
+    /// install's). Unset: they are left.
     #[arg(long, global = true, value_name = "DIR")]
     pub uninstall_cni_dir: Option<PathBuf>,
 

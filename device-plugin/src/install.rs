@@ -7,14 +7,28 @@
 //! is fsynced, then renamed over the old binary, so a runtime executing the
 //! plugin during an upgrade sees either the whole old file or the whole new
 //! one, never a partial file, and never `ETXTBSY`.
+//!
+//! Every run leaves its mark on what it installs, changed or not (a new
+//! file, or a `chmod` of the same one, moves the file's change time):
+//! a daemon remembers the marks ([`CniStamps`]) as it starts, and its
+//! uninstall leaves the files to another install that ran since (our
+//! DaemonSet applied in another namespace). Runs and that clean-up take
+//! turns on the directory ([`lock_dir`]).
 
 use crate::error::{Error, Result};
 use macvtap_link::{CNI_SETTINGS_FILE, NodeSettingsFile, PodResourcesCheck};
+use nix::fcntl::{Flock, FlockArg};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
+use std::time::{Duration, Instant};
 use tracing::info;
+
+/// How long an install or a clean-up waits for the other to be done with
+/// the CNI bin dir (each holds it for a copy or a compare of a few MiB).
+pub const DIR_LOCK_WAIT: Duration = Duration::from_secs(30);
 
 /// What an install did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +37,107 @@ pub enum Installed {
     Replaced,
     /// The target already had exactly the source's bytes.
     Unchanged,
+}
+
+/// What install-cni did to one file, as a later run changes it: the
+/// file's device, inode and change time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileStamp {
+    dev: u64,
+    ino: u64,
+    ctime: (i64, i64),
+}
+
+impl FileStamp {
+    /// The stamp of `path` itself (a link is not followed), if it exists.
+    fn read(path: &Path) -> Option<Self> {
+        let m = std::fs::symlink_metadata(path).ok()?;
+        Some(Self {
+            dev: m.dev(),
+            ino: m.ino(),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        })
+    }
+}
+
+/// The stamps of the CNI binary and its node settings in a CNI bin dir:
+/// read by the daemon as it starts, they tell its uninstall whether an
+/// install-cni ran since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CniStamps {
+    /// The binary's, if there was one.
+    pub binary: Option<FileStamp>,
+    /// The settings file's, if there was one.
+    pub settings: Option<FileStamp>,
+}
+
+impl CniStamps {
+    /// Reads the stamps of `dir/name` and `dir/macvtap.settings.json`.
+    pub fn read(dir: &Path, name: &str) -> Self {
+        Self {
+            binary: FileStamp::read(&dir.join(name)),
+            settings: FileStamp::read(&dir.join(CNI_SETTINGS_FILE)),
+        }
+    }
+
+    /// Whether a file present now was installed (or marked by an
+    /// install) after `self` was read: another install uses it.
+    pub fn installed_since(&self, now: &CniStamps) -> bool {
+        let changed =
+            |then: Option<FileStamp>, now: Option<FileStamp>| now.is_some_and(|n| then != Some(n));
+        changed(self.binary, now.binary) || changed(self.settings, now.settings)
+    }
+}
+
+/// Locks `dir` (an exclusive `flock` on the directory itself, which every
+/// pod that mounts it shares) against another install-cni and an
+/// uninstall's clean-up, waiting up to `wait` for the holder.
+pub fn lock_dir(dir: OwnedFd, wait: Duration) -> std::io::Result<Flock<OwnedFd>> {
+    let deadline = Instant::now() + wait;
+    let mut fd = dir;
+    loop {
+        match Flock::lock(fd, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => return Ok(lock),
+            Err((back, nix::errno::Errno::EWOULDBLOCK)) if Instant::now() < deadline => {
+                fd = back;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "another install or clean-up held it for {} s",
+                        wait.as_secs()
+                    ),
+                ));
+            }
+            Err((_, e)) => return Err(std::io::Error::from(e)),
+        }
+    }
+}
+
+/// Installs the CNI binary and its node settings ([`install_cni`], then
+/// [`install_settings`]) with the target dir locked ([`lock_dir`]).
+pub fn install(
+    source: &Path,
+    target_dir: &Path,
+    name: &str,
+    kubelet_dir: &Path,
+    check: PodResourcesCheck,
+) -> Result<()> {
+    let dir = File::open(target_dir).map_err(|e| Error::Install {
+        target_dir: target_dir.to_path_buf(),
+        msg: format!(
+            "it does not exist or cannot be read ({e}); is the host's CNI bin dir mounted there?"
+        ),
+    })?;
+    let _lock = lock_dir(OwnedFd::from(dir), DIR_LOCK_WAIT).map_err(|e| Error::Install {
+        target_dir: target_dir.to_path_buf(),
+        msg: format!("locking it: {e}"),
+    })?;
+    install_cni(source, target_dir, name)?;
+    install_settings(target_dir, kubelet_dir, check)?;
+    Ok(())
 }
 
 /// Installs `source` as `target_dir/name` (mode 0755). Refuses a target dir
@@ -96,6 +211,8 @@ fn install_bytes(target_dir: &Path, name: &str, bytes: &[u8], mode: u32) -> Resu
     }
     let target = target_dir.join(name);
     if std::fs::read(&target).is_ok_and(|old| old == bytes) {
+        // The chmod, needed or not, also marks the file as installed now
+        // (its change time moves): see [`CniStamps`].
         std::fs::set_permissions(&target, std::fs::Permissions::from_mode(mode))
             .map_err(|e| err(format!("chmod {}: {e}", target.display())))?;
         return Ok(Installed::Unchanged);
@@ -145,6 +262,78 @@ mod tests {
         assert_eq!(m.permissions().mode() & 0o777, 0o755);
         let leftovers: Vec<_> = std::fs::read_dir(dst.path()).unwrap().collect();
         assert_eq!(leftovers.len(), 1, "no temp file left");
+    }
+
+    /// Waits until the kernel's (coarse) clock for change times has moved
+    /// past `path`'s change time, so that a new change is seen as one.
+    fn wait_for_a_later_ctime(path: &Path) {
+        let then = std::fs::metadata(path).unwrap();
+        let probe = path.with_extension("probe");
+        loop {
+            std::fs::write(&probe, b"").unwrap();
+            let now = std::fs::metadata(&probe).unwrap();
+            if (now.ctime(), now.ctime_nsec()) > (then.ctime(), then.ctime_nsec()) {
+                break;
+            }
+        }
+        std::fs::remove_file(&probe).unwrap();
+    }
+
+    #[test]
+    fn every_run_marks_what_it_installs_changed_or_not() {
+        let src_dir = tempfile::tempdir().unwrap();
+        let dst = tempfile::tempdir().unwrap();
+        let src = src_dir.path().join("macvtap");
+        std::fs::write(&src, b"the CNI").unwrap();
+        let run = || {
+            install(
+                &src,
+                dst.path(),
+                "macvtap",
+                Path::new("/var/lib/kubelet"),
+                PodResourcesCheck::Enforce,
+            )
+            .unwrap()
+        };
+        let none = CniStamps::read(dst.path(), "macvtap");
+        assert_eq!(none, CniStamps::default());
+        run();
+        let first = CniStamps::read(dst.path(), "macvtap");
+        assert!(first.binary.is_some() && first.settings.is_some());
+        assert!(none.installed_since(&first));
+        assert!(!first.installed_since(&first));
+        wait_for_a_later_ctime(&dst.path().join("macvtap"));
+        wait_for_a_later_ctime(&dst.path().join(CNI_SETTINGS_FILE));
+        // The same bytes again: nothing is rewritten, and still both marked.
+        run();
+        let second = CniStamps::read(dst.path(), "macvtap");
+        assert_ne!(first.binary, second.binary);
+        assert_ne!(first.settings, second.settings);
+        assert!(first.installed_since(&second));
+        // Files gone since are no install of another.
+        std::fs::remove_file(dst.path().join("macvtap")).unwrap();
+        std::fs::remove_file(dst.path().join(CNI_SETTINGS_FILE)).unwrap();
+        assert!(!second.installed_since(&CniStamps::read(dst.path(), "macvtap")));
+    }
+
+    #[test]
+    fn an_install_waits_for_the_dir_and_says_so_when_it_is_held() {
+        let src = tempfile::NamedTempFile::new().unwrap();
+        let dst = tempfile::tempdir().unwrap();
+        let open = || OwnedFd::from(File::open(dst.path()).unwrap());
+        let held = lock_dir(open(), Duration::ZERO).unwrap();
+        let e = lock_dir(open(), Duration::ZERO).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+        drop(held);
+        install(
+            src.path(),
+            dst.path(),
+            "macvtap",
+            Path::new("/var/lib/kubelet"),
+            PodResourcesCheck::Warn,
+        )
+        .unwrap();
+        assert!(dst.path().join("macvtap").exists());
     }
 
     #[test]

@@ -20,9 +20,13 @@ fn main() -> ExitCode {
         tracing::warn!("{w}");
     }
     if let Some(Command::InstallCni(i)) = &args.command {
-        return match install::install_cni(&i.source, &i.target_dir, &i.name).and_then(|_| {
-            install::install_settings(&i.target_dir, &args.kubelet_dir, i.pod_resources_check)
-        }) {
+        return match install::install(
+            &i.source,
+            &i.target_dir,
+            &i.name,
+            &args.kubelet_dir,
+            i.pod_resources_check,
+        ) {
             Ok(_) => ExitCode::SUCCESS,
             Err(e) => {
                 tracing::error!("{e}");

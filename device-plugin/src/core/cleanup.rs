@@ -7,8 +7,10 @@
 //! when no pod holds one of our devices (their pods' DEL, and a sandbox
 //! re-created, still run the CNI), and only when they are provably ours
 //! (the binary's bytes are the image's, the settings are our format),
-//! through the directory's descriptor, never following a link; and the
-//! record, last. A link a pod holds is in the host's namespace between
+//! through the directory's descriptor, never following a link, and only
+//! when no install-cni ran since the daemon started (another install of
+//! ours, such as our DaemonSet applied in another namespace, uses them:
+//! [`crate::install::CniStamps`]); and the record, last. A link a pod holds is in the host's namespace between
 //! Allocate and the CNI's ADD, and after a DEL gave it back while the
 //! pod's sandbox is re-created: kept, so that pod's next ADD still finds
 //! it. Everything kept is named with its reason. The daemon runs this as
@@ -20,6 +22,7 @@ use super::ledger::clock::ClockHold;
 use super::ledger::record_file;
 use super::reclaim::{go_era_leaked_links, leaked_links};
 use crate::config::ResourceConfig;
+use crate::install::{CniStamps, DIR_LOCK_WAIT, lock_dir};
 use macvtap_link::{CNI_SETTINGS_FILE, Link, Links, NodeSettingsFile, parse_link_name};
 use macvtap_link::{DeviceLinkName, link_name_for_device};
 use nix::fcntl::OFlag;
@@ -65,6 +68,9 @@ pub(crate) struct CniFiles<'a> {
     /// The binary this image ships (`/macvtap`): the installed one is
     /// removed only when its bytes are these.
     pub shipped: &'a Path,
+    /// The files' stamps as the daemon found them at start: if an
+    /// install-cni has marked them since, they are another install's.
+    pub found: CniStamps,
 }
 
 /// What [`clean_node`] did and left.
@@ -226,6 +232,26 @@ fn clean_cni(cni: CniFiles<'_>, held: &Held, out: &mut Cleaned) {
             return;
         }
     };
+    // Held until the files are removed, so no install-cni runs between the
+    // stamps' check and the removal.
+    let dir = match lock_dir(dir, DIR_LOCK_WAIT) {
+        Ok(lock) => lock,
+        Err(e) => {
+            out.kept
+                .push(format!("{both} (the directory could not be locked: {e})"));
+            return;
+        }
+    };
+    if cni
+        .found
+        .installed_since(&CniStamps::read(cni.dir, cni.name))
+    {
+        out.kept.push(format!(
+            "{both} (installed again on this node since this daemon started, by another \
+             install of ours that uses them, such as our DaemonSet in another namespace)"
+        ));
+        return;
+    }
     let shipped = std::fs::read(cni.shipped);
     let checks: [(&str, &Proof); 2] = [
         (cni.name, &|bytes| match &shipped {
@@ -321,6 +347,9 @@ mod tests {
         plugin_dir: PathBuf,
         cni: PathBuf,
         shipped: PathBuf,
+        /// The CNI files' stamps once "installed", as the daemon reads
+        /// them at start.
+        found: CniStamps,
         kernel: FakeKernel,
         resources: Vec<ResourceConfig>,
     }
@@ -347,6 +376,7 @@ mod tests {
             };
             std::fs::write(cni.join(CNI_SETTINGS_FILE), settings.to_json().unwrap()).unwrap();
             std::fs::write(cni.join("bridge"), "x").unwrap();
+            let found = CniStamps::read(&cni, "macvtap");
             let kernel = FakeKernel::new();
             kernel.add_nic(HOST, "eth0");
             kernel.add_nic(HOST, "eth9");
@@ -355,6 +385,7 @@ mod tests {
                 plugin_dir,
                 cni,
                 shipped,
+                found,
                 kernel,
                 resources: vec![ResourceConfig::for_nic("eth0")],
             }
@@ -383,6 +414,7 @@ mod tests {
                     dir: &self.cni,
                     name: "macvtap",
                     shipped: &self.shipped,
+                    found: self.found,
                 }),
                 &self.plugin_dir,
             )
@@ -427,6 +459,33 @@ mod tests {
             n.cni.join("bridge").exists(),
             "another plugin is left alone"
         );
+    }
+
+    /// Our DaemonSet applied in another namespace before this one's
+    /// uninstall: its install-cni found the same binary in place and wrote
+    /// its settings. Those files are its own now; our links still go.
+    #[test]
+    fn cni_files_another_install_put_in_place_since_the_start_are_kept() {
+        let n = Node::new();
+        let free = link_name_for_device("eth0Mvp0");
+        n.macvtap(&free, "eth0");
+        crate::install::install(
+            &n.shipped,
+            &n.cni,
+            "macvtap",
+            Path::new("/var/lib/k0s/kubelet"),
+            macvtap_link::PodResourcesCheck::Enforce,
+        )
+        .unwrap();
+        let out = n.clean(&held(&[]), &AllocationClock::default(), Instant::now());
+        assert_eq!(out.links, [free.as_str()]);
+        assert!(n.cni.join("macvtap").exists() && n.cni.join(CNI_SETTINGS_FILE).exists());
+        let kept = out.kept.join("; ");
+        assert!(
+            kept.contains("macvtap.settings.json (installed again on this node since this daemon started, by another install of ours"),
+            "{kept}"
+        );
+        assert_eq!(out.kept.len(), 1, "{kept}");
     }
 
     /// Between Allocate and the CNI's ADD, and after a DEL gave the link
@@ -527,7 +586,7 @@ mod tests {
 
     #[test]
     fn cni_files_that_are_not_provably_ours_stay_and_nothing_is_followed() {
-        let n = Node::new();
+        let mut n = Node::new();
         // Another binary where ours was, and a link to Multus' shim where
         // the settings were.
         std::fs::write(n.cni.join("macvtap"), b"someone else's").unwrap();
@@ -535,6 +594,8 @@ mod tests {
         std::fs::write(&shim, b"shim").unwrap();
         std::fs::remove_file(n.cni.join(CNI_SETTINGS_FILE)).unwrap();
         std::os::unix::fs::symlink(&shim, n.cni.join(CNI_SETTINGS_FILE)).unwrap();
+        // Found so when the daemon started.
+        n.found = CniStamps::read(&n.cni, "macvtap");
         let out = n.clean(&held(&[]), &AllocationClock::default(), Instant::now());
         assert_eq!(std::fs::read(&shim).unwrap(), b"shim");
         assert!(n.cni.join("macvtap").exists());
@@ -545,6 +606,7 @@ mod tests {
         // A FIFO does not block the clean-up.
         std::fs::remove_file(n.cni.join("macvtap")).unwrap();
         nix::unistd::mkfifo(&n.cni.join("macvtap"), Mode::from_bits_truncate(0o600)).unwrap();
+        n.found = CniStamps::read(&n.cni, "macvtap");
         let out = n.clean(&held(&[]), &AllocationClock::default(), Instant::now());
         assert!(
             out.kept.join("; ").contains("not a regular file"),

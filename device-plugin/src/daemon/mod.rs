@@ -183,6 +183,7 @@ struct Daemon {
 /// (invalid configuration, unusable directories or sockets), or a helper
 /// thread that stopped.
 pub async fn run(opts: Options) -> Result<()> {
+    let cni_found = uninstall::cni_at_start(&opts);
     let (mut d, mut inputs) = Daemon::start(opts).await?;
     loop {
         let input = inputs.next(d.next_wake()).await?;
@@ -199,6 +200,7 @@ pub async fn run(opts: Options) -> Result<()> {
         assignments: d.ctx.assignments.clone(),
         resources: d.resources.configs(),
         events: d.events.clone(),
+        cni_found,
     };
     d.shutdown().await;
     uninstall::clean_if_uninstalled(exit).await;

@@ -11,6 +11,7 @@ use crate::core::inflight::{Closed, InFlight};
 use crate::core::ledger::{AllocationClock, Assignments};
 use crate::core::reclaim::list_allocated;
 use crate::dra::cdi::CdiDir;
+use crate::install::CniStamps;
 use crate::operator::events::{EventSink, NodeEvent};
 use crate::operator::owner::{Uninstall, Verdict};
 use crate::options::{Front, Options};
@@ -47,6 +48,17 @@ pub(super) struct Exit {
     pub resources: Vec<ResourceConfig>,
     /// Where the Event of what was kept goes.
     pub events: EventSink,
+    /// The CNI files' stamps as the daemon found them at start.
+    pub cni_found: CniStamps,
+}
+
+/// The stamps of the CNI files in `--uninstall-cni-dir` now (none without
+/// it): read as the daemon starts, after its pod's install-cni ran.
+pub(super) fn cni_at_start(opts: &Options) -> CniStamps {
+    opts.uninstall_cni_dir
+        .as_deref()
+        .map(|dir| CniStamps::read(dir, CNI_NAME))
+        .unwrap_or_default()
 }
 
 /// Cleans the node when this exit is an uninstall; otherwise (a rollout, a
@@ -88,6 +100,7 @@ async fn clean(exit: Exit) {
         clock,
         resources,
         events,
+        cni_found,
         ..
     } = exit;
     let cleaned = tokio::task::spawn_blocking(move || {
@@ -103,6 +116,7 @@ async fn clean(exit: Exit) {
                 dir,
                 name: CNI_NAME,
                 shipped: &opts.uninstall_cni_source,
+                found: cni_found,
             });
             clean_node(host.link_ops(), in_use, cni, &opts.plugin_dir())
         })
