@@ -66,6 +66,8 @@ mod helm_upgrades;
 mod labels;
 #[path = "cluster/migrations.rs"]
 mod migrations;
+#[path = "cluster/namespace_move.rs"]
+mod namespace_move;
 
 use anyhow::{Context, Result, bail, ensure};
 use macvtap_e2e::cluster::realnode::{
@@ -426,6 +428,24 @@ impl Run<'_> {
     }
 }
 
+/// Starts the VM pod `name` (MAC `mac`, guest `ip`), then pings its guest
+/// from `peer` every [`PING_EVERY`] until it has answered 5 pings, within a
+/// minute: returns the pinger, still pinging.
+fn start_pinged_vm(
+    run: &Run,
+    peer: &TestNs,
+    (name, mac, ip): (&str, &str, Ipv4Addr),
+) -> Result<Pinger> {
+    run.start_vm(name, mac, ip)?;
+    let t0 = Instant::now();
+    let pinger = Pinger::start(peer, ip, PING_EVERY)?;
+    ensure!(
+        pinger.wait_for(Duration::from_secs(60), |l| l.replies_after(t0) >= 5),
+        "the guest of {name} ({ip}) did not answer 5 pings from the peer within 60 s"
+    );
+    Ok(pinger)
+}
+
 /// Whether the guest at `ip` of the VM pod `name` answers a ping from
 /// `peer` within a minute.
 fn guest_answers(peer: &TestNs, name: &str, ip: Ipv4Addr) -> Result<()> {
@@ -702,6 +722,18 @@ fn migrations_from_the_go_daemonsets_on_a_real_node() -> Result<()> {
     })
 }
 
+/// Ours moved to another namespace as a GitOps sync moves it, under a
+/// pinging VM (`cluster/namespace_move.rs`): the old install's uninstall
+/// leaves the CNI files to the new one. Same cluster and locks.
+#[test]
+fn ours_moved_to_another_namespace_on_a_real_node() -> Result<()> {
+    on_the_real_node(|run| {
+        let tag = "e2e-moved";
+        let (peer, _nic) = vm_setup(run, "clpeerv", tag)?;
+        namespace_move::moved_as_gitops_moves_it(run, &peer, tag)
+    })
+}
+
 fn clean_up(run: &Run) -> Result<()> {
     let c = run.c;
     // What cluster/labels.rs sets on the Node.
@@ -737,6 +769,14 @@ fn clean_up(run: &Run) -> Result<()> {
         "configmap",
         "macvtap-deviceplugin-config",
         "--ignore-not-found",
+    ]);
+    let _ = c.kubectl(&[
+        "delete",
+        "namespace",
+        namespace_move::MOVED,
+        "--ignore-not-found",
+        "--wait=true",
+        "--timeout=120s",
     ]);
     let _ = c.kubectl(&[
         "delete",

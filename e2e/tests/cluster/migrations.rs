@@ -26,12 +26,11 @@
 //! removes the links kept, and nothing of ours is left.
 
 use super::{
-    CAPACITY, CNAO_NS, DS, IMAGE_REPO, NS, PING_EVERY, RESOURCE, Run, WAIT, assert_uninstalled,
-    lost_between, macvtaps_on_nic, manual_leftover_cleanup, repo,
+    CAPACITY, CNAO_NS, DS, IMAGE_REPO, NS, RESOURCE, Run, WAIT, assert_uninstalled, lost_between,
+    macvtaps_on_nic, manual_leftover_cleanup, repo, start_pinged_vm,
 };
 use anyhow::{Context, Result, ensure};
 use macvtap_e2e::cluster::last_lines;
-use macvtap_e2e::icmp::Pinger;
 use macvtap_e2e::sandbox::TestNs;
 use serde_json::{Value, json};
 use std::net::Ipv4Addr;
@@ -197,14 +196,8 @@ fn migrate(run: &mut Run, peer: &TestNs, tag: &str, way: Way, vms: [Vm; 2]) -> R
         status["restartCount"],
         status["image"].as_str().unwrap_or("?"),
     ));
-    let (name, mac, ip) = vms[0];
-    run.start_vm(name, mac, ip)?;
-    let t0 = Instant::now();
-    let pinger = Pinger::start(peer, ip, PING_EVERY)?;
-    ensure!(
-        pinger.wait_for(Duration::from_secs(60), |l| l.replies_after(t0) >= 5),
-        "{what}: the guest of {name} did not answer 5 pings from the peer"
-    );
+    let (name, _, _) = vms[0];
+    let pinger = start_pinged_vm(run, peer, vms[0]).with_context(|| what.to_string())?;
     run.steps.say(format!(
         "the guest of {name} answers pings through our macvtap"
     ));
@@ -273,15 +266,10 @@ fn migrate(run: &mut Run, peer: &TestNs, tag: &str, way: Way, vms: [Vm; 2]) -> R
     c.wait(&format!("{name}'s DEL giving its link back"), WAIT, || {
         Ok((macvtaps_on_nic()?.len() == before.len() + 1).then_some(()))
     })?;
-    let (name, mac, ip) = vms[1];
-    run.start_vm(name, mac, ip)?;
-    let t0 = Instant::now();
-    let pinger = Pinger::start(peer, ip, PING_EVERY)?;
-    ensure!(
-        pinger.wait_for(Duration::from_secs(60), |l| l.replies_after(t0) >= 5),
-        "the guest of {name}, started on ours, did not answer 5 pings"
-    );
-    pinger.stop(Duration::from_secs(2))?;
+    let (name, _, _) = vms[1];
+    start_pinged_vm(run, peer, vms[1])
+        .context("a VM started on ours")?
+        .stop(Duration::from_secs(2))?;
     run.delete_vm_pods(&[name])?;
     run.steps.say(format!(
         "the old VM's link came back to the host at its DEL; {name} started on ours and its guest answered pings"
