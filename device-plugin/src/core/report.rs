@@ -5,10 +5,22 @@
 
 use crate::config::ResourceConfig;
 use crate::core::degraded::Degraded;
-use crate::core::ledger::record_file::Planted;
 use crate::error::Error;
 use std::collections::HashSet;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
+
+/// Something that was where a file of the record belongs and was not one
+/// the daemon made (a symbolic link, a FIFO, a device node, a directory, a
+/// hard link), which the daemon removed (from the
+/// record's directory; `core::ledger::record_file`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Planted {
+    /// Where it was.
+    pub path: PathBuf,
+    /// What it was, as a phrase: `a symbolic link to "/host/cni-bin/multus-shim"`.
+    pub what: String,
+}
 
 /// How a reclaim round ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,8 +4,7 @@
 
 use crate::config::ResourceConfig;
 use crate::core::degraded::Degraded;
-use crate::core::ledger::record_file::Planted;
-use crate::core::report::{Observer, RoundOutcome};
+use crate::core::report::{Observer, Planted, RoundOutcome};
 use crate::error::Error;
 use crate::operator::events::{EventSink, NodeEvent};
 use crate::operator::metrics::Metrics;

@@ -67,7 +67,7 @@
 //! one that renames the whole directory away takes the record with it (a
 //! later daemon heals nothing handed out before; nothing else is touched).
 
-use crate::core::report::Observer;
+use crate::core::report::{Observer, Planted};
 use crate::error::{Error, Result};
 use macvtap_link::device::parse_device_id;
 use nix::NixPath;
@@ -510,17 +510,6 @@ fn describe(dir: &impl AsFd, name: &str, st: Stat) -> String {
         Ok(target) if is_link(st) => link_to(&target),
         _ => kind(st).to_string(),
     }
-}
-
-/// Something that was where a file of the record belongs and was not one
-/// the daemon made (a symbolic link, a FIFO, a device node, a directory, a
-/// hard link), which the daemon removed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Planted {
-    /// Where it was.
-    pub path: PathBuf,
-    /// What it was, as a phrase: `a symbolic link to "/host/cni-bin/multus-shim"`.
-    pub what: String,
 }
 
 /// How deep a directory planted where a file belongs may be for it to be
