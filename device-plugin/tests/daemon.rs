@@ -1296,3 +1296,63 @@ async fn a_lost_link_of_a_held_device_comes_back_with_its_ifindex() {
         "{log}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_daemon_on_the_node_waits_for_the_first_and_then_serves() {
+    const WAITING: &str = "another macvtap daemon serves this node";
+    let spec = "--resource=name=dp,lowerDevice=eth1,capacity=2";
+    let mut node = node_with_dp("second", &spec["--resource=".len()..], &[]).await;
+    let resp = node.kubelet().allocate(DP, &["dpMvp0"]).await.unwrap();
+    assert_eq!(resp.container_responses.len(), 1);
+    let held = link_name_for_device("dpMvp0");
+    assert!(node.ns.link(&held).unwrap().is_some());
+    let first = node.daemon.take().unwrap();
+
+    // A second daemon (another DaemonSet of ours, metrics off) waits,
+    // having done nothing: no registration, no socket replaced, and
+    // SIGTERM ends its wait.
+    node.start_daemon(&[spec], &[]);
+    let log = wait_log(&mut node, "the wait", |l| l.contains(WAITING)).await;
+    assert!(!log.contains("configuration loaded"), "{log}");
+    assert_eq!(node.kubelet().registration_count(DP), 1);
+    node.daemon().signal(Signal::SIGTERM).unwrap();
+    assert!(node.daemon().wait_exit(DEADLINE).unwrap().success());
+    let log = node.daemon().log();
+    assert!(log.contains("stopped while waiting"), "{log}");
+    assert_eq!(node.kubelet().registration_count(DP), 1);
+    assert!(
+        node.plugin_dir().join(DP_SOCKET).exists(),
+        "the first's socket stays"
+    );
+    assert!(
+        node.ns.link(&held).unwrap().is_some(),
+        "the handed-out link stays"
+    );
+    assert!(
+        node.kubelet().resource(DP).connected,
+        "the first still serves"
+    );
+
+    // Started again, it serves once the first has exited.
+    node.start_daemon(&[spec], &[]);
+    wait_log(&mut node, "the wait", |l| l.contains(WAITING)).await;
+    let mut first = first;
+    first.signal(Signal::SIGTERM).unwrap();
+    assert!(first.wait_exit(DEADLINE).unwrap().success());
+    wait_log(&mut node, "the take-over", |l| {
+        l.contains("the other daemon exited: this one serves the node now")
+    })
+    .await;
+    node.kubelet()
+        .wait_for_registration(DP, 1, DEADLINE)
+        .await
+        .unwrap();
+    node.kubelet()
+        .wait_resource(DP, DEADLINE, |v| serving(v, 2))
+        .await
+        .unwrap();
+    assert!(
+        node.ns.link(&held).unwrap().is_some(),
+        "the handed-out link stays"
+    );
+}

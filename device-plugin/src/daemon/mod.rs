@@ -46,6 +46,7 @@
 //! must be over before the new registration exists.
 
 mod dra;
+mod node_lock;
 mod plugin;
 mod registration;
 mod registrations;
@@ -93,14 +94,41 @@ const KERNEL: &macvtap_link::Linux = &macvtap_link::Linux;
 
 /// Where the daemon's inputs arrive; [`Inputs::next`] waits for one.
 struct Inputs {
-    sigterm: Signal,
-    sigint: Signal,
+    signals: Signals,
     links: mpsc::UnboundedReceiver<LinkUpdate>,
     addressing: mpsc::UnboundedReceiver<Addressing>,
     node: mpsc::UnboundedReceiver<NodeView>,
     fs: mpsc::UnboundedReceiver<Vec<FsEvent>>,
     streams: mpsc::UnboundedReceiver<StreamEvent>,
     registrations: mpsc::UnboundedReceiver<RegistrationDone>,
+}
+
+/// SIGTERM and SIGINT, which stop the daemon; taken before anything
+/// else, so none is missed from the start.
+struct Signals {
+    term: Signal,
+    int: Signal,
+}
+
+impl Signals {
+    /// Handles SIGTERM and SIGINT from now on.
+    fn new() -> Result<Self> {
+        let handle = |kind: SignalKind, name: &str| {
+            signal(kind).map_err(|e| Error::Task(format!("cannot handle {name}: {e}")))
+        };
+        Ok(Self {
+            term: handle(SignalKind::terminate(), "SIGTERM")?,
+            int: handle(SignalKind::interrupt(), "SIGINT")?,
+        })
+    }
+
+    /// Waits for either, and names it.
+    async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
 }
 
 /// One input of the daemon loop; `Daemon::handle` routes each to the part it is for.
@@ -128,8 +156,7 @@ impl Inputs {
     /// that feeds the loop has stopped.
     async fn next(&mut self, wake: Instant) -> Result<Input> {
         tokio::select! {
-            _ = self.sigterm.recv() => Ok(Input::Signal("SIGTERM")),
-            _ = self.sigint.recv() => Ok(Input::Signal("SIGINT")),
+            sig = self.signals.recv() => Ok(Input::Signal(sig)),
             update = self.links.recv() => update.map(Input::Links).ok_or_else(|| {
                 Error::Task("the thread reading link events stopped, so NIC health would go stale".into())
             }),
@@ -179,12 +206,25 @@ struct Daemon {
     node_watch: NodeWatch,
 }
 
-/// Runs the daemon until SIGTERM or SIGINT. Errors are startup errors
-/// (invalid configuration, unusable directories or sockets), or a helper
-/// thread that stopped.
+/// Runs the daemon until SIGTERM or SIGINT, once no other daemon of ours
+/// serves the node (`node_lock`). Errors are startup errors (invalid
+/// configuration, unusable directories or sockets), or a helper thread
+/// that stopped.
 pub async fn run(opts: Options) -> Result<()> {
+    let mut signals = Signals::new()?;
+    // Held to the end of this function: the uninstall clean-up included.
+    let _node = match node_lock::take(&opts.plugin_dir(), &mut signals).await? {
+        node_lock::Taken::Held(lock) => lock,
+        node_lock::Taken::Stopped(sig) => {
+            info!(
+                signal = sig,
+                "stopped while waiting for the other daemon; nothing was served or changed"
+            );
+            return Ok(());
+        }
+    };
     let cni_found = uninstall::cni_at_start(&opts);
-    let (mut d, mut inputs) = Daemon::start(opts).await?;
+    let (mut d, mut inputs) = Daemon::start(opts, signals).await?;
     loop {
         let input = inputs.next(d.next_wake()).await?;
         if d.handle(input).is_break() {
@@ -212,7 +252,7 @@ impl Daemon {
     /// no edit is lost), the configuration, the device-plugins directory,
     /// metrics, Events, signals, link events, the reclaim loop; then
     /// reconciles the plugins with the links and starts registering.
-    async fn start(opts: Options) -> Result<(Self, Inputs)> {
+    async fn start(opts: Options, signals: Signals) -> Result<(Self, Inputs)> {
         let (fs, fs_events) = DirWatcher::new()?;
         let loaded = reload::watch_then_read(&fs, &opts, load_config)?;
         info!(source = %loaded.resolved.source, resources = %loaded.resolved.resources, "configuration loaded");
@@ -239,10 +279,6 @@ impl Daemon {
             )?),
             None => None,
         };
-        let sigterm = signal(SignalKind::terminate())
-            .map_err(|e| Error::Task(format!("cannot handle SIGTERM: {e}")))?;
-        let sigint = signal(SignalKind::interrupt())
-            .map_err(|e| Error::Task(format!("cannot handle SIGINT: {e}")))?;
         let (links, links_rx) = spawn_link_watcher()?;
         let (addressing, addressing_rx) = spawn_addressing_watcher()?;
         let (node_watch, node_rx) = NodeWatch::new(opts.node_name.clone());
@@ -340,8 +376,7 @@ impl Daemon {
         d.watch_node_if_needed();
         d.registrations.start_due_registrations();
         let inputs = Inputs {
-            sigterm,
-            sigint,
+            signals,
             links: links_rx,
             addressing: addressing_rx,
             node: node_rx,
