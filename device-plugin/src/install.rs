@@ -96,13 +96,13 @@ pub fn lock_dir(dir: OwnedFd, wait: Duration) -> std::io::Result<Flock<OwnedFd>>
     let deadline = Instant::now() + wait;
     let mut fd = dir;
     loop {
-        match Flock::lock(fd, FlockArg::LockExclusiveNonblock) {
+        match try_lock(fd)? {
             Ok(lock) => return Ok(lock),
-            Err((back, nix::errno::Errno::EWOULDBLOCK)) if Instant::now() < deadline => {
+            Err(back) if Instant::now() < deadline => {
                 fd = back;
                 std::thread::sleep(Duration::from_millis(20));
             }
-            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+            Err(_) => {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
                     format!(
@@ -111,8 +111,18 @@ pub fn lock_dir(dir: OwnedFd, wait: Duration) -> std::io::Result<Flock<OwnedFd>>
                     ),
                 ));
             }
-            Err((_, e)) => return Err(std::io::Error::from(e)),
         }
+    }
+}
+
+/// One try at an exclusive `flock` on `fd`, without waiting: the lock, or
+/// `fd` back while another open file holds it; any other failure is an
+/// error.
+pub(crate) fn try_lock(fd: OwnedFd) -> std::io::Result<Result<Flock<OwnedFd>, OwnedFd>> {
+    match Flock::lock(fd, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => Ok(Ok(lock)),
+        Err((back, nix::errno::Errno::EWOULDBLOCK)) => Ok(Err(back)),
+        Err((_, e)) => Err(std::io::Error::from(e)),
     }
 }
 

@@ -248,10 +248,11 @@ pub async fn run(opts: Options) -> Result<()> {
 }
 
 impl Daemon {
-    /// Sets everything up: the config watch (before the config is read, so
-    /// no edit is lost), the configuration, the device-plugins directory,
-    /// metrics, Events, signals, link events, the reclaim loop; then
-    /// reconciles the plugins with the links and starts registering.
+    /// Sets everything up once the node is ours (`node_lock::take` made
+    /// the device-plugins directory): the config watch (before the config
+    /// is read, so no edit is lost), the configuration, metrics, Events,
+    /// link events, the reclaim loop; then reconciles the plugins with the
+    /// links and starts registering.
     async fn start(opts: Options, signals: Signals) -> Result<(Self, Inputs)> {
         let (fs, fs_events) = DirWatcher::new()?;
         let loaded = reload::watch_then_read(&fs, &opts, load_config)?;
@@ -260,10 +261,6 @@ impl Daemon {
             info!(file = %file.display(), "the config file does not exist (yet); it is applied when it appears");
         }
         let plugin_dir = opts.plugin_dir();
-        std::fs::create_dir_all(&plugin_dir).map_err(Error::io(
-            "creating the device-plugins directory",
-            &plugin_dir,
-        ))?;
         let metrics = Arc::new(Metrics::default());
         let events = EventSink::from_environment(opts.node_name.as_deref()).await;
         let uninstall = crate::operator::owner::from_environment(opts.owner.clone()).await;

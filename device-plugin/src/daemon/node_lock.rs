@@ -24,8 +24,8 @@
 
 use super::Signals;
 use crate::error::{Error, Result};
-use nix::errno::Errno;
-use nix::fcntl::{Flock, FlockArg};
+use crate::install::try_lock;
+use nix::fcntl::Flock;
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::path::Path;
@@ -67,20 +67,17 @@ pub(super) async fn take(plugin_dir: &Path, signals: &mut Signals) -> Result<Tak
     ))?);
     let mut said = None;
     loop {
-        match Flock::lock(fd, FlockArg::LockExclusiveNonblock) {
+        match try_lock(fd).map_err(Error::io(
+            "locking the device-plugins directory",
+            plugin_dir,
+        ))? {
             Ok(lock) => {
                 if said.is_some() {
                     info!(dir = %plugin_dir.display(), "the other daemon exited: this one serves the node now");
                 }
                 return Ok(Taken::Held(NodeLock { _lock: lock }));
             }
-            Err((back, Errno::EWOULDBLOCK)) => fd = back,
-            Err((_, e)) => {
-                return Err(Error::io(
-                    "locking the device-plugins directory",
-                    plugin_dir,
-                )(std::io::Error::from(e)));
-            }
+            Err(back) => fd = back,
         }
         let now = tokio::time::Instant::now();
         if said.is_none_or(|at| now >= at + SAY_AGAIN) {
@@ -100,6 +97,8 @@ pub(super) async fn take(plugin_dir: &Path, signals: &mut Signals) -> Result<Tak
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nix::errno::Errno;
+    use nix::fcntl::FlockArg;
 
     /// A runtime with signals, as the daemon's.
     fn runtime() -> tokio::runtime::Runtime {
