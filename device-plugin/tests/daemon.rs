@@ -31,6 +31,19 @@ fn serving(v: &ResourceView, n: usize) -> bool {
     v.connected && v.devices.len() == n && v.allocatable() == n
 }
 
+/// Waits for the kubelet's registration of `dp` after the `seen` before,
+/// and then for it to serve `n` healthy devices.
+async fn registered_and_serving(node: &Node, seen: usize, n: usize) {
+    node.kubelet()
+        .wait_for_registration(DP, seen, DEADLINE)
+        .await
+        .unwrap();
+    node.kubelet()
+        .wait_resource(DP, DEADLINE, |v| serving(v, n))
+        .await
+        .unwrap();
+}
+
 /// A node with the daemon serving resource `dp` on `eth1` with `extra` flags.
 async fn node_with_dp(tag: &str, spec: &str, extra: &[&str]) -> Node {
     let mut node = Node::new(tag);
@@ -91,14 +104,7 @@ async fn allocate_creates_a_macvtap_on_the_lower_nic_with_a_matching_tap_node() 
         &["--resource=name=dp,lowerDevice=eth1,mode=vepa,capacity=4"],
         &[],
     );
-    node.kubelet()
-        .wait_for_registration(DP, 0, DEADLINE)
-        .await
-        .unwrap();
-    node.kubelet()
-        .wait_resource(DP, DEADLINE, |v| serving(v, 4))
-        .await
-        .unwrap();
+    registered_and_serving(&node, 0, 4).await;
     let name = link_name_for_device("dpMvp3");
     let started = Instant::now();
     let resp = node.kubelet().allocate(DP, &["dpMvp3"]).await.unwrap();
@@ -252,14 +258,7 @@ async fn without_the_hosts_dev_or_pod_resources_allocate_answers_the_hosts_tap_n
         &["--resource=name=dp,lowerDevice=eth1,capacity=2"],
         &[],
     );
-    node.kubelet()
-        .wait_for_registration(DP, 0, DEADLINE)
-        .await
-        .unwrap();
-    node.kubelet()
-        .wait_resource(DP, DEADLINE, |v| serving(v, 2))
-        .await
-        .unwrap();
+    registered_and_serving(&node, 0, 2).await;
     let resp = node.kubelet().allocate(DP, &["dpMvp0"]).await.unwrap();
     let spec = &resp.container_responses[0].devices[0];
     let name = link_name_for_device("dpMvp0");
@@ -1343,14 +1342,7 @@ async fn a_second_daemon_on_the_node_waits_for_the_first_and_then_serves() {
         l.contains("the other daemon exited: this one serves the node now")
     })
     .await;
-    node.kubelet()
-        .wait_for_registration(DP, 1, DEADLINE)
-        .await
-        .unwrap();
-    node.kubelet()
-        .wait_resource(DP, DEADLINE, |v| serving(v, 2))
-        .await
-        .unwrap();
+    registered_and_serving(&node, 1, 2).await;
     assert!(
         node.ns.link(&held).unwrap().is_some(),
         "the handed-out link stays"
